@@ -1,0 +1,31 @@
+/* err.c - the thread-local error message behind ecs_error()/ecs_errmsg(). */
+#include "err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char errbuf[512];
+
+ecs_err_t ecs_error(ecs_err_t code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *ecs_errmsg(void) { return errbuf; }
+
+void ecs_clear_error(void) { errbuf[0] = '\0'; }
+
+const char *ecs_errname(ecs_err_t code)
+{
+    static const char *const names[] = {
+        "ok", "invalid argument", "out of memory", "i/o error", "format error",
+        "not found", "type error", "unsupported", "out of range", "internal error",
+    };
+    if ((unsigned)code < sizeof names / sizeof names[0])
+        return names[code];
+    return "unknown error";
+}

@@ -1,0 +1,23 @@
+/* threadpool.h - a persistent pool of worker threads for the compute kernels.
+ *
+ * Threads are created once; ecs_threadpool_run() wakes them, runs fn on every
+ * thread (the caller is thread 0) and returns when all have finished. No
+ * thread is created per call. */
+#ifndef ECS_THREADPOOL_H
+#define ECS_THREADPOOL_H
+
+#include "err.h"
+
+typedef struct ecs_threadpool ecs_threadpool_t;
+
+/* fn(arg, ith, nth): ith in [0, nth). */
+typedef void (*ecs_task_fn)(void *arg, int ith, int nth);
+
+/* nthreads counts the calling thread; 1 means run everything inline. */
+ecs_err_t ecs_threadpool_create(int nthreads, ecs_threadpool_t **out);
+void ecs_threadpool_destroy(ecs_threadpool_t *tp);
+int ecs_threadpool_size(const ecs_threadpool_t *tp);
+/* Not reentrant: one run at a time per pool. tp may be NULL (runs inline). */
+void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg);
+
+#endif

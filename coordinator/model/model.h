@@ -1,0 +1,240 @@
+/* model.h - MoE transformer forward pass for `deepseek2` (MLA) and
+ * `qwen3moe` (GQA) GGUF models, with llama.cpp's numerics.
+ *
+ * model_load() maps a GGUF, reads the architecture's metadata and describes
+ * the model as a plain struct of tensor views (model_weights_t) pointing into
+ * the mapping: weights are never copied. All scratch memory for a forward
+ * step of up to MODEL_MAX_BATCH rows is allocated at load; each sequence's
+ * KV cache is allocated whole by model_ctx_new(). Evaluating tokens
+ * allocates nothing.
+ *
+ * Routed experts are computed behind model_experts_ops, so the same model
+ * code runs with experts in-process (the local backend, the default) or on
+ * remote workers. */
+#ifndef ECS_MODEL_H
+#define ECS_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "common/threadpool.h"
+#include "kernels/cpu/cpu.h"
+
+/* Rows per forward step (one kcpu_matmul batch). */
+#define MODEL_MAX_BATCH KCPU_MAX_BATCH
+/* Sanity bounds on metadata, so that a malformed file cannot ask for an
+ * absurd allocation. */
+#define MODEL_MAX_LAYERS 1024
+#define MODEL_MAX_EXPERTS 4096
+#define MODEL_MAX_CTX (1 << 22)
+
+typedef enum {
+    MODEL_ARCH_DEEPSEEK2 = 0,
+    MODEL_ARCH_QWEN3MOE = 1,
+} model_arch_t;
+
+typedef enum {
+    MODEL_GATING_SOFTMAX = 1,
+    MODEL_GATING_SIGMOID = 2,
+} model_gating_t;
+
+/* ggml's rope modes: NORM rotates adjacent pairs (x[2i], x[2i+1]); NEOX
+ * rotates (x[i], x[i + n_rot/2]). */
+typedef enum {
+    MODEL_ROPE_NORM = 0,
+    MODEL_ROPE_NEOX = 2,
+} model_rope_mode_t;
+
+/* Rotary embedding parameters, as ggml_rope_ext takes them. */
+typedef struct {
+    int n_rot;            /* rotated dims (even) */
+    model_rope_mode_t mode;
+    int n_ctx_orig;       /* YaRN: original training context */
+    float freq_base;
+    float freq_scale;     /* 1/factor for linear and YaRN scaling */
+    float ext_factor;     /* YaRN extrapolation mix; 0 = off */
+    float attn_factor;    /* magnitude factor passed to the rope */
+    float beta_fast, beta_slow;
+} model_rope_t;
+
+typedef struct {
+    model_arch_t arch;
+    int n_layer;
+    int n_embd;
+    int n_vocab;
+    int n_ctx_train;
+    int n_head;
+    int n_head_kv;
+    int head_k;           /* n_embd_head_k (deepseek2: qk_nope + n_rot) */
+    int head_v;           /* n_embd_head_v */
+    float rms_eps;
+
+    /* deepseek2 MLA */
+    int q_lora_rank;      /* 0: no q-LoRA (single attn_q, V2-Lite) */
+    int kv_lora_rank;
+    int qk_nope;          /* head_k - n_rot */
+
+    /* FFN */
+    int n_layer_dense;    /* leading dense layers */
+    int n_ff;             /* dense FFN width */
+    int n_expert;
+    int n_expert_used;
+    int n_ff_exp;
+    int n_expert_shared;
+    int n_ff_shexp;       /* n_ff_exp * n_expert_shared; 0 = none */
+    int n_expert_groups;  /* 0/1 = no group limit */
+    int n_group_used;
+    model_gating_t gating;
+    bool expert_weights_norm;
+    float expert_weights_scale; /* 0 or 1 = no scaling */
+
+    float kq_scale;       /* softmax scale of Q.K */
+    model_rope_t rope;
+    bool tied_output;     /* no output.weight: the head is token_embd */
+} model_hparams_t;
+
+/* One layer's tensors. Norm vectors are F32 pointers into the mapping; every
+ * matrix is a kcpu_mat_t view (nrows = output width, ncols = input width).
+ * Members an architecture or layer does not use are zero / NULL. */
+typedef struct {
+    const float *attn_norm;      /* [n_embd] */
+    /* deepseek2 */
+    kcpu_mat_t wq;               /* n_embd -> n_head*head_k (no q-LoRA) */
+    kcpu_mat_t wq_a;             /* n_embd -> q_lora_rank */
+    const float *q_a_norm;       /* [q_lora_rank] */
+    kcpu_mat_t wq_b;             /* q_lora_rank -> n_head*head_k */
+    kcpu_mat_t wkv_a;            /* n_embd -> kv_lora_rank + n_rot */
+    const float *kv_a_norm;      /* [kv_lora_rank] */
+    kcpu_mat_t wkv_b;            /* kv_lora_rank -> n_head*(qk_nope + head_v),
+                                    per head [k_nope | v] */
+    /* qwen3moe (wq above is shared) */
+    kcpu_mat_t wk, wv;           /* n_embd -> n_head_kv*head_k */
+    const float *q_norm, *k_norm;/* [head_k], per-head RMSNorm before rope */
+    kcpu_mat_t wo;               /* n_head*head_v -> n_embd */
+
+    const float *ffn_norm;       /* [n_embd] */
+    bool moe;
+    /* dense FFN */
+    kcpu_mat_t ffn_gate, ffn_up; /* n_embd -> n_ff */
+    kcpu_mat_t ffn_down;         /* n_ff -> n_embd */
+    /* MoE */
+    kcpu_mat_t gate_inp;         /* n_embd -> n_expert (router) */
+    const float *exp_probs_b;    /* [n_expert] selection bias, or NULL */
+    kcpu_mat_t gate_exps, up_exps; /* all experts stacked: n_expert*n_ff_exp rows */
+    kcpu_mat_t down_exps;        /* n_expert*n_embd rows of n_ff_exp */
+    kcpu_mat_t gate_shexp, up_shexp; /* n_embd -> n_ff_shexp (nrows 0 if none) */
+    kcpu_mat_t down_shexp;       /* n_ff_shexp -> n_embd */
+} model_layer_t;
+
+typedef struct {
+    kcpu_mat_t token_embd;       /* n_vocab rows of n_embd */
+    const float *output_norm;    /* [n_embd] */
+    kcpu_mat_t output;           /* n_embd -> n_vocab (== token_embd if tied) */
+    model_layer_t *layers;       /* [n_layer] */
+} model_weights_t;
+
+/* Expert e's slice of a stacked expert tensor with rows_per_expert rows. */
+kcpu_mat_t model_expert_mat(const kcpu_mat_t *stack, int e, int rows_per_expert);
+
+typedef struct model model_t;
+typedef struct model_ctx model_ctx_t;
+
+typedef struct {
+    int n_ctx;      /* largest context any model_ctx may have; <= 0: min(n_ctx_train, 4096) */
+    int n_threads;  /* <= 0: online CPUs */
+} model_opts_t;
+
+/* Maps and validates path; every tensor the architecture needs must exist
+ * with the right shape and a type the CPU kernels support. */
+ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out);
+void model_free(model_t *m);
+
+const model_hparams_t *model_hparams(const model_t *m);
+const model_weights_t *model_weights(const model_t *m);
+int model_n_vocab(const model_t *m);
+int model_n_ctx_max(const model_t *m);
+/* The mapped file (tokenizer metadata lives there too). */
+const struct gguf_file *model_gguf(const model_t *m);
+ecs_threadpool_t *model_threadpool(const model_t *m);
+/* Bytes of scratch allocated at load. */
+size_t model_workspace_bytes(const model_t *m);
+
+/* ---- routed-expert backend ----
+ * For one layer and n_tok rows, submit() hands over the rows (normalised
+ * FFN input x, n_tok x n_embd), the chosen experts ids (n_tok x k) and their
+ * weights w (n_tok x k); wait() returns in out (n_tok x n_embd) the per-row
+ * weighted sum of the routed experts' outputs, summed in slot order
+ * (slot 0 first). x, ids and w stay valid until wait() returns. The model
+ * computes the shared experts between the two calls. */
+typedef struct model_experts_ops {
+    ecs_err_t (*submit)(void *ctx, int layer, int n_tok, const float *x, int k,
+                        const int32_t *ids, const float *w);
+    ecs_err_t (*wait)(void *ctx, int layer, float *out);
+} model_experts_ops;
+
+/* Use another expert backend (ops NULL: back to the built-in local one). */
+void model_set_experts(model_t *m, const model_experts_ops *ops, void *ctx);
+
+/* The in-process backend: the rows routed to each expert are grouped into
+ * one batched matmul, so each expert's weights are read once per step. */
+typedef struct model_experts_local model_experts_local_t;
+ecs_err_t model_experts_local_new(const model_t *m, ecs_threadpool_t *tp,
+                                  model_experts_local_t **out);
+void model_experts_local_free(model_experts_local_t *l);
+extern const model_experts_ops model_experts_local_ops;
+
+/* ---- sequences ---- */
+
+enum {
+    /* deepseek2 only: cache the expanded per-head K and V (as llama.cpp
+     * does) instead of the compact latent. A reference path for tests; the
+     * default absorbed-latent path is mathematically equal. */
+    MODEL_CTX_MLA_EXPANDED = 1u << 0,
+};
+
+/* KV bytes model_ctx_new(m, n_ctx, flags) allocates. */
+size_t model_ctx_bytes(const model_t *m, int n_ctx, unsigned flags);
+ecs_err_t model_ctx_new(model_t *m, int n_ctx, unsigned flags, model_ctx_t **out);
+void model_ctx_free(model_ctx_t *c);
+/* Forget the sequence (keeps the memory). */
+void model_ctx_reset(model_ctx_t *c);
+int model_ctx_n_past(const model_ctx_t *c);
+int model_ctx_n_ctx(const model_ctx_t *c);
+
+/* Appends n tokens to c's sequence (split into steps of MODEL_MAX_BATCH).
+ * logits may be NULL; else it receives n_vocab floats for the last token, or
+ * n*n_vocab (row i for token i) when all is true. ECS_ERR_NOMEM (nothing
+ * evaluated, the sequence unchanged) when the tokens do not fit in the
+ * context; ECS_ERR_RANGE for a token id outside the vocabulary. */
+ecs_err_t model_eval(model_ctx_t *c, const int32_t *tokens, int n, float *logits, bool all);
+
+/* One step over rows of possibly different sequences: each row appends
+ * token to ctx (rows of one ctx take consecutive positions in order). Rows
+ * with want_logits write n_vocab floats each, in row order, to logits. */
+typedef struct {
+    model_ctx_t *ctx;
+    int32_t token;
+    bool want_logits;
+} model_row_t;
+ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *logits);
+
+/* ---- helpers exposed for tests and other backends ---- */
+
+/* cos/sin pairs for position pos: cs[2i], cs[2i+1] for i < n_rot/2, as
+ * ggml's rope cache (YaRN ramp and magnitude included). */
+void model_rope_cache(const model_rope_t *r, int pos, float *cs);
+/* Rotates the first n_rot values of x in place with a cache from above. */
+void model_rope_apply(const model_rope_t *r, const float *cs, float *x);
+/* ggml_rope_yarn_corr_dims: the dims range where YaRN blends. */
+void model_rope_yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
+                               float beta_slow, float dims[2]);
+
+/* Routing for one row: router logits[n_expert] -> k expert ids and weights,
+ * with the gating function, selection bias (may be NULL), group limit,
+ * normalisation and scaling of hp. scratch holds 2*n_expert floats. */
+void model_route(const model_hparams_t *hp, const float *logits, const float *bias,
+                 int32_t *ids, float *w, float *scratch);
+
+#endif

@@ -1,0 +1,107 @@
+/* sampler.h - token sampling and stop conditions for one generation stream.
+ *
+ * A sampler turns one row of output-head logits into a token id. It follows
+ * llama.cpp's semantics and order so that the same settings behave the same:
+ *
+ *   penalties (repetition / frequency / presence over the last N accepted
+ *   tokens) -> top-k -> top-p -> min-p -> temperature -> draw from softmax.
+ *
+ * top-p and min-p therefore look at the distribution before temperature, as
+ * llama.cpp's default chain does. temp == 0 (or top_k == 1) is greedy: the
+ * argmax of the penalised logits, ties going to the lowest id.
+ *
+ * All memory (n_vocab-sized scratch, the penalty window) is allocated by
+ * sampler_new; sampling a token allocates nothing. A sampler is owned by one
+ * request and is not thread-safe; different samplers are independent.
+ *
+ * The stop-string helpers (sampler_stops_*) are separate from the sampler:
+ * they look at detokenized text and say how much of it may be streamed. */
+#ifndef ECS_SAMPLER_H
+#define ECS_SAMPLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+/* Bounds that keep allocations driven by request parameters finite. */
+#define SAMPLER_MAX_VOCAB          (1 << 24)
+#define SAMPLER_MAX_PENALTY_LAST_N (1 << 20)
+#define SAMPLER_MAX_STOPS          16
+#define SAMPLER_MAX_STOP_LEN       256
+
+typedef struct {
+    float temp;             /* >= 0; 0 = greedy */
+    int32_t top_k;          /* >= 0; 0 = off */
+    float top_p;            /* [0, 1]; 1 = off; 0 keeps only the top token */
+    float min_p;            /* [0, 1]; 0 = off */
+    float repeat_penalty;   /* > 0; 1 = off */
+    float freq_penalty;     /* finite; 0 = off */
+    float presence_penalty; /* finite; 0 = off */
+    int32_t penalty_last_n; /* [0, SAMPLER_MAX_PENALTY_LAST_N]; 0 = no penalties */
+    uint64_t seed;          /* same seed + same inputs = same tokens */
+} sampler_params_t;
+
+typedef struct sampler sampler_t;
+
+/* Neutral settings: temp 1, no truncation, no penalties, window 64, seed 0. */
+sampler_params_t sampler_params_default(void);
+
+/* Checks every field; ECS_ERR_INVAL with a message naming the bad one. */
+ecs_err_t sampler_params_check(const sampler_params_t *p);
+
+ecs_err_t sampler_new(const sampler_params_t *p, int32_t n_vocab, sampler_t **out);
+void sampler_free(sampler_t *s);
+
+/* Forgets the accepted tokens and restarts the random stream from the seed. */
+void sampler_reset(sampler_t *s);
+
+/* Records a token as generated (or as prompt context, if the caller wants the
+ * prompt to count for penalties). Ids outside [0, n_vocab) are rejected. */
+ecs_err_t sampler_accept(sampler_t *s, int32_t token);
+
+/* Applies the repetition / frequency / presence penalties in place, exactly
+ * as sampler_sample does first. Exposed for callers that report logprobs. */
+void sampler_apply_penalties(sampler_t *s, float *logits);
+
+/* Picks the next token from logits[n_vocab] (modified: penalties are applied
+ * in place). Does not accept the token: call sampler_accept with it.
+ * -INFINITY masks a token. ECS_ERR_RANGE if a logit is NaN or +inf, or if
+ * every logit is -inf. */
+ecs_err_t sampler_sample(sampler_t *s, float *logits, int32_t *token);
+
+/* ---- stop conditions on detokenized text ---- */
+
+typedef struct sampler_stops sampler_stops_t;
+
+typedef enum {
+    SAMPLER_GO = 0,       /* keep generating */
+    SAMPLER_STOP_EOG,     /* the caller reported an end-of-generation token */
+    SAMPLER_STOP_STRING,  /* a stop string completed */
+} sampler_finish_t;
+
+typedef struct {
+    sampler_finish_t finish;
+    size_t emit_end;   /* text[0, emit_end) may be sent; the stop string and
+                          anything after it never are */
+    size_t hold;       /* GO only: bytes at the end held back because they
+                          might be the start of a stop string */
+    int stop_index;    /* STOP_STRING: which stop string; else -1 */
+} sampler_stop_result_t;
+
+/* Copies up to SAMPLER_MAX_STOPS non-empty strings of at most
+ * SAMPLER_MAX_STOP_LEN bytes. n == 0 is allowed (only EOG stops). */
+ecs_err_t sampler_stops_new(const char *const *stops, size_t n, sampler_stops_t **out);
+void sampler_stops_free(sampler_stops_t *st);
+
+/* Looks at text[0, len), the whole generated text so far (without the
+ * text of an end-of-generation token). `from` is the emit_end returned by
+ * the previous call for this stream (0 at the start): no stop string can
+ * start before it, so each byte is scanned a bounded number of times.
+ * A stop string found in the text wins over is_eog (it comes earlier);
+ * otherwise is_eog flushes everything held back. */
+sampler_stop_result_t sampler_stops_check(const sampler_stops_t *st, const char *text,
+                                          size_t len, size_t from, bool is_eog);
+
+#endif
