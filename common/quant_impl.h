@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "quant.h"
+#include "common/quant.h"
 
 typedef struct {
     void (*to_float)(const void *src, float *dst, int64_t nb);

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/gguf.h"
 #include "common/threadpool.h"
 #include "kernels/cpu/cpu.h"
 
@@ -156,7 +157,7 @@ const model_weights_t *model_weights(const model_t *m);
 int model_n_vocab(const model_t *m);
 int model_n_ctx_max(const model_t *m);
 /* The mapped file (tokenizer metadata lives there too). */
-const struct gguf_file *model_gguf(const model_t *m);
+const gguf_file_t *model_gguf(const model_t *m);
 ecs_threadpool_t *model_threadpool(const model_t *m);
 /* Bytes of scratch allocated at load. */
 size_t model_workspace_bytes(const model_t *m);
@@ -188,9 +189,10 @@ extern const model_experts_ops model_experts_local_ops;
 /* ---- sequences ---- */
 
 enum {
-    /* deepseek2 only: cache the expanded per-head K and V (as llama.cpp
-     * does) instead of the compact latent. A reference path for tests; the
-     * default absorbed-latent path is mathematically equal. */
+    /* deepseek2: cache the expanded per-head K and V (as llama.cpp does)
+     * instead of the compact latent. A reference path for tests; the
+     * default absorbed-latent path is mathematically equal. Ignored by
+     * architectures without MLA. */
     MODEL_CTX_MLA_EXPANDED = 1u << 0,
 };
 
@@ -200,6 +202,9 @@ ecs_err_t model_ctx_new(model_t *m, int n_ctx, unsigned flags, model_ctx_t **out
 void model_ctx_free(model_ctx_t *c);
 /* Forget the sequence (keeps the memory). */
 void model_ctx_reset(model_ctx_t *c);
+/* Keep only the first n_keep tokens (e.g. a shared prompt prefix);
+ * ECS_ERR_RANGE if n_keep is negative or more than are cached. */
+ecs_err_t model_ctx_truncate(model_ctx_t *c, int n_keep);
 int model_ctx_n_past(const model_ctx_t *c);
 int model_ctx_n_ctx(const model_ctx_t *c);
 
@@ -207,12 +212,16 @@ int model_ctx_n_ctx(const model_ctx_t *c);
  * logits may be NULL; else it receives n_vocab floats for the last token, or
  * n*n_vocab (row i for token i) when all is true. ECS_ERR_NOMEM (nothing
  * evaluated, the sequence unchanged) when the tokens do not fit in the
- * context; ECS_ERR_RANGE for a token id outside the vocabulary. */
+ * context; ECS_ERR_RANGE for a token id outside the vocabulary. An expert
+ * backend error stops at the failing step: the sequence keeps the steps
+ * before it. A model runs one step at a time (not thread-safe). */
 ecs_err_t model_eval(model_ctx_t *c, const int32_t *tokens, int n, float *logits, bool all);
 
-/* One step over rows of possibly different sequences: each row appends
- * token to ctx (rows of one ctx take consecutive positions in order). Rows
- * with want_logits write n_vocab floats each, in row order, to logits. */
+/* One step of 1..MODEL_MAX_BATCH rows of possibly different sequences:
+ * each row appends token to ctx (rows of one ctx take consecutive positions
+ * in order). Rows with want_logits write n_vocab floats each, in row order,
+ * to logits. On any error no sequence advances. Latent and expanded
+ * (MODEL_CTX_MLA_EXPANDED) contexts cannot share a step. */
 typedef struct {
     model_ctx_t *ctx;
     int32_t token;
@@ -233,7 +242,7 @@ void model_rope_yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, floa
 
 /* Routing for one row: router logits[n_expert] -> k expert ids and weights,
  * with the gating function, selection bias (may be NULL), group limit,
- * normalisation and scaling of hp. scratch holds 2*n_expert floats. */
+ * normalisation and scaling of hp. scratch holds 3*n_expert floats. */
 void model_route(const model_hparams_t *hp, const float *logits, const float *bias,
                  int32_t *ids, float *w, float *scratch);
 

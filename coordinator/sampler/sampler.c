@@ -316,17 +316,19 @@ static int32_t cand_min_p(cand_t *c, int32_t n, float min_p)
     return m;
 }
 
-/* Draws from softmax(c / temp). */
-static int32_t cand_draw(sampler_t *s, cand_t *c, int32_t n)
+/* Draws from softmax(c / temp). Scaling happens in double on the shifted
+ * logits, so a tiny temperature cannot overflow to inf - inf. */
+static int32_t cand_draw(sampler_t *s, const cand_t *c, int32_t n)
 {
-    float inv_t = 1.0f / s->p.temp;
+    const double inv_t = 1.0 / (double)s->p.temp;
+    const float max = cand_max(c, n);
+    double z = 0.0;
     for (int32_t i = 0; i < n; i++)
-        c[i].logit *= inv_t;
-    float max = cand_max(c, n);
-    double z = cand_expsum(c, n, max);
-    double target = rng_uniform(s->rng) * z, cum = 0.0;
+        z += exp(((double)c[i].logit - max) * inv_t);
+    const double target = rng_uniform(s->rng) * z;
+    double cum = 0.0;
     for (int32_t i = 0; i < n; i++) {
-        cum += exp((double)c[i].logit - max);
+        cum += exp(((double)c[i].logit - max) * inv_t);
         if (cum > target)
             return c[i].id;
     }

@@ -69,4 +69,52 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
 void kcpu_matmul(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int64_t ldx, int nb,
                  float *y, int64_t ldy, void *scratch);
 
+/* ---- Internal to kernels/cpu: how the per-ISA files (*_avx2.c, *_avx512.c)
+ * hand their kernels to dispatch.c and matmul.c. Other modules use the API
+ * above. ---- */
+
+#define KCPU_MAX_NA 4
+
+/* out[j] = dot(w, a + j*a_stride) for j in [0, na), 1 <= na <= KCPU_MAX_NA:
+ * the weight row is decoded once for na activation rows, which is what
+ * makes batched (prompt / multi-token) products cheaper than na dots. */
+typedef void (*kcpu_dot_multi_fn)(int64_t n, const void *w, const void *a, size_t a_stride,
+                                  int na, float *out);
+
+typedef struct {
+    kcpu_vec_dot_fn dot;     /* NULL: no kernel for this type on this ISA */
+    kcpu_dot_multi_fn multi; /* NULL: callers loop over dot */
+} kcpu_kernel_t;
+
+kcpu_kernel_t kcpu_kernel_avx2(ecs_type_t wtype);
+kcpu_kernel_t kcpu_kernel_avx512(ecs_type_t wtype);
+/* The kernel for wtype at the ISA in use, falling back to lower ISAs (the
+ * scalar level always has one for a weight type). */
+kcpu_kernel_t kcpu_kernel(ecs_type_t wtype);
+
+/* SIMD activation quantizers; false if vdt has none on that ISA. */
+bool kcpu_quantize_act_avx2(ecs_type_t vdt, const float *x, void *out, int64_t n);
+bool kcpu_quantize_act_avx512(ecs_type_t vdt, const float *x, void *out, int64_t n);
+
+/* Defines name##_dot (a kcpu_vec_dot_fn) and name##_multi (a
+ * kcpu_dot_multi_fn) from impl(NA, n, w, a, a_stride, out), an always-inline
+ * kernel whose activation-row count NA is a compile-time constant. */
+#define KCPU_DEFINE_KERNEL(name, impl)                                                        \
+    static float name##_dot(int64_t n, const void *w, const void *a)                          \
+    {                                                                                         \
+        float r;                                                                              \
+        impl(1, n, w, a, 0, &r);                                                              \
+        return r;                                                                             \
+    }                                                                                         \
+    static void name##_multi(int64_t n, const void *w, const void *a, size_t as, int na,      \
+                             float *out)                                                      \
+    {                                                                                         \
+        switch (na) {                                                                         \
+        case 1: impl(1, n, w, a, as, out); break;                                             \
+        case 2: impl(2, n, w, a, as, out); break;                                             \
+        case 3: impl(3, n, w, a, as, out); break;                                             \
+        default: impl(4, n, w, a, as, out); break;                                            \
+        }                                                                                     \
+    }
+
 #endif

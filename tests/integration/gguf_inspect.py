@@ -12,7 +12,8 @@ the reader cannot hide itself. Subcommands:
                        by content hash), and the same set of tensors with the
                        same ne and type (tensor order is free: llama-quantize
                        reorders)
-  get FILE KEY         print one scalar value
+  get FILE KEY         print one scalar value (arrays: a summary)
+  elem FILE KEY I      print element I of an array value
   tensors FILE         print "name type ne0xne1x..." per tensor, sorted
   check FILE           verify data-section layout: offsets aligned, in order,
                        non-overlapping, sizes match the type, file size exact
@@ -188,6 +189,17 @@ def cmd_get(path, key):
     return 1
 
 
+def cmd_elem(path, key, i):
+    for k, t, v in parse(path)["kvs"]:
+        if k == key and t == 9:
+            item = v[3][i] if not isinstance(v[3], bytes) else \
+                struct.unpack_from(SCALAR_FMT[v[1]], v[3], i * struct.calcsize(SCALAR_FMT[v[1]]))[0]
+            print(item.decode(errors="replace") if isinstance(item, bytes) else item)
+            return 0
+    print(f"{key}: no such array", file=sys.stderr)
+    return 1
+
+
 def cmd_tensors(path):
     for name, ne, tt, _ in sorted(parse(path)["tensors"]):
         print(f"{name} {TENSOR_TYPES[tt][0]} {'x'.join(map(str, ne))}")
@@ -264,6 +276,8 @@ def main(argv):
         return cmd_compare(argv[2], argv[3], ignore)
     if cmd == "get" and len(argv) == 4:
         return cmd_get(argv[2], argv[3])
+    if cmd == "elem" and len(argv) == 5:
+        return cmd_elem(argv[2], argv[3], int(argv[4]))
     if cmd == "tensors":
         return cmd_tensors(argv[2])
     if cmd == "check":

@@ -39,6 +39,7 @@ typedef struct {
     const char *help;
 } mk_param_t;
 
+#define MK_MAX_PARAMS 64
 extern const mk_param_t mk_params[];
 extern const int mk_n_params;
 

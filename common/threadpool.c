@@ -1,0 +1,214 @@
+/* threadpool.c - persistent worker threads for the compute kernels.
+ *
+ * Decode issues a few hundred short parallel calls per token, so a call must
+ * cost microseconds: workers spin briefly on a generation counter after each
+ * run (the next call usually comes within that window) and only then sleep on
+ * a futex, so an idle pool burns no CPU. The caller runs share 0 itself and
+ * waits for the others the same way (spin, then futex). */
+#include "common/threadpool.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() atomic_signal_fence(memory_order_seq_cst)
+#endif
+
+#define TP_MAX_THREADS 256
+/* How long a waiting thread spins before it sleeps: long enough to bridge the
+ * serial work between two kernel calls in a decode step, short enough that an
+ * idle pool stops using CPU almost at once. */
+#define TP_SPIN_NS 100000
+
+struct ecs_threadpool {
+    int nthreads;
+    pthread_t *threads;
+    /* Written by the caller before it bumps gen; read by workers after. */
+    ecs_task_fn fn;
+    void *arg;
+    _Atomic uint32_t gen;      /* bumped once per run (and once for shutdown) */
+    _Atomic uint32_t pending;  /* workers still running the current run */
+    _Atomic uint32_t sleepers; /* workers inside futex_wait on gen */
+    _Atomic uint32_t caller_sleeping;
+    atomic_bool stop;
+};
+
+typedef struct {
+    ecs_threadpool_t *tp;
+    int ith;
+} worker_arg_t;
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
+{
+    /* Returns at once if *addr != val; spurious wake-ups are handled by the
+     * callers' loops. */
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *addr)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Spins until *addr != val or the spin budget is spent; true if it changed. */
+static bool spin_while_equal(_Atomic uint32_t *addr, uint32_t val)
+{
+    uint64_t deadline = 0;
+    for (unsigned i = 0;; i++) {
+        if (atomic_load_explicit(addr, memory_order_acquire) != val)
+            return true;
+        cpu_relax();
+        if ((i & 63) == 63) {
+            uint64_t t = now_ns();
+            if (deadline == 0)
+                deadline = t + TP_SPIN_NS;
+            else if (t > deadline)
+                return false;
+        }
+    }
+}
+
+/* Blocks until tp->gen differs from seen; returns the new generation. */
+static uint32_t wait_for_gen(ecs_threadpool_t *tp, uint32_t seen)
+{
+    if (spin_while_equal(&tp->gen, seen))
+        return atomic_load_explicit(&tp->gen, memory_order_acquire);
+    for (;;) {
+        /* seq_cst pairs with the caller's bump-then-check of sleepers: either
+         * the caller sees us counted and wakes us, or we see the new gen. */
+        atomic_fetch_add(&tp->sleepers, 1);
+        if (atomic_load(&tp->gen) == seen)
+            futex_wait(&tp->gen, seen);
+        atomic_fetch_sub(&tp->sleepers, 1);
+        uint32_t g = atomic_load_explicit(&tp->gen, memory_order_acquire);
+        if (g != seen)
+            return g;
+    }
+}
+
+static void *worker_main(void *p)
+{
+    worker_arg_t *wa = p;
+    ecs_threadpool_t *tp = wa->tp;
+    const int ith = wa->ith;
+    free(wa);
+    uint32_t seen = 0;
+    for (;;) {
+        seen = wait_for_gen(tp, seen);
+        if (atomic_load_explicit(&tp->stop, memory_order_acquire))
+            return NULL;
+        tp->fn(tp->arg, ith, tp->nthreads);
+        if (atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_acq_rel) == 1 &&
+            atomic_load(&tp->caller_sleeping))
+            futex_wake_all(&tp->pending);
+    }
+}
+
+static void stop_workers(ecs_threadpool_t *tp, int nstarted)
+{
+    atomic_store(&tp->stop, true);
+    atomic_fetch_add(&tp->gen, 1);
+    futex_wake_all(&tp->gen);
+    for (int i = 0; i < nstarted; i++)
+        pthread_join(tp->threads[i], NULL);
+}
+
+ecs_err_t ecs_threadpool_create(int nthreads, ecs_threadpool_t **out)
+{
+    *out = NULL;
+    if (nthreads < 1 || nthreads > TP_MAX_THREADS)
+        return ecs_error(ECS_ERR_RANGE, "thread pool size %d not in [1, %d]", nthreads,
+                         TP_MAX_THREADS);
+    ecs_threadpool_t *tp = calloc(1, sizeof(*tp));
+    if (!tp)
+        return ecs_error(ECS_ERR_NOMEM, "thread pool: out of memory");
+    tp->nthreads = nthreads;
+    if (nthreads > 1) {
+        tp->threads = calloc((size_t)(nthreads - 1), sizeof(pthread_t));
+        if (!tp->threads) {
+            free(tp);
+            return ecs_error(ECS_ERR_NOMEM, "thread pool: out of memory");
+        }
+    }
+    for (int i = 1; i < nthreads; i++) {
+        worker_arg_t *wa = malloc(sizeof(*wa));
+        int rc = ENOMEM;
+        if (wa) {
+            wa->tp = tp;
+            wa->ith = i;
+            rc = pthread_create(&tp->threads[i - 1], NULL, worker_main, wa);
+        }
+        if (rc != 0) {
+            free(wa);
+            stop_workers(tp, i - 1);
+            free(tp->threads);
+            free(tp);
+            return ecs_error(ECS_ERR_NOMEM, "thread pool: cannot start thread %d of %d (%s)", i,
+                             nthreads, rc == ENOMEM ? "out of memory" : "pthread_create failed");
+        }
+    }
+    *out = tp;
+    return ECS_OK;
+}
+
+void ecs_threadpool_destroy(ecs_threadpool_t *tp)
+{
+    if (!tp)
+        return;
+    stop_workers(tp, tp->nthreads - 1);
+    free(tp->threads);
+    free(tp);
+}
+
+int ecs_threadpool_size(const ecs_threadpool_t *tp)
+{
+    return tp ? tp->nthreads : 1;
+}
+
+void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
+{
+    if (!tp || tp->nthreads == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    tp->fn = fn;
+    tp->arg = arg;
+    atomic_store_explicit(&tp->pending, (uint32_t)(tp->nthreads - 1), memory_order_relaxed);
+    atomic_fetch_add(&tp->gen, 1); /* seq_cst: publishes fn/arg/pending */
+    if (atomic_load(&tp->sleepers) > 0)
+        futex_wake_all(&tp->gen);
+
+    fn(arg, 0, tp->nthreads);
+
+    for (;;) {
+        uint32_t left = atomic_load_explicit(&tp->pending, memory_order_acquire);
+        if (left == 0)
+            return;
+        if (spin_while_equal(&tp->pending, left))
+            continue;
+        /* seq_cst pairs with the last worker's decrement-then-check. */
+        atomic_store(&tp->caller_sleeping, 1);
+        if (atomic_load(&tp->pending) == left)
+            futex_wait(&tp->pending, left);
+        atomic_store(&tp->caller_sleeping, 0);
+    }
+}

@@ -1,0 +1,357 @@
+/* model.c - the model object (load, workspace, expert backend), sequences
+ * (KV caches budgeted whole at creation) and the evaluation entry points. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coordinator/model/model_int.h"
+
+#define ALIGN 64
+
+/* --------------------------------------------------------------- workspace */
+
+typedef struct {
+    char *base; /* NULL while measuring */
+    size_t off;
+} carve_t;
+
+static void *carve(carve_t *c, size_t bytes)
+{
+    size_t at = (c->off + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+    c->off = at + bytes;
+    return c->base ? c->base + at : NULL;
+}
+
+static size_t act_need(const kcpu_mat_t *w, size_t cur)
+{
+    if (w->nrows == 0)
+        return cur;
+    size_t b = kcpu_act_bytes(w->type, w->ncols, MODEL_MAX_BATCH);
+    return b > cur ? b : cur;
+}
+
+static size_t act_bytes_max(const model_t *m)
+{
+    size_t need = act_need(&m->w.output, 0);
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const model_layer_t *l = &m->w.layers[il];
+        const kcpu_mat_t *all[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wkv_b, &l->wk,
+                                   &l->wv, &l->wo, &l->ffn_gate, &l->ffn_up, &l->ffn_down,
+                                   &l->gate_inp, &l->gate_shexp, &l->up_shexp, &l->down_shexp};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            need = act_need(all[i], need);
+    }
+    return need;
+}
+
+/* Quantized W_v_b inputs of the latent path: n_head*nb rows of kv_lora. */
+static size_t att_act_bytes(const model_t *m)
+{
+    if (m->hp.arch != MODEL_ARCH_DEEPSEEK2)
+        return 0;
+    size_t need = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        size_t b = kcpu_act_bytes(m->w.layers[il].wkv_b.type, m->hp.kv_lora_rank, 1);
+        need = b > need ? b : need;
+    }
+    return need * (size_t)m->hp.n_head * MODEL_MAX_BATCH;
+}
+
+static int imax(int a, int b) { return a > b ? a : b; }
+
+static void ws_layout(model_t *m, carve_t *c)
+{
+    const model_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const size_t nb = MODEL_MAX_BATCH, F = sizeof(float);
+    const bool ds2 = hp->arch == MODEL_ARCH_DEEPSEEK2;
+    const int nrot = hp->rope.n_rot, kvl = hp->kv_lora_rank;
+    ws->kv_w = ds2 ? kvl + nrot : hp->n_head_kv * hp->head_k;
+    ws->qh_w = ds2 ? imax(kvl + nrot, hp->head_k) : hp->head_k;
+    ws->att_w = ds2 ? imax(kvl, hp->head_v) : hp->head_v;
+    ws->ff_w = imax(imax(hp->n_ff, hp->n_ff_shexp), 1);
+    const int nth = ecs_threadpool_size(m->tp);
+    ws->thr_stride = (size_t)m->opts.n_ctx + (size_t)kvl + 16;
+
+    ws->x = carve(c, nb * hp->n_embd * F);
+    ws->xn = carve(c, nb * hp->n_embd * F);
+    ws->q = carve(c, nb * hp->n_head * hp->head_k * F);
+    ws->qa = carve(c, nb * (size_t)imax(hp->q_lora_rank, 1) * F);
+    ws->kv = carve(c, nb * ws->kv_w * F);
+    ws->v = carve(c, nb * (size_t)hp->n_head_kv * hp->head_v * F);
+    ws->kvb = carve(c, ds2 ? nb * hp->n_head * (size_t)(hp->qk_nope + hp->head_v) * F : 0);
+    ws->kvrow = carve(c, ds2 ? (size_t)hp->n_head * (hp->head_k + hp->head_v) * F : 0);
+    ws->qh = carve(c, nb * hp->n_head * (size_t)ws->qh_w * sizeof(ecs_fp16_t));
+    ws->att = carve(c, nb * hp->n_head * (size_t)ws->att_w * F);
+    ws->attv = carve(c, nb * hp->n_head * (size_t)hp->head_v * F);
+    ws->att_act = carve(c, att_act_bytes(m));
+    ws->ffa = carve(c, nb * ws->ff_w * F);
+    ws->ffb = carve(c, nb * ws->ff_w * F);
+    ws->sh = carve(c, nb * hp->n_embd * F);
+    ws->moe = carve(c, nb * hp->n_embd * F);
+    ws->tmp = carve(c, nb * hp->n_embd * F);
+    ws->router = carve(c, nb * hp->n_expert * F);
+    ws->ids = carve(c, nb * hp->n_expert_used * sizeof(int32_t));
+    ws->w = carve(c, nb * hp->n_expert_used * F);
+    ws->route_scratch = carve(c, 3 * (size_t)hp->n_expert * F);
+    ws->rope = carve(c, nb * nrot * F);
+    ws->act = carve(c, act_bytes_max(m));
+    ws->thr = carve(c, (size_t)nth * ws->thr_stride * F);
+}
+
+static ecs_err_t ws_alloc(model_t *m)
+{
+    carve_t c = {NULL, 0};
+    ws_layout(m, &c);
+    m->ws_bytes = c.off;
+    m->ws_mem = aligned_alloc(ALIGN, (c.off + ALIGN - 1) & ~(size_t)(ALIGN - 1));
+    if (!m->ws_mem)
+        return ecs_error(ECS_ERR_NOMEM, "model: cannot allocate %zu bytes of workspace", c.off);
+    c.base = m->ws_mem;
+    c.off = 0;
+    ws_layout(m, &c);
+    return ECS_OK;
+}
+
+/* ------------------------------------------------------------------- model */
+
+static kcpu_vec_dot_fn pick_dot(ecs_type_t t)
+{
+    for (int isa = (int)kcpu_isa(); isa >= 0; isa--) {
+        kcpu_vec_dot_fn fn = kcpu_vec_dot_for(t, (kcpu_isa_t)isa);
+        if (fn)
+            return fn;
+    }
+    return NULL;
+}
+
+ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
+{
+    *out = NULL;
+    model_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return ecs_error(ECS_ERR_NOMEM, "model: out of memory");
+    model_f16_init();
+    ecs_err_t e = gguf_open(path, &m->file);
+    if (e == ECS_OK)
+        e = model_read_hparams(m);
+    if (e == ECS_OK)
+        e = model_load_weights(m);
+    if (e == ECS_OK) {
+        m->opts = opts ? *opts : (model_opts_t){0};
+        if (m->opts.n_ctx <= 0)
+            m->opts.n_ctx = m->hp.n_ctx_train < 4096 ? imax(m->hp.n_ctx_train, 1) : 4096;
+        if (m->opts.n_ctx > MODEL_MAX_CTX)
+            e = ecs_error(ECS_ERR_RANGE, "model: n_ctx %d exceeds %d", m->opts.n_ctx, MODEL_MAX_CTX);
+        if (m->opts.n_threads <= 0) {
+            long n = sysconf(_SC_NPROCESSORS_ONLN);
+            m->opts.n_threads = n > 0 ? (int)(n > 256 ? 256 : n) : 1;
+        }
+    }
+    if (e == ECS_OK) {
+        m->dot_f16 = pick_dot(ECS_TYPE_F16);
+        if (!m->dot_f16)
+            e = ecs_error(ECS_ERR_UNSUPPORTED, "model: no f16 dot product kernel");
+    }
+    if (e == ECS_OK)
+        e = ecs_threadpool_create(m->opts.n_threads, &m->tp);
+    if (e == ECS_OK)
+        e = ws_alloc(m);
+    if (e == ECS_OK)
+        e = model_experts_local_new(m, m->tp, &m->ex_local);
+    if (e != ECS_OK) {
+        model_free(m);
+        return e;
+    }
+    model_set_experts(m, NULL, NULL);
+    *out = m;
+    return ECS_OK;
+}
+
+void model_free(model_t *m)
+{
+    if (!m)
+        return;
+    model_experts_local_free(m->ex_local);
+    free(m->ws_mem);
+    ecs_threadpool_destroy(m->tp);
+    free(m->w.layers);
+    gguf_close(m->file);
+    free(m);
+}
+
+const model_hparams_t *model_hparams(const model_t *m) { return &m->hp; }
+const model_weights_t *model_weights(const model_t *m) { return &m->w; }
+int model_n_vocab(const model_t *m) { return m->hp.n_vocab; }
+int model_n_ctx_max(const model_t *m) { return m->opts.n_ctx; }
+const gguf_file_t *model_gguf(const model_t *m) { return m->file; }
+ecs_threadpool_t *model_threadpool(const model_t *m) { return m->tp; }
+size_t model_workspace_bytes(const model_t *m) { return m->ws_bytes; }
+
+kcpu_mat_t model_expert_mat(const kcpu_mat_t *stack, int e, int rows_per_expert)
+{
+    kcpu_mat_t m = *stack;
+    m.nrows = rows_per_expert;
+    m.data = (const char *)stack->data + (size_t)e * rows_per_expert * stack->row_bytes;
+    return m;
+}
+
+void model_set_experts(model_t *m, const model_experts_ops *ops, void *ctx)
+{
+    if (ops) {
+        m->ex_ops = ops;
+        m->ex_ctx = ctx;
+    } else {
+        m->ex_ops = &model_experts_local_ops;
+        m->ex_ctx = m->ex_local;
+    }
+}
+
+/* --------------------------------------------------------------- sequences */
+
+static void ctx_geometry(const model_t *m, unsigned flags, model_ctx_t *c)
+{
+    const model_hparams_t *hp = &m->hp;
+    c->flags = flags;
+    if (hp->arch == MODEL_ARCH_DEEPSEEK2 && !(flags & MODEL_CTX_MLA_EXPANDED)) {
+        c->latent = true;
+        c->n_kv_head = 1;
+        c->dk = hp->kv_lora_rank + hp->rope.n_rot;
+        c->dv = hp->kv_lora_rank;
+        c->k_row = c->v_row = (size_t)c->dk;
+    } else {
+        c->latent = false;
+        c->n_kv_head = hp->n_head_kv;
+        c->dk = hp->head_k;
+        c->dv = hp->head_v;
+        c->k_row = (size_t)c->n_kv_head * c->dk;
+        c->v_row = (size_t)c->n_kv_head * c->dv;
+    }
+}
+
+size_t model_ctx_bytes(const model_t *m, int n_ctx, unsigned flags)
+{
+    model_ctx_t c;
+    ctx_geometry(m, flags, &c);
+    size_t per_tok = c.latent ? c.k_row : c.k_row + c.v_row;
+    return (size_t)m->hp.n_layer * (size_t)(n_ctx > 0 ? n_ctx : 0) * per_tok * sizeof(ecs_fp16_t);
+}
+
+ecs_err_t model_ctx_new(model_t *m, int n_ctx, unsigned flags, model_ctx_t **out)
+{
+    *out = NULL;
+    if (n_ctx < 1 || n_ctx > m->opts.n_ctx)
+        return ecs_error(ECS_ERR_RANGE, "model: context of %d tokens; this model was loaded for "
+                         "1..%d", n_ctx, m->opts.n_ctx);
+    if (flags & ~(unsigned)MODEL_CTX_MLA_EXPANDED)
+        return ecs_error(ECS_ERR_INVAL, "model: unknown context flags 0x%x", flags);
+    model_ctx_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return ecs_error(ECS_ERR_NOMEM, "model: out of memory");
+    c->m = m;
+    c->n_ctx = n_ctx;
+    ctx_geometry(m, flags, c);
+    c->k_layer = c->k_row * (size_t)n_ctx;
+    c->v_layer = c->v_row * (size_t)n_ctx;
+    c->bytes = model_ctx_bytes(m, n_ctx, flags);
+    c->mem = malloc(c->bytes);
+    if (!c->mem) {
+        free(c);
+        return ecs_error(ECS_ERR_NOMEM, "model: cannot allocate %zu bytes of KV cache for %d tokens",
+                         model_ctx_bytes(m, n_ctx, flags), n_ctx);
+    }
+    c->k = c->mem;
+    c->v = c->latent ? c->k : c->k + c->k_layer * (size_t)m->hp.n_layer;
+    *out = c;
+    return ECS_OK;
+}
+
+void model_ctx_free(model_ctx_t *c)
+{
+    if (!c)
+        return;
+    free(c->mem);
+    free(c);
+}
+
+void model_ctx_reset(model_ctx_t *c) { c->n_past = 0; }
+
+ecs_err_t model_ctx_truncate(model_ctx_t *c, int n_keep)
+{
+    if (n_keep < 0 || n_keep > c->n_past)
+        return ecs_error(ECS_ERR_RANGE, "model: cannot keep %d of %d cached tokens", n_keep,
+                         c->n_past);
+    c->n_past = n_keep;
+    return ECS_OK;
+}
+int model_ctx_n_past(const model_ctx_t *c) { return c->n_past; }
+int model_ctx_n_ctx(const model_ctx_t *c) { return c->n_ctx; }
+
+/* -------------------------------------------------------------- evaluation */
+
+ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *logits)
+{
+    if (n < 1 || n > MODEL_MAX_BATCH)
+        return ecs_error(ECS_ERR_INVAL, "model: a step takes 1..%d rows, got %d", MODEL_MAX_BATCH, n);
+    model_step_row_t st[MODEL_MAX_BATCH] = {{0}};
+    int out_rows[MODEL_MAX_BATCH] = {0}, n_out = 0;
+    bool latent = false;
+    for (int i = 0; i < n; i++) {
+        model_ctx_t *c = rows[i].ctx;
+        if (!c || c->m != m)
+            return ecs_error(ECS_ERR_INVAL, "model: row %d has no context of this model", i);
+        if (rows[i].token < 0 || rows[i].token >= m->hp.n_vocab)
+            return ecs_error(ECS_ERR_RANGE, "model: token id %d outside the vocabulary (0..%d)",
+                             rows[i].token, m->hp.n_vocab - 1);
+        if (i > 0 && c->latent != latent)
+            return ecs_error(ECS_ERR_INVAL, "model: a step cannot mix latent and expanded contexts");
+        latent = c->latent;
+        int before = 0;
+        for (int j = 0; j < i; j++)
+            before += rows[j].ctx == c;
+        if (c->n_past + before >= c->n_ctx)
+            return ecs_error(ECS_ERR_NOMEM, "model: context full (%d tokens); row %d does not fit",
+                             c->n_ctx, i);
+        st[i] = (model_step_row_t){c, c->n_past + before, rows[i].token};
+        if (rows[i].want_logits)
+            out_rows[n_out++] = i;
+    }
+    if (n_out > 0 && !logits)
+        return ecs_error(ECS_ERR_INVAL, "model: rows want logits but the output is NULL");
+    MODEL_TRY(model_forward(m, st, n, out_rows, n_out, logits));
+    for (int i = 0; i < n; i++)
+        st[i].ctx->n_past = st[i].pos + 1 > st[i].ctx->n_past ? st[i].pos + 1 : st[i].ctx->n_past;
+    return ECS_OK;
+}
+
+ecs_err_t model_eval(model_ctx_t *c, const int32_t *tokens, int n, float *logits, bool all)
+{
+    if (n < 0 || (n > 0 && !tokens))
+        return ecs_error(ECS_ERR_INVAL, "model: bad token array");
+    if (n == 0)
+        return ECS_OK;
+    if (n > c->n_ctx - c->n_past)
+        return ecs_error(ECS_ERR_NOMEM,
+                         "model: context full: %d tokens in the cache + %d new exceed n_ctx %d",
+                         c->n_past, n, c->n_ctx);
+    model_t *m = c->m;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->hp.n_vocab)
+            return ecs_error(ECS_ERR_RANGE, "model: token %d (position %d) outside the vocabulary "
+                             "(0..%d)", tokens[i], i, m->hp.n_vocab - 1);
+    model_row_t rows[MODEL_MAX_BATCH];
+    const size_t V = (size_t)m->hp.n_vocab;
+    for (int s = 0; s < n; s += MODEL_MAX_BATCH) {
+        int nb = n - s < MODEL_MAX_BATCH ? n - s : MODEL_MAX_BATCH;
+        bool last_chunk = s + nb == n;
+        for (int i = 0; i < nb; i++)
+            rows[i] = (model_row_t){c, tokens[s + i],
+                                    logits && (all || (last_chunk && i == nb - 1))};
+        float *out = !logits ? NULL : all ? logits + (size_t)s * V : logits;
+        ecs_err_t e = model_eval_batch(m, rows, nb, out);
+        if (e != ECS_OK)
+            return e;
+    }
+    return ECS_OK;
+}

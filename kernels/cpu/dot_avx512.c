@@ -1,0 +1,673 @@
+/* dot_avx512.c - AVX-512 (F/BW/VL/DQ + VNNI) dot products of weight rows with
+ * quantized activation rows, and the SIMD activation quantizers.
+ *
+ * Integer parts use vpdpbusd (unsigned weight levels x signed activations,
+ * four products per 32-bit lane). A lane holds at most 4*63*128 < 2^15, so a
+ * lane can be multiplied by a sub-block scale with vpmaddwd against a vector
+ * whose upper 16 bits are zero: the integer sums are exactly the scalar
+ * reference's, only the final float accumulation order differs.
+ *
+ * Every kernel takes NA activation rows (a compile-time constant) and decodes
+ * each weight block once for all of them. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define QK ECS_QK
+#define QK_K ECS_QK_K
+/* Loops over the NA activation rows must be unrolled: their accumulators
+ * then live in registers instead of a stack array. */
+#define FOR_ROWS(r) _Pragma("GCC unroll 8") for (int r = 0; r < NA; r++)
+
+INLINE float h2f(ecs_fp16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
+/* lanes 0..7 = lo, lanes 8..15 = hi */
+INLINE __m512 halves_ps(float lo, float hi)
+{
+    return _mm512_mask_broadcastss_ps(_mm512_set1_ps(lo), 0xFF00, _mm_set_ss(hi));
+}
+
+INLINE __m512i join256(__m256i lo, __m256i hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* (P * S) per 32-bit lane, P in int16 range, S's upper 16 bits zero. */
+INLINE __m512i scale_lanes(__m512i p, __m512i s)
+{
+    return _mm512_madd_epi16(p, s);
+}
+
+INLINE float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+INLINE __m512i dpbusd(__m512i u8, __m512i s8)
+{
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u8, s8);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Legacy 32-element blocks, two per 512-bit vector                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    __m512i q;     /* levels: unsigned, or magnitudes of signed levels */
+    __mmask64 neg; /* signed levels: lanes holding a negative level */
+    float d[2], m[2];
+} wpair_t;
+
+/* [qs0 & 15, qs0 >> 4, qs1 & 15, qs1 >> 4]: element order of each block */
+INLINE __m512i nibbles_pair(const uint8_t *qs0, const uint8_t *qs1)
+{
+    const __m128i x0 = _mm_loadu_si128((const __m128i *)qs0);
+    const __m128i x1 = qs1 ? _mm_loadu_si128((const __m128i *)qs1) : _mm_setzero_si128();
+    const __m256i y = _mm256_set_m128i(x1, x0);
+    __m512i z = join256(y, _mm256_srli_epi16(y, 4));
+    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+}
+
+INLINE __m512i add_fifth_bit(__m512i q, const uint8_t *qh0, const uint8_t *qh1)
+{
+    uint32_t h0, h1 = 0;
+    memcpy(&h0, qh0, 4);
+    if (qh1)
+        memcpy(&h1, qh1, 4);
+    const __mmask64 k = ((uint64_t)h1 << 32) | h0;
+    return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
+}
+
+INLINE void make_signed(wpair_t *p, __m512i levels)
+{
+    p->neg = _mm512_movepi8_mask(levels);
+    p->q = _mm512_abs_epi8(levels);
+}
+
+/* Decodes block ib (and ib+1 if two) of a weight row of type T. */
+INLINE void decode_pair(ecs_type_t T, const uint8_t *w, int64_t ib, bool two, wpair_t *p)
+{
+    p->d[1] = p->m[0] = p->m[1] = 0.0f;
+    switch (T) {
+    case ECS_TYPE_Q4_0: {
+        const ecs_block_q4_0 *b = (const ecs_block_q4_0 *)w + ib;
+        p->d[0] = h2f(b[0].d);
+        if (two)
+            p->d[1] = h2f(b[1].d);
+        __m512i q = nibbles_pair(b[0].qs, two ? b[1].qs : NULL);
+        make_signed(p, _mm512_sub_epi8(q, _mm512_set1_epi8(8)));
+        break;
+    }
+    case ECS_TYPE_Q5_0: {
+        const ecs_block_q5_0 *b = (const ecs_block_q5_0 *)w + ib;
+        p->d[0] = h2f(b[0].d);
+        if (two)
+            p->d[1] = h2f(b[1].d);
+        __m512i q = nibbles_pair(b[0].qs, two ? b[1].qs : NULL);
+        q = add_fifth_bit(q, b[0].qh, two ? b[1].qh : NULL);
+        make_signed(p, _mm512_sub_epi8(q, _mm512_set1_epi8(16)));
+        break;
+    }
+    case ECS_TYPE_Q8_0: {
+        const ecs_block_q8_0 *b = (const ecs_block_q8_0 *)w + ib;
+        p->d[0] = h2f(b[0].d);
+        __m256i hi = _mm256_setzero_si256();
+        if (two) {
+            p->d[1] = h2f(b[1].d);
+            hi = _mm256_loadu_si256((const __m256i *)b[1].qs);
+        }
+        make_signed(p, join256(_mm256_loadu_si256((const __m256i *)b[0].qs), hi));
+        break;
+    }
+    case ECS_TYPE_Q4_1: {
+        const ecs_block_q4_1 *b = (const ecs_block_q4_1 *)w + ib;
+        p->d[0] = h2f(b[0].d);
+        p->m[0] = h2f(b[0].m);
+        if (two) {
+            p->d[1] = h2f(b[1].d);
+            p->m[1] = h2f(b[1].m);
+        }
+        p->q = nibbles_pair(b[0].qs, two ? b[1].qs : NULL);
+        break;
+    }
+    case ECS_TYPE_Q5_1: {
+        const ecs_block_q5_1 *b = (const ecs_block_q5_1 *)w + ib;
+        p->d[0] = h2f(b[0].d);
+        p->m[0] = h2f(b[0].m);
+        if (two) {
+            p->d[1] = h2f(b[1].d);
+            p->m[1] = h2f(b[1].m);
+        }
+        __m512i q = nibbles_pair(b[0].qs, two ? b[1].qs : NULL);
+        p->q = add_fifth_bit(q, b[0].qh, two ? b[1].qh : NULL);
+        break;
+    }
+    default: break;
+    }
+}
+
+INLINE bool has_min(ecs_type_t T)
+{
+    return T == ECS_TYPE_Q4_1 || T == ECS_TYPE_Q5_1;
+}
+
+/* One pair of blocks against NA activation rows (Q8_0, or Q8_1 for the
+ * types with a min). A missing second block reads as zeros. */
+INLINE void legacy_pair(ecs_type_t T, int NA, const uint8_t *w, const uint8_t *a, size_t as,
+                        int64_t ib, bool two, __m512 *acc, float *msum)
+{
+    wpair_t p;
+    decode_pair(T, w, ib, two, &p);
+    FOR_ROWS(r) {
+        const int8_t *q0, *q1 = NULL;
+        float da[2] = {0.0f, 0.0f};
+        if (has_min(T)) {
+            const ecs_block_q8_1 *b = (const ecs_block_q8_1 *)(a + (size_t)r * as) + ib;
+            q0 = b[0].qs;
+            da[0] = h2f(b[0].d);
+            msum[r] += p.m[0] * h2f(b[0].s);
+            if (two) {
+                q1 = b[1].qs;
+                da[1] = h2f(b[1].d);
+                msum[r] += p.m[1] * h2f(b[1].s);
+            }
+        } else {
+            const ecs_block_q8_0 *b = (const ecs_block_q8_0 *)(a + (size_t)r * as) + ib;
+            q0 = b[0].qs;
+            da[0] = h2f(b[0].d);
+            if (two) {
+                q1 = b[1].qs;
+                da[1] = h2f(b[1].d);
+            }
+        }
+        __m512i av = join256(_mm256_loadu_si256((const __m256i *)q0),
+                             q1 ? _mm256_loadu_si256((const __m256i *)q1) : _mm256_setzero_si256());
+        if (!has_min(T))
+            av = _mm512_mask_sub_epi8(av, p.neg, _mm512_setzero_si512(), av);
+        const __m512i s = dpbusd(p.q, av);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), halves_ps(p.d[0] * da[0], p.d[1] * da[1]),
+                                 acc[r]);
+    }
+}
+
+INLINE void legacy_dot(ecs_type_t T, int NA, int64_t n, const void *w, const void *a, size_t as,
+                       float *out)
+{
+    const int64_t nb = n / QK;
+    __m512 acc[KCPU_MAX_NA];
+    float msum[KCPU_MAX_NA];
+    FOR_ROWS(r) {
+        acc[r] = _mm512_setzero_ps();
+        msum[r] = 0.0f;
+    }
+    int64_t ib = 0;
+    for (; ib + 1 < nb; ib += 2)
+        legacy_pair(T, NA, w, a, as, ib, true, acc, msum);
+    if (ib < nb)
+        legacy_pair(T, NA, w, a, as, ib, false, acc, msum);
+    FOR_ROWS(r)
+        out[r] = _mm512_reduce_add_ps(acc[r]) + msum[r];
+}
+
+#define LEGACY_IMPL(name, T)                                                                  \
+    INLINE void name##_impl(int NA, int64_t n, const void *w, const void *a, size_t as,       \
+                            float *out)                                                       \
+    {                                                                                         \
+        legacy_dot(T, NA, n, w, a, as, out);                                                  \
+    }                                                                                         \
+    KCPU_DEFINE_KERNEL(name, name##_impl)
+
+LEGACY_IMPL(q4_0, ECS_TYPE_Q4_0)
+LEGACY_IMPL(q4_1, ECS_TYPE_Q4_1)
+LEGACY_IMPL(q5_0, ECS_TYPE_Q5_0)
+LEGACY_IMPL(q5_1, ECS_TYPE_Q5_1)
+LEGACY_IMPL(q8_0, ECS_TYPE_Q8_0)
+
+/* ------------------------------------------------------------------------ */
+/* K-quants against Q8_K: 256 values = four 64-byte vectors                  */
+/* ------------------------------------------------------------------------ */
+
+INLINE const ecs_block_q8_K *act_k(const void *a, size_t as, int r, int64_t i)
+{
+    return (const ecs_block_q8_K *)((const uint8_t *)a + (size_t)r * as) + i;
+}
+
+INLINE __m512i act_vec(const ecs_block_q8_K *b, int k)
+{
+    return _mm512_loadu_si512((const void *)(b->qs + 64 * k));
+}
+
+/* Scale vector for the k-th 64 values: lane i gets all[first + i / per]
+ * (per = lanes per scale group), upper 16 bits cleared for scale_lanes. */
+INLINE __m512i group_scales(__m512i all, int k, int per)
+{
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(k * (16 / per)),
+                                         _mm512_srli_epi32(lane, per == 8 ? 3 : 2));
+    return _mm512_permutexvar_epi32(idx, all);
+}
+
+INLINE __m512i lo16(__m512i v)
+{
+    return _mm512_and_si512(v, _mm512_set1_epi32(0xFFFF));
+}
+
+/* Moves bit `from` of every byte to bit `to` (from, to even, |to - from| <= 6);
+ * callers mask out the other bits, and the kept bit always comes from the
+ * same byte despite the 16-bit shift. */
+INLINE __m512i move_bit(__m512i v, int from, int to)
+{
+    switch (to - from) {
+    case 4: return _mm512_slli_epi16(v, 4);
+    case 2: return _mm512_slli_epi16(v, 2);
+    case 0: return v;
+    case -2: return _mm512_srli_epi16(v, 2);
+    case -4: return _mm512_srli_epi16(v, 4);
+    default: return _mm512_srli_epi16(v, 6);
+    }
+}
+
+/* Q4_K / Q5_K scales: 8 x (6-bit scale, 6-bit min) packed in 12 bytes. */
+INLINE void k4_scales(const uint8_t s[12], uint64_t *sc, uint64_t *mn)
+{
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    const uint32_t sc_lo = u0 & 0x3F3F3F3F, mn_lo = u1 & 0x3F3F3F3F;
+    const uint32_t sc_hi = (u2 & 0x0F0F0F0F) | (((u0 >> 6) & 0x03030303) << 4);
+    const uint32_t mn_hi = ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4);
+    *sc = ((uint64_t)sc_hi << 32) | sc_lo;
+    *mn = ((uint64_t)mn_hi << 32) | mn_lo;
+}
+
+/* Q3_K scales: 16 x 6-bit in 12 bytes, stored +32. */
+INLINE __m128i k3_scales(const uint8_t s[12])
+{
+    uint32_t a0, a1, a2;
+    memcpy(&a0, s, 4);
+    memcpy(&a1, s + 4, 4);
+    memcpy(&a2, s + 8, 4);
+    const uint32_t m4 = 0x0F0F0F0F, m2 = 0x03030303;
+    const __m128i v = _mm_set_epi32((int)(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)),
+                                    (int)(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
+                                    (int)((a1 & m4) | (((a2 >> 2) & m2) << 4)),
+                                    (int)((a0 & m4) | ((a2 & m2) << 4)));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+/* Q4_K and Q5_K (same scales; Q5_K adds a fifth bit from qh). */
+INLINE void q45k_dot(bool five, int NA, int64_t n, const void *w, const void *a, size_t as,
+                     float *out)
+{
+    const int64_t nb = n / QK_K;
+    __m512 acc[KCPU_MAX_NA];
+    __m256 macc[KCPU_MAX_NA];
+    FOR_ROWS(r) {
+        acc[r] = _mm512_setzero_ps();
+        macc[r] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *scales, *qs, *qh = NULL;
+        float d, dmin;
+        if (five) {
+            const ecs_block_q5_K *x = (const ecs_block_q5_K *)w + i;
+            scales = x->scales, qs = x->qs, qh = x->qh;
+            d = h2f(x->d), dmin = h2f(x->dmin);
+        } else {
+            const ecs_block_q4_K *x = (const ecs_block_q4_K *)w + i;
+            scales = x->scales, qs = x->qs;
+            d = h2f(x->d), dmin = h2f(x->dmin);
+        }
+        uint64_t sc8, mn8;
+        k4_scales(scales, &sc8, &mn8);
+        const __m512i sc_all = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc8));
+        const __m128i mv = _mm_cvtsi64_si128((long long)mn8);
+        const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+        __m512i hbits = _mm512_setzero_si512();
+        if (five) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            hbits = join256(h, _mm256_srli_epi16(h, 1));
+        }
+        __m512i isum[KCPU_MAX_NA];
+        FOR_ROWS(r)
+            isum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
+            __m512i wq = _mm512_and_si512(join256(q, _mm256_srli_epi16(q, 4)),
+                                          _mm512_set1_epi8(0x0F));
+            if (five)
+                wq = _mm512_or_si512(wq, _mm512_and_si512(move_bit(hbits, 2 * k, 4),
+                                                          _mm512_set1_epi8(0x10)));
+            const __m512i sc = group_scales(sc_all, k, 8);
+            FOR_ROWS(r)
+                isum[r] = _mm512_add_epi32(
+                    isum[r], scale_lanes(dpbusd(wq, act_vec(act_k(a, as, r, i), k)), sc));
+        }
+        FOR_ROWS(r) {
+            const ecs_block_q8_K *y = act_k(a, as, r, i);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_set1_ps(d * y->d), acc[r]);
+            const __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums),
+                                                mins16);
+            macc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin * y->d), macc[r]);
+        }
+    }
+    FOR_ROWS(r)
+        out[r] = _mm512_reduce_add_ps(acc[r]) - hsum256(macc[r]);
+}
+
+INLINE void q4k_impl(int NA, int64_t n, const void *w, const void *a, size_t as, float *out)
+{
+    q45k_dot(false, NA, n, w, a, as, out);
+}
+INLINE void q5k_impl(int NA, int64_t n, const void *w, const void *a, size_t as, float *out)
+{
+    q45k_dot(true, NA, n, w, a, as, out);
+}
+KCPU_DEFINE_KERNEL(q4_K, q4k_impl)
+KCPU_DEFINE_KERNEL(q5_K, q5k_impl)
+
+/* Q2_K, Q3_K and Q6_K share the shape: 16 groups of 16 with one scale each
+ * (four lanes per group), levels stored with an offset (Q3_K: -4, Q6_K: -32)
+ * or with per-group mins (Q2_K) that the Q8_K bsums settle per group. */
+typedef enum { K_Q2, K_Q3, K_Q6 } k16_kind_t;
+
+typedef struct {
+    __m512i sc_all;   /* 16 group scales as 32-bit lanes, upper halves zero */
+    __m256i corr16;   /* per-group factor applied to bsums: mins or scales */
+    int corr_shift;   /* Q3_K: *4, Q6_K: *32 (levels offset); Q2_K: separate */
+    float d, dmin;
+} k16_hdr_t;
+
+INLINE void k16_header(k16_kind_t K, const void *blk, k16_hdr_t *h)
+{
+    __m128i s8;
+    h->dmin = 0.0f;
+    if (K == K_Q2) {
+        const ecs_block_q2_K *x = blk;
+        const __m128i raw = _mm_loadu_si128((const __m128i *)x->scales);
+        s8 = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
+        h->corr16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
+        h->corr_shift = 0;
+        h->d = h2f(x->d);
+        h->dmin = h2f(x->dmin);
+    } else if (K == K_Q3) {
+        const ecs_block_q3_K *x = blk;
+        s8 = k3_scales(x->scales);
+        h->corr16 = _mm256_cvtepi8_epi16(s8);
+        h->corr_shift = 2;
+        h->d = h2f(x->d);
+    } else {
+        const ecs_block_q6_K *x = blk;
+        s8 = _mm_loadu_si128((const __m128i *)x->scales);
+        h->corr16 = _mm256_cvtepi8_epi16(s8);
+        h->corr_shift = 5;
+        h->d = h2f(x->d);
+    }
+    h->sc_all = lo16(_mm512_cvtepi8_epi32(s8));
+}
+
+/* Levels (unsigned, offset not yet removed) of the k-th 64 values. */
+INLINE __m512i k16_levels(k16_kind_t K, const void *blk, int k, __m512i hm)
+{
+    const int half = k / 2, t = k % 2;
+    if (K == K_Q6) {
+        const ecs_block_q6_K *x = blk;
+        const __m512i l = _mm512_loadu_si512((const void *)(x->ql + 64 * half));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * half));
+        const __m512i h2 = join256(h, _mm256_srli_epi16(h, 2)); /* [qh, qh >> 2] */
+        const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+        if (t == 0)
+            return _mm512_or_si512(_mm512_and_si512(l, m4),
+                                   _mm512_and_si512(_mm512_slli_epi16(h2, 4), m30));
+        return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                               _mm512_and_si512(h2, m30));
+    }
+    const uint8_t *qs = K == K_Q2 ? ((const ecs_block_q2_K *)blk)->qs
+                                  : ((const ecs_block_q3_K *)blk)->qs;
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * half));
+    __m512i qq = join256(q, _mm256_srli_epi16(q, 2)); /* [q, q >> 2] */
+    if (t)
+        qq = _mm512_srli_epi16(qq, 4);
+    __m512i lv = _mm512_and_si512(qq, _mm512_set1_epi8(3));
+    if (K == K_Q3) /* hmask bit 2k of [hm, hm >> 1] is the third bit */
+        lv = _mm512_or_si512(lv, _mm512_and_si512(move_bit(hm, 2 * k, 2), _mm512_set1_epi8(4)));
+    return lv;
+}
+
+INLINE void k16_dot(k16_kind_t K, int NA, int64_t n, const void *w, const void *a, size_t as,
+                    float *out)
+{
+    const int64_t nb = n / QK_K;
+    const size_t bsize = K == K_Q2   ? sizeof(ecs_block_q2_K)
+                         : K == K_Q3 ? sizeof(ecs_block_q3_K)
+                                     : sizeof(ecs_block_q6_K);
+    __m512 acc[KCPU_MAX_NA];
+    __m256 macc[KCPU_MAX_NA];
+    FOR_ROWS(r) {
+        acc[r] = _mm512_setzero_ps();
+        macc[r] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        const void *blk = (const uint8_t *)w + (size_t)i * bsize;
+        k16_hdr_t h;
+        k16_header(K, blk, &h);
+        __m512i hm = _mm512_setzero_si512();
+        if (K == K_Q3) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)((const ecs_block_q3_K *)blk)->hmask);
+            hm = join256(v, _mm256_srli_epi16(v, 1));
+        }
+        __m512i isum[KCPU_MAX_NA];
+        FOR_ROWS(r)
+            isum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m512i wq = k16_levels(K, blk, k, hm);
+            const __m512i sc = group_scales(h.sc_all, k, 4);
+            FOR_ROWS(r)
+                isum[r] = _mm512_add_epi32(
+                    isum[r], scale_lanes(dpbusd(wq, act_vec(act_k(a, as, r, i), k)), sc));
+        }
+        FOR_ROWS(r) {
+            const ecs_block_q8_K *y = act_k(a, as, r, i);
+            const __m256i c = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums),
+                                                h.corr16);
+            if (K == K_Q2)
+                macc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(h.dmin * y->d),
+                                          macc[r]);
+            else
+                isum[r] = _mm512_sub_epi32(
+                    isum[r], _mm512_zextsi256_si512(_mm256_slli_epi32(c, h.corr_shift)));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_set1_ps(h.d * y->d),
+                                     acc[r]);
+        }
+    }
+    FOR_ROWS(r)
+        out[r] = _mm512_reduce_add_ps(acc[r]) - (K == K_Q2 ? hsum256(macc[r]) : 0.0f);
+}
+
+INLINE void q2k_impl(int NA, int64_t n, const void *w, const void *a, size_t as, float *out)
+{
+    k16_dot(K_Q2, NA, n, w, a, as, out);
+}
+INLINE void q3k_impl(int NA, int64_t n, const void *w, const void *a, size_t as, float *out)
+{
+    k16_dot(K_Q3, NA, n, w, a, as, out);
+}
+INLINE void q6k_impl(int NA, int64_t n, const void *w, const void *a, size_t as, float *out)
+{
+    k16_dot(K_Q6, NA, n, w, a, as, out);
+}
+KCPU_DEFINE_KERNEL(q2_K, q2k_impl)
+KCPU_DEFINE_KERNEL(q3_K, q3k_impl)
+KCPU_DEFINE_KERNEL(q6_K, q6k_impl)
+
+/* ------------------------------------------------------------------------ */
+/* Float weights                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* 16 values of type T at element i, the lanes outside mask zero. */
+INLINE __m512 load_f(ecs_type_t T, const void *p, int64_t i, __mmask16 m)
+{
+    if (T == ECS_TYPE_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+    if (T == ECS_TYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+INLINE void float_dot(ecs_type_t T, int NA, int64_t n, const void *w, const void *a, size_t as,
+                      float *out)
+{
+    __m512 acc[KCPU_MAX_NA];
+    FOR_ROWS(r)
+        acc[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 wv = load_f(T, w, i, m);
+        FOR_ROWS(r)
+            acc[r] = _mm512_fmadd_ps(wv, load_f(T, (const uint8_t *)a + (size_t)r * as, i, m),
+                                     acc[r]);
+    }
+    FOR_ROWS(r)
+        out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#define FLOAT_IMPL(name, T)                                                                   \
+    INLINE void name##_impl(int NA, int64_t n, const void *w, const void *a, size_t as,       \
+                            float *out)                                                       \
+    {                                                                                         \
+        float_dot(T, NA, n, w, a, as, out);                                                   \
+    }                                                                                         \
+    KCPU_DEFINE_KERNEL(name, name##_impl)
+
+FLOAT_IMPL(f32, ECS_TYPE_F32)
+FLOAT_IMPL(f16, ECS_TYPE_F16)
+FLOAT_IMPL(bf16, ECS_TYPE_BF16)
+
+kcpu_kernel_t kcpu_kernel_avx512(ecs_type_t wtype)
+{
+#define K(name) (kcpu_kernel_t){name##_dot, name##_multi}
+    switch (wtype) {
+    case ECS_TYPE_F32: return K(f32);
+    case ECS_TYPE_F16: return K(f16);
+    case ECS_TYPE_BF16: return K(bf16);
+    case ECS_TYPE_Q4_0: return K(q4_0);
+    case ECS_TYPE_Q4_1: return K(q4_1);
+    case ECS_TYPE_Q5_0: return K(q5_0);
+    case ECS_TYPE_Q5_1: return K(q5_1);
+    case ECS_TYPE_Q8_0: return K(q8_0);
+    case ECS_TYPE_Q2_K: return K(q2_K);
+    case ECS_TYPE_Q3_K: return K(q3_K);
+    case ECS_TYPE_Q4_K: return K(q4_K);
+    case ECS_TYPE_Q5_K: return K(q5_K);
+    case ECS_TYPE_Q6_K: return K(q6_K);
+    default: return (kcpu_kernel_t){NULL, NULL};
+    }
+#undef K
+}
+
+/* ------------------------------------------------------------------------ */
+/* Activation quantizers                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* roundf(): half away from zero, which the Q8_0/Q8_1 references use. */
+INLINE __m512 round_away(__m512 v)
+{
+    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+    const __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 one = _mm512_or_ps(_mm512_and_ps(v, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(1.0f));
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+/* 16 values * id rounded like the reference (NaN -> 0, clamp to int8),
+ * stored as int8; returns their int32 values. */
+INLINE __m512i q8_16(const float *x, __m512 id, int8_t *dst)
+{
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x), id);
+    __m512 r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), round_away(v));
+    r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
+    const __m512i q = _mm512_cvtps_epi32(r);
+    _mm_storeu_si128((__m128i *)dst, _mm512_cvtsepi32_epi8(q));
+    return q;
+}
+
+INLINE float absmax(const float *x, int n)
+{
+    __m512 m = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) /* max(new, acc) skips NaN like fmaxf */
+        m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + j)), m);
+    return _mm512_reduce_max_ps(m);
+}
+
+/* Q8_0 and Q8_1 share the level arithmetic; Q8_1 adds s = d * sum(qs). */
+static void quantize_q8_legacy(bool q8_1, const float *x, void *out, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK; i++, x += QK) {
+        const float d = absmax(x, QK) / 127.0f;
+        const __m512 id = _mm512_set1_ps(d ? 1.0f / d : 0.0f);
+        int8_t *qs = q8_1 ? ((ecs_block_q8_1 *)out)[i].qs : ((ecs_block_q8_0 *)out)[i].qs;
+        const __m512i s = _mm512_add_epi32(q8_16(x, id, qs), q8_16(x + 16, id, qs + 16));
+        if (q8_1) {
+            ecs_block_q8_1 *b = (ecs_block_q8_1 *)out + i;
+            b->d = ecs_f32_to_fp16(d);
+            b->s = ecs_f32_to_fp16((float)_mm512_reduce_add_epi32(s) * d);
+        } else {
+            ((ecs_block_q8_0 *)out)[i].d = ecs_f32_to_fp16(d);
+        }
+    }
+}
+
+/* Q8_K: scale from the signed value of largest magnitude (the first one on
+ * ties), levels rounded to nearest even (NaN -> 0), capped at 127. */
+static void quantize_q8_K(const float *x, void *out, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        ecs_block_q8_K *y = (ecs_block_q8_K *)out + i;
+        const float amax = absmax(x, QK_K);
+        if (!(amax > 0.0f)) {
+            memset(y, 0, sizeof(*y));
+            continue;
+        }
+        float max = 0.0f;
+        for (int j = 0; j < QK_K; j += 16) {
+            const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + j)),
+                                                     _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (hit) {
+                max = x[j + __builtin_ctz(hit)];
+                break;
+            }
+        }
+        const float iscale = -127.0f / max;
+        const __m512 vs = _mm512_set1_ps(iscale);
+        for (int g = 0; g < QK_K / 16; g++) {
+            __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * g), vs);
+            v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v); /* NaN -> 0 */
+            const __m512i q = _mm512_min_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(y->qs + 16 * g), _mm512_cvtsepi32_epi8(q));
+            y->bsums[g] = (int16_t)_mm512_reduce_add_epi32(q);
+        }
+        y->d = 1.0f / iscale;
+    }
+}
+
+bool kcpu_quantize_act_avx512(ecs_type_t vdt, const float *x, void *out, int64_t n)
+{
+    switch (vdt) {
+    case ECS_TYPE_Q8_0: quantize_q8_legacy(false, x, out, n); return true;
+    case ECS_TYPE_Q8_1: quantize_q8_legacy(true, x, out, n); return true;
+    case ECS_TYPE_Q8_K: quantize_q8_K(x, out, n); return true;
+    default: return false;
+    }
+}

@@ -1,0 +1,165 @@
+/* matmul.c - quantized matrix x activation-rows products on the thread pool.
+ *
+ * Output rows (weight rows) are handed out in chunks through an atomic
+ * counter, so a thread that is slowed down (shared cores) takes fewer. Within
+ * a chunk each weight row is read from memory once and decoded once per group
+ * of up to KCPU_MAX_NA activation rows; with nb activation rows the weights
+ * still stream from memory only once per call, which is what makes batched
+ * prompt processing cheaper per token than decode. */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+/* Below this many bytes of weights a chunk costs more to hand out than to
+ * compute, and a matrix with a single chunk is done by the caller alone. */
+#define MIN_CHUNK_BYTES 16384
+#define CHUNKS_PER_THREAD 4
+/* Weight rows decoded together against each group of activation rows. */
+#define TILE_BYTES (128 * 1024)
+
+typedef struct {
+    const kcpu_mat_t *w;
+    const uint8_t *act;
+    size_t act_stride;
+    int nb;
+    float *y;
+    int64_t ldy;
+    kcpu_kernel_t k;
+    int64_t chunk_rows;
+    int64_t nchunks;
+    _Atomic int64_t next; /* next chunk to hand out after each thread's first */
+} mm_task_t;
+
+/* Rows [r0, r1) in tiles that stay in L2: for each group of activation rows
+ * (which stays in L1) the tile's weight rows are decoded again from L2. The
+ * other order (all groups per weight row) would stream every activation row
+ * from L2 once per weight row, several times the traffic for big batches. */
+static void mm_rows(const mm_task_t *t, int64_t r0, int64_t r1)
+{
+    const kcpu_mat_t *w = t->w;
+    const int64_t tile = w->row_bytes < TILE_BYTES ? (int64_t)(TILE_BYTES / w->row_bytes) : 1;
+    float out[KCPU_MAX_NA];
+    for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+        const int64_t t1 = t0 + tile < r1 ? t0 + tile : r1;
+        for (int b = 0; b < t->nb; b += KCPU_MAX_NA) {
+            const int na = t->nb - b < KCPU_MAX_NA ? t->nb - b : KCPU_MAX_NA;
+            const uint8_t *a = t->act + (size_t)b * t->act_stride;
+            float *y = t->y + (int64_t)b * t->ldy;
+            for (int64_t r = t0; r < t1; r++) {
+                const void *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+                if (t->k.multi) {
+                    t->k.multi(w->ncols, wr, a, t->act_stride, na, out);
+                } else {
+                    for (int j = 0; j < na; j++)
+                        out[j] = t->k.dot(w->ncols, wr, a + (size_t)j * t->act_stride);
+                }
+                for (int j = 0; j < na; j++)
+                    y[(int64_t)j * t->ldy + r] = out[j];
+            }
+        }
+    }
+}
+
+static void mm_chunk(const mm_task_t *t, int64_t c)
+{
+    const int64_t r0 = c * t->chunk_rows;
+    const int64_t r1 = r0 + t->chunk_rows < t->w->nrows ? r0 + t->chunk_rows : t->w->nrows;
+    mm_rows(t, r0, r1);
+}
+
+static void mm_worker(void *arg, int ith, int nth)
+{
+    mm_task_t *t = arg;
+    /* first chunk by thread index: no contention on the counter at start */
+    if (ith < t->nchunks)
+        mm_chunk(t, ith);
+    for (;;) {
+        const int64_t c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (c >= t->nchunks)
+            break;
+        mm_chunk(t, c);
+    }
+    (void)nth;
+}
+
+static void fill_nan(float *y, int64_t ldy, int nb, int64_t nrows)
+{
+    for (int b = 0; b < nb; b++)
+        for (int64_t r = 0; r < nrows; r++)
+            y[(int64_t)b * ldy + r] = NAN;
+}
+
+void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, int nb, float *y,
+                   int64_t ldy)
+{
+    const ecs_type_traits_t *tr = ecs_type_traits(w->type);
+    if (nb < 1 || w->nrows < 1)
+        return;
+    mm_task_t t = {.w = w, .act = act, .nb = nb, .y = y, .ldy = ldy, .k = kcpu_kernel(w->type)};
+    if (!tr || !t.k.dot) {
+        /* no error channel here: make a caller's missing type check loud */
+        fill_nan(y, ldy, nb, w->nrows);
+        return;
+    }
+    t.act_stride = ecs_row_size(tr->vec_dot_type, w->ncols);
+
+    const int nth = ecs_threadpool_size(tp);
+    int64_t rows = (w->nrows + (int64_t)nth * CHUNKS_PER_THREAD - 1) /
+                   ((int64_t)nth * CHUNKS_PER_THREAD);
+    const int64_t min_rows = (int64_t)(MIN_CHUNK_BYTES / (w->row_bytes * (size_t)nb + 1)) + 1;
+    if (rows < min_rows)
+        rows = min_rows;
+    t.chunk_rows = rows;
+    t.nchunks = (w->nrows + rows - 1) / rows;
+    atomic_init(&t.next, nth < t.nchunks ? nth : t.nchunks);
+    if (nth == 1 || t.nchunks == 1)
+        mm_rows(&t, 0, w->nrows);
+    else
+        ecs_threadpool_run(tp, mm_worker, &t);
+}
+
+typedef struct {
+    ecs_type_t vdt;
+    const float *x;
+    int64_t ldx;
+    int nb;
+    int64_t ncols;
+    uint8_t *act;
+    size_t stride;
+} qr_task_t;
+
+static void qr_worker(void *arg, int ith, int nth)
+{
+    const qr_task_t *t = arg;
+    for (int b = ith; b < t->nb; b += nth)
+        kcpu_quantize_act(t->vdt, t->x + (int64_t)b * t->ldx, t->act + (size_t)b * t->stride,
+                          t->ncols);
+}
+
+void kcpu_quantize_rows(ecs_threadpool_t *tp, ecs_type_t wtype, const float *x, int64_t ldx,
+                        int nb, int64_t ncols, void *act)
+{
+    const ecs_type_traits_t *tr = ecs_type_traits(wtype);
+    if (!tr || nb < 1)
+        return;
+    qr_task_t t = {tr->vec_dot_type, x, ldx, nb, ncols, act, ecs_row_size(tr->vec_dot_type, ncols)};
+    /* one row takes a couple of microseconds: not worth waking threads */
+    if (nb < 4)
+        qr_worker(&t, 0, 1);
+    else
+        ecs_threadpool_run(tp, qr_worker, &t);
+}
+
+void kcpu_matmul(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int64_t ldx, int nb,
+                 float *y, int64_t ldy, void *scratch)
+{
+    const ecs_type_traits_t *tr = ecs_type_traits(w->type);
+    const void *act = scratch;
+    if (tr && tr->vec_dot_type == ECS_TYPE_F32 && ldx == w->ncols)
+        act = x; /* already in the activation layout */
+    else
+        kcpu_quantize_rows(tp, w->type, x, ldx, nb, w->ncols, scratch);
+    kcpu_matmul_q(tp, w, act, nb, y, ldy);
+}

@@ -1,0 +1,386 @@
+/* bench_matvec.c - how close the quantized matrix-vector kernels come to the
+ * machine's memory bandwidth, and what batching buys.
+ *
+ * 1. A STREAM-like triad (a = b + s*c over arrays far larger than the caches)
+ *    gives the bandwidth to compare against (STREAM's convention: 3 arrays
+ *    counted once each).
+ * 2. Decode-shaped products (nb = 1) over weight matrices far larger than the
+ *    caches: GB/s of weights read, and that as a fraction of the triad.
+ * 3. Batched products (nb = 8, 32), which prompt processing and batched
+ *    experts use: operations per second and the cost per activation row
+ *    relative to nb = 1.
+ * 4. Each kernel's compute ceiling: one thread, weights in L2.
+ * 5. The thread pool's cost per ecs_threadpool_run (decode makes hundreds of
+ *    calls per token).
+ *
+ * usage: bench_matvec [--quick] [--only triad|matvec|batch|kernel|pool]
+ *   --quick: small sizes (a smoke run; the arrays then fit in the caches)
+ *   --only:  one section (matvec still measures the triad it compares to) */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cpu/cpu.h"
+
+typedef struct {
+    size_t triad_bytes;   /* per array */
+    size_t weight_bytes;  /* per matrix in the nb = 1 runs */
+    int reps;
+} config_t;
+
+static double clock_s(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    double wall;  /* best wall-clock seconds of one call */
+    double share; /* CPU time of that call / (wall * threads): < 1 if preempted */
+} timing_t;
+
+/* Best of reps calls after one warm-up call. */
+static timing_t best_of(void (*fn)(void *), void *ctx, int reps, int nth)
+{
+    timing_t best = {1e30, 0};
+    for (int r = 0; r < reps + 1; r++) {
+        const double w0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+        fn(ctx);
+        const double dw = clock_s(CLOCK_MONOTONIC) - w0;
+        const double dc = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+        if (r > 0 && dw < best.wall) {
+            best.wall = dw;
+            best.share = dc / (dw * nth);
+        }
+    }
+    return best;
+}
+
+/* Marks numbers taken while other processes held the cores. */
+static const char *busy_note(timing_t t)
+{
+    static char buf[64];
+    if (t.share >= 0.9)
+        return "";
+    snprintf(buf, sizeof buf, "  [busy machine: got %.0f%% of the cores]", 100.0 * t.share);
+    return buf;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "bench_matvec: cannot allocate %zu bytes\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+static void cpu_model(char *buf, size_t len)
+{
+    snprintf(buf, len, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            const char *c = strchr(line, ':');
+            if (c) {
+                snprintf(buf, len, "%s", c + 2);
+                buf[strcspn(buf, "\n")] = 0;
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* ---- triad ---- */
+
+typedef struct {
+    double *a, *b, *c;
+    size_t n;
+    int init;
+} triad_t;
+
+static void triad_task(void *arg, int ith, int nth)
+{
+    triad_t *t = arg;
+    const size_t lo = t->n * (size_t)ith / (size_t)nth, hi = t->n * (size_t)(ith + 1) / (size_t)nth;
+    double *restrict a = t->a;
+    const double *restrict b = t->b, *restrict c = t->c;
+    if (t->init) { /* first touch by the thread that will use the pages */
+        for (size_t i = lo; i < hi; i++) {
+            t->a[i] = 0.0;
+            t->b[i] = 1.0;
+            t->c[i] = 2.0;
+        }
+        return;
+    }
+    for (size_t i = lo; i < hi; i++)
+        a[i] = b[i] + 3.0 * c[i];
+}
+
+typedef struct {
+    ecs_threadpool_t *tp;
+    triad_t *t;
+} triad_run_t;
+
+static void triad_run(void *p)
+{
+    triad_run_t *r = p;
+    ecs_threadpool_run(r->tp, triad_task, r->t);
+}
+
+static double triad_gbs(ecs_threadpool_t *tp, const config_t *cfg, timing_t *tm)
+{
+    triad_t t = {xmalloc(cfg->triad_bytes), xmalloc(cfg->triad_bytes), xmalloc(cfg->triad_bytes),
+                 cfg->triad_bytes / sizeof(double), 1};
+    ecs_threadpool_run(tp, triad_task, &t);
+    t.init = 0;
+    triad_run_t run = {tp, &t};
+    *tm = best_of(triad_run, &run, cfg->reps, ecs_threadpool_size(tp));
+    if (t.a[t.n / 2] != 7.0)
+        fprintf(stderr, "bench_matvec: triad result wrong\n");
+    free(t.a);
+    free(t.b);
+    free(t.c);
+    return 3.0 * (double)cfg->triad_bytes / tm->wall * 1e-9;
+}
+
+/* ---- weights ---- */
+
+/* A matrix of `bytes` of realistic blocks: a few distinct quantized rows
+ * tiled through the buffer (the kernels' speed does not depend on values,
+ * but NaNs or denormals from random bits could). */
+static kcpu_mat_t make_matrix(ecs_type_t type, int64_t ncols, size_t bytes)
+{
+    const size_t rb = ecs_row_size(type, ncols);
+    const int64_t nrows = (int64_t)(bytes / rb);
+    uint8_t *data = xmalloc(rb * (size_t)nrows);
+    enum { DISTINCT = 16 };
+    float *x = xmalloc(sizeof(float) * (size_t)ncols);
+    uint64_t s = 12345;
+    for (int r = 0; r < DISTINCT && r < nrows; r++) {
+        for (int64_t i = 0; i < ncols; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            x[i] = (float)((double)(s >> 40) / (double)(1 << 24) - 0.5) * 0.1f;
+        }
+        ecs_quantize_row(type, x, data + (size_t)r * rb, ncols);
+    }
+    for (int64_t r = DISTINCT; r < nrows; r++)
+        memcpy(data + (size_t)r * rb, data + (size_t)(r % DISTINCT) * rb, rb);
+    free(x);
+    kcpu_mat_t m = {type, ncols, nrows, rb, data};
+    return m;
+}
+
+static void *make_act(ecs_type_t type, int64_t ncols, int nb)
+{
+    float *x = xmalloc(sizeof(float) * (size_t)(ncols * nb));
+    for (int64_t i = 0; i < ncols * nb; i++)
+        x[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
+    void *act = xmalloc(kcpu_act_bytes(type, ncols, nb));
+    kcpu_quantize_rows(NULL, type, x, ncols, nb, ncols, act);
+    free(x);
+    return act;
+}
+
+typedef struct {
+    ecs_threadpool_t *tp;
+    const kcpu_mat_t *w;
+    const void *act;
+    int nb;
+    float *y;
+} mm_run_t;
+
+static void mm_run(void *p)
+{
+    mm_run_t *r = p;
+    kcpu_matmul_q(r->tp, r->w, r->act, r->nb, r->y, r->w->nrows);
+}
+
+static timing_t time_matmul(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, int nb,
+                            float *y, int reps)
+{
+    mm_run_t run = {tp, w, act, nb, y};
+    return best_of(mm_run, &run, reps, ecs_threadpool_size(tp));
+}
+
+static void bench_decode(ecs_threadpool_t *const *pools, const int *nths, int npools,
+                         const double *triad, const config_t *cfg)
+{
+    static const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q6_K, ECS_TYPE_Q5_0, ECS_TYPE_Q8_0};
+    const int64_t ncols = 4096;
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        const kcpu_mat_t w = make_matrix(types[ti], ncols, cfg->weight_bytes);
+        void *act = make_act(types[ti], ncols, 1);
+        float *y = xmalloc(sizeof(float) * (size_t)w.nrows);
+        for (int p = 0; p < npools; p++) {
+            const timing_t tm = time_matmul(pools[p], &w, act, 1, y, cfg->reps);
+            const double gbs = (double)(w.row_bytes * (size_t)w.nrows) / tm.wall * 1e-9;
+            printf("matvec  %-5s nb=1  threads=%d  %7.2f GB/s  %5.1f%% of triad  (%lld x %lld, "
+                   "%.1f MB, %.2f ms)%s\n",
+                   ecs_type_name(types[ti]), nths[p], gbs, 100.0 * gbs / triad[p],
+                   (long long)w.nrows, (long long)ncols,
+                   (double)(w.row_bytes * (size_t)w.nrows) / 1e6, tm.wall * 1e3, busy_note(tm));
+            fflush(stdout);
+        }
+        free((void *)w.data);
+        free(act);
+        free(y);
+    }
+}
+
+static void bench_batch(ecs_threadpool_t *const *pools, const int *nths, int npools,
+                        const config_t *cfg)
+{
+    static const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q8_0};
+    static const int nbs[] = {1, 8, 32};
+    const int64_t ncols = 4096, nrows = cfg->weight_bytes >= (64u << 20) ? 4096 : 1024;
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        const kcpu_mat_t w =
+            make_matrix(types[ti], ncols, ecs_row_size(types[ti], ncols) * (size_t)nrows);
+        void *act = make_act(types[ti], ncols, 32);
+        float *y = xmalloc(sizeof(float) * (size_t)(w.nrows * 32));
+        for (int p = 0; p < npools; p++) {
+            double per_row1 = 0;
+            for (size_t bi = 0; bi < sizeof(nbs) / sizeof(nbs[0]); bi++) {
+                const int nb = nbs[bi];
+                const timing_t tm = time_matmul(pools[p], &w, act, nb, y, cfg->reps * 2);
+                const double dt = tm.wall, per_row = dt / nb;
+                if (nb == 1)
+                    per_row1 = per_row;
+                printf("batch   %-5s nb=%-2d threads=%d  %7.1f GOP/s  %9.0f act-rows/s  "
+                       "%5.2f ms/call  %4.1fx faster per row than nb=1%s\n",
+                       ecs_type_name(types[ti]), nb, nths[p],
+                       2.0 * (double)w.nrows * (double)ncols * nb / dt * 1e-9, nb / dt, dt * 1e3,
+                       per_row1 / per_row, busy_note(tm));
+                fflush(stdout);
+            }
+        }
+        free((void *)w.data);
+        free(act);
+        free(y);
+    }
+}
+
+/* Compute ceiling of every kernel: one thread, weights resident in L2, so
+ * memory bandwidth is out of the picture. Short runs, best of many: robust
+ * against a busy machine. */
+static void bench_kernels(void)
+{
+    static const ecs_type_t types[] = {
+        ECS_TYPE_F32,  ECS_TYPE_F16,  ECS_TYPE_BF16, ECS_TYPE_Q4_0, ECS_TYPE_Q4_1,
+        ECS_TYPE_Q5_0, ECS_TYPE_Q5_1, ECS_TYPE_Q8_0, ECS_TYPE_Q2_K, ECS_TYPE_Q3_K,
+        ECS_TYPE_Q4_K, ECS_TYPE_Q5_K, ECS_TYPE_Q6_K,
+    };
+    const int64_t ncols = 4096, nrows = 64;
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        const kcpu_mat_t w = make_matrix(types[ti], ncols, ecs_row_size(types[ti], ncols) * nrows);
+        void *act = make_act(types[ti], ncols, 4);
+        float *y = xmalloc(sizeof(float) * (size_t)(nrows * 4));
+        printf("kernel  %-5s", ecs_type_name(types[ti]));
+        for (int nb = 1; nb <= 4; nb += 3) {
+            const double dt = time_matmul(NULL, &w, act, nb, y, 200).wall;
+            printf("  nb=%d %6.2f GB/s %5.2f ns/256 values/row", nb,
+                   (double)(w.row_bytes * (size_t)nrows) / dt * 1e-9,
+                   dt * 1e9 / ((double)(nrows * ncols) / 256 * nb));
+        }
+        printf("\n");
+        fflush(stdout);
+        free((void *)w.data);
+        free(act);
+        free(y);
+    }
+}
+
+/* ---- thread pool overhead ---- */
+
+static void empty_task(void *arg, int ith, int nth)
+{
+    (void)arg, (void)ith, (void)nth;
+}
+
+typedef struct {
+    ecs_threadpool_t *tp;
+    int calls;
+} pool_run_t;
+
+static void pool_run(void *p)
+{
+    pool_run_t *r = p;
+    for (int i = 0; i < r->calls; i++)
+        ecs_threadpool_run(r->tp, empty_task, NULL);
+}
+
+static void bench_pool(ecs_threadpool_t *const *pools, const int *nths, int npools)
+{
+    for (int p = 0; p < npools; p++) {
+        pool_run_t run = {pools[p], 2000};
+        const timing_t tm = best_of(pool_run, &run, 5, nths[p]);
+        printf("pool    empty run  threads=%d  %7.2f us/call%s\n", nths[p],
+               tm.wall / run.calls * 1e6, busy_note(tm));
+    }
+}
+
+static bool wanted(const char *only, const char *section)
+{
+    return !only || strcmp(only, section) == 0;
+}
+
+int main(int argc, char **argv)
+{
+    config_t cfg = {128u << 20, 400u << 20, 5};
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            cfg.triad_bytes = 16u << 20;
+            cfg.weight_bytes = 32u << 20;
+            cfg.reps = 2;
+        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            only = argv[++i];
+        } else {
+            fprintf(stderr, "usage: %s [--quick] [--only triad|matvec|batch|kernel|pool]\n", argv[0]);
+            return 2;
+        }
+    }
+    char model[256];
+    cpu_model(model, sizeof model);
+    printf("bench_matvec: cpu \"%s\", isa %s, triad 3 x %zu MB, weights %zu MB per matrix\n",
+           model, kcpu_isa_name(kcpu_isa()), cfg.triad_bytes >> 20, cfg.weight_bytes >> 20);
+
+    enum { NPOOLS = 2 };
+    const int nths[NPOOLS] = {1, 2};
+    ecs_threadpool_t *pools[NPOOLS];
+    for (int p = 0; p < NPOOLS; p++) {
+        if (ecs_threadpool_create(nths[p], &pools[p]) != ECS_OK) {
+            fprintf(stderr, "bench_matvec: %s\n", ecs_errmsg());
+            return 1;
+        }
+    }
+    double triad[NPOOLS];
+    if (wanted(only, "triad") || wanted(only, "matvec")) {
+        for (int p = 0; p < NPOOLS; p++) {
+            timing_t tm;
+            triad[p] = triad_gbs(pools[p], &cfg, &tm);
+            printf("triad   threads=%d  %7.2f GB/s%s\n", nths[p], triad[p], busy_note(tm));
+            fflush(stdout);
+        }
+    }
+    if (wanted(only, "matvec"))
+        bench_decode(pools, nths, NPOOLS, triad, &cfg);
+    if (wanted(only, "batch"))
+        bench_batch(pools, nths, NPOOLS, &cfg);
+    if (wanted(only, "kernel"))
+        bench_kernels();
+    if (wanted(only, "pool"))
+        bench_pool(pools, nths, NPOOLS);
+    for (int p = 0; p < NPOOLS; p++)
+        ecs_threadpool_destroy(pools[p]);
+    return 0;
+}

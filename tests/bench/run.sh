@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the benchmarks built in BUILD_DIR and prints their results; `make
+# bench` calls it. Each benchmark prints its own header and one line per
+# measurement. Results and how to read them: docs/benchmarks.md.
+# usage: tests/bench/run.sh BUILD_DIR [--quick]
+set -euo pipefail
+build=${1:?usage: tests/bench/run.sh BUILD_DIR [--quick]}
+shift
+quick=()
+if [ "${1:-}" = "--quick" ]; then quick=(--quick); fi
+
+echo "== bench_matvec: memory bandwidth, matrix-vector and batched products =="
+"$build/bench/bench_matvec" "${quick[@]}"

@@ -1,0 +1,630 @@
+/* test_kernels.c - every SIMD kernel this CPU can run against the scalar
+ * references of common/quant.h:
+ *  - exact: random weight bits with scales chosen so every float step is
+ *    exact; SIMD and reference dot products must be equal, which checks that
+ *    the integer sums are the same;
+ *  - realistic: quantized random data; results within 1e-6 relative to the
+ *    magnitude of the accumulated terms (only the float order differs);
+ *  - activation quantizers: byte-identical to ecs_quantize_row, ties and
+ *    special values included;
+ *  - kcpu_matmul_q / kcpu_matmul for nb in {1,2,3,7,64}, 1 and 2 threads. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+static const ecs_type_t WTYPES[] = {
+    ECS_TYPE_F32,  ECS_TYPE_F16,  ECS_TYPE_BF16, ECS_TYPE_Q4_0, ECS_TYPE_Q4_1,
+    ECS_TYPE_Q5_0, ECS_TYPE_Q5_1, ECS_TYPE_Q8_0, ECS_TYPE_Q2_K, ECS_TYPE_Q3_K,
+    ECS_TYPE_Q4_K, ECS_TYPE_Q5_K, ECS_TYPE_Q6_K,
+};
+#define NWTYPES (sizeof(WTYPES) / sizeof(WTYPES[0]))
+
+/* ---- helpers ---- */
+
+typedef struct {
+    uint64_t s;
+} rng_t;
+
+static uint64_t rng_u64(rng_t *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float rng_unif(rng_t *r) /* [-1, 1) */
+{
+    return (float)((double)(rng_u64(r) >> 11) * 0x1.0p-52 - 1.0);
+}
+
+static int rng_int(rng_t *r, int lo, int hi) /* inclusive */
+{
+    return lo + (int)(rng_u64(r) % (uint64_t)(hi - lo + 1));
+}
+
+/* roughly normal, with occasional outliers as real activations have */
+static float rng_act(rng_t *r)
+{
+    float v = (rng_unif(r) + rng_unif(r) + rng_unif(r)) * 0.6f;
+    if (rng_u64(r) % 97 == 0)
+        v *= 12.0f;
+    return v;
+}
+
+static void *xalloc(size_t n)
+{
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64 + 64);
+    cr_assert_not_null(p);
+    return p;
+}
+
+static const ecs_type_traits_t *traits(ecs_type_t t)
+{
+    const ecs_type_traits_t *tr = ecs_type_traits(t);
+    cr_assert_not_null(tr, "type %d", (int)t);
+    return tr;
+}
+
+static ecs_type_t vdt_of(ecs_type_t t)
+{
+    return traits(t)->vec_dot_type;
+}
+
+/* Lengths to test: odd multiples of the block size (float types: odd
+ * lengths that leave vector tails). */
+static int test_lengths(ecs_type_t t, int64_t *out)
+{
+    static const int64_t f[] = {1, 3, 8, 15, 17, 33, 255, 1001};
+    static const int64_t l[] = {1, 3, 5, 9, 31, 127};
+    static const int64_t k[] = {1, 3, 5, 13};
+    const int64_t blk = traits(t)->blck_size;
+    const int64_t *src = blk == 1 ? f : blk == ECS_QK ? l : k;
+    const int cnt = blk == 1 ? 8 : blk == ECS_QK ? 6 : 4;
+    for (int i = 0; i < cnt; i++)
+        out[i] = src[i] * (blk == 1 ? 1 : blk);
+    return cnt;
+}
+
+static kcpu_isa_t best_isa(void)
+{
+    return kcpu_isa_detect();
+}
+
+static void quantize_floats(ecs_type_t t, const float *x, void *dst, int64_t n)
+{
+    ecs_quantize_row(t, x, dst, n);
+}
+
+static void random_floats(rng_t *r, float *x, int64_t n, float scale)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = rng_act(r) * scale;
+}
+
+/* The scale of the rounding error a reordered float accumulation may make:
+ * the magnitude of the terms the kernels add up. Per element that is
+ * |w_i * a_i| plus, for the types with mins, |min * a_i| twice (the scaled
+ * levels and the min term are accumulated separately and cancel); a block's
+ * largest |w| bounds its min for data made by the reference quantizers. */
+static double magnitude(ecs_type_t t, const void *w, const void *a, int64_t n)
+{
+    const int64_t blk = traits(t)->blck_size;
+    float *fw = xalloc((size_t)n * sizeof(float)), *fa = xalloc((size_t)n * sizeof(float));
+    ecs_dequantize_row(t, w, fw, n);
+    ecs_dequantize_row(vdt_of(t), a, fa, n);
+    double m = 0;
+    for (int64_t b = 0; b < n; b += blk) {
+        double wmax = 0;
+        for (int64_t i = b; i < b + blk; i++)
+            wmax = fmax(wmax, fabs((double)fw[i]));
+        for (int64_t i = b; i < b + blk; i++)
+            m += fabs((double)fa[i]) * (fabs((double)fw[i]) + (blk > 1 ? 2 * wmax : 0));
+    }
+    free(fw);
+    free(fa);
+    return m;
+}
+
+static bool close_to_ref(ecs_type_t t, float got, float ref, const void *w, const void *a,
+                         int64_t n, double *rel)
+{
+    *rel = 0;
+    if (got == ref)
+        return true;
+    *rel = fabs((double)got - (double)ref) / (magnitude(t, w, a, n) + 1e-30);
+    return *rel <= 1e-6;
+}
+
+static kcpu_kernel_t kernel_at(ecs_type_t t, kcpu_isa_t isa)
+{
+    if (isa == KCPU_ISA_AVX512)
+        return kcpu_kernel_avx512(t);
+    if (isa == KCPU_ISA_AVX2)
+        return kcpu_kernel_avx2(t);
+    return (kcpu_kernel_t){kcpu_vec_dot_for(t, KCPU_ISA_SCALAR), NULL};
+}
+
+/* ---- exact integer sums ---- */
+
+/* Largest |integer contribution| of one weight element (level x sub-block
+ * scale, plus the min term), so that the test can keep every sum below 2^24
+ * where float arithmetic on integers is exact. */
+static int64_t level_bound(ecs_type_t t)
+{
+    switch (t) {
+    case ECS_TYPE_Q4_0: return 8;
+    case ECS_TYPE_Q4_1: return 16;
+    case ECS_TYPE_Q5_0: return 16;
+    case ECS_TYPE_Q5_1: return 32;
+    case ECS_TYPE_Q8_0: return 128;
+    case ECS_TYPE_Q2_K: return 3 * 15 + 15;
+    case ECS_TYPE_Q3_K: return 4 * 32;
+    case ECS_TYPE_Q4_K: return 15 * 63 + 63;
+    case ECS_TYPE_Q5_K: return 31 * 63 + 63;
+    case ECS_TYPE_Q6_K: return 32 * 128;
+    default: return 8; /* float types: small integers */
+    }
+}
+
+/* Offsets of the fp16 scale fields (d, dmin / m) in a block of t. */
+static int scale_fields(ecs_type_t t, size_t off[2])
+{
+    switch (t) {
+    case ECS_TYPE_Q4_0: off[0] = offsetof(ecs_block_q4_0, d); return 1;
+    case ECS_TYPE_Q4_1:
+        off[0] = offsetof(ecs_block_q4_1, d), off[1] = offsetof(ecs_block_q4_1, m);
+        return 2;
+    case ECS_TYPE_Q5_0: off[0] = offsetof(ecs_block_q5_0, d); return 1;
+    case ECS_TYPE_Q5_1:
+        off[0] = offsetof(ecs_block_q5_1, d), off[1] = offsetof(ecs_block_q5_1, m);
+        return 2;
+    case ECS_TYPE_Q8_0: off[0] = offsetof(ecs_block_q8_0, d); return 1;
+    case ECS_TYPE_Q2_K:
+        off[0] = offsetof(ecs_block_q2_K, d), off[1] = offsetof(ecs_block_q2_K, dmin);
+        return 2;
+    case ECS_TYPE_Q3_K: off[0] = offsetof(ecs_block_q3_K, d); return 1;
+    case ECS_TYPE_Q4_K:
+        off[0] = offsetof(ecs_block_q4_K, d), off[1] = offsetof(ecs_block_q4_K, dmin);
+        return 2;
+    case ECS_TYPE_Q5_K:
+        off[0] = offsetof(ecs_block_q5_K, d), off[1] = offsetof(ecs_block_q5_K, dmin);
+        return 2;
+    case ECS_TYPE_Q6_K: off[0] = offsetof(ecs_block_q6_K, d); return 1;
+    default: return 0;
+    }
+}
+
+/* Weight row: random bits, fp16 scales 1 or 2 (float types: small ints). */
+static void exact_weights(rng_t *r, ecs_type_t t, void *w, int64_t n)
+{
+    const ecs_type_traits_t *tr = traits(t);
+    if (tr->blck_size == 1) {
+        float *x = xalloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            x[i] = (float)rng_int(r, -8, 8);
+        quantize_floats(t, x, w, n);
+        free(x);
+        return;
+    }
+    const size_t bytes = ecs_row_size(t, n);
+    uint8_t *p = w;
+    for (size_t i = 0; i < bytes; i++)
+        p[i] = (uint8_t)rng_u64(r);
+    size_t off[2];
+    const int nf = scale_fields(t, off);
+    for (int64_t b = 0; b < n / tr->blck_size; b++)
+        for (int f = 0; f < nf; f++) {
+            const ecs_fp16_t h = ecs_f32_to_fp16(rng_u64(r) & 1 ? 2.0f : 1.0f);
+            memcpy(p + (size_t)b * tr->type_size + off[f], &h, sizeof(h));
+        }
+}
+
+/* Activation row of vdt with scale 1 and levels in [-amp, amp]. */
+static void exact_act(rng_t *r, ecs_type_t vdt, void *a, int64_t n, int amp)
+{
+    if (vdt == ECS_TYPE_F32 || vdt == ECS_TYPE_F16 || vdt == ECS_TYPE_BF16) {
+        float *x = xalloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            x[i] = (float)rng_int(r, -8, 8);
+        quantize_floats(vdt, x, a, n);
+        free(x);
+        return;
+    }
+    if (vdt == ECS_TYPE_Q8_K) {
+        ecs_block_q8_K *b = a;
+        for (int64_t i = 0; i < n / ECS_QK_K; i++) {
+            b[i].d = 1.0f;
+            for (int g = 0; g < ECS_QK_K / 16; g++) {
+                int s = 0;
+                for (int j = 0; j < 16; j++)
+                    s += b[i].qs[16 * g + j] = (int8_t)rng_int(r, -amp, amp);
+                b[i].bsums[g] = (int16_t)s;
+            }
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n / ECS_QK; i++) {
+        int8_t *qs = vdt == ECS_TYPE_Q8_0 ? ((ecs_block_q8_0 *)a)[i].qs : ((ecs_block_q8_1 *)a)[i].qs;
+        int s = 0;
+        for (int j = 0; j < ECS_QK; j++)
+            s += qs[j] = (int8_t)rng_int(r, -amp, amp);
+        if (vdt == ECS_TYPE_Q8_0) {
+            ((ecs_block_q8_0 *)a)[i].d = ecs_f32_to_fp16(1.0f);
+        } else {
+            ((ecs_block_q8_1 *)a)[i].d = ecs_f32_to_fp16(1.0f);
+            ((ecs_block_q8_1 *)a)[i].s = ecs_f32_to_fp16((float)s); /* |s| <= 2048: exact */
+        }
+    }
+}
+
+Test(kernels, vec_dot_integer_sums_exact)
+{
+    rng_t r = {1};
+    int checked = 0;
+    for (size_t ti = 0; ti < NWTYPES; ti++) {
+        const ecs_type_t t = WTYPES[ti];
+        int64_t lens[8];
+        const int nl = test_lengths(t, lens);
+        for (int li = 0; li < nl; li++) {
+            const int64_t n = lens[li];
+            /* weight scales up to 2: keep 2 * n * bound * amp below 2^24 */
+            int64_t amp = ((1 << 24) - 1) / (2 * n * level_bound(t));
+            if (amp > 64)
+                amp = 64;
+            if (amp < 1)
+                continue; /* too long to be exact for this type */
+            void *w = xalloc(ecs_row_size(t, n));
+            void *a = xalloc(ecs_row_size(vdt_of(t), n) * KCPU_MAX_NA);
+            const size_t as = ecs_row_size(vdt_of(t), n);
+            for (int rep = 0; rep < 4; rep++) {
+                exact_weights(&r, t, w, n);
+                float ref[KCPU_MAX_NA];
+                for (int j = 0; j < KCPU_MAX_NA; j++) {
+                    exact_act(&r, vdt_of(t), (uint8_t *)a + j * as, n, (int)amp);
+                    ref[j] = ecs_vec_dot_ref(t, n, w, (uint8_t *)a + j * as);
+                }
+                for (int isa = 0; isa <= (int)best_isa(); isa++) {
+                    const kcpu_kernel_t k = kernel_at(t, (kcpu_isa_t)isa);
+                    cr_assert_not_null(k.dot, "%s has no %s kernel", ecs_type_name(t),
+                                       kcpu_isa_name((kcpu_isa_t)isa));
+                    const float got = k.dot(n, w, a);
+                    cr_assert_eq(got, ref[0], "%s %s n=%lld: %.9g != ref %.9g", ecs_type_name(t),
+                                 kcpu_isa_name((kcpu_isa_t)isa), (long long)n, got, ref[0]);
+                    checked++;
+                    if (!k.multi)
+                        continue;
+                    for (int na = 1; na <= KCPU_MAX_NA; na++) {
+                        float out[KCPU_MAX_NA];
+                        k.multi(n, w, a, as, na, out);
+                        for (int j = 0; j < na; j++)
+                            cr_assert_eq(out[j], ref[j], "%s %s n=%lld na=%d row %d: %.9g != %.9g",
+                                         ecs_type_name(t), kcpu_isa_name((kcpu_isa_t)isa),
+                                         (long long)n, na, j, out[j], ref[j]);
+                    }
+                }
+            }
+            free(w);
+            free(a);
+        }
+    }
+    cr_assert_gt(checked, 0);
+    cr_log_info("exact vec_dot: %d comparisons up to %s", checked, kcpu_isa_name(best_isa()));
+}
+
+/* ---- realistic data, float tolerance ---- */
+
+Test(kernels, vec_dot_realistic_within_1e6)
+{
+    rng_t r = {2};
+    double worst = 0;
+    for (size_t ti = 0; ti < NWTYPES; ti++) {
+        const ecs_type_t t = WTYPES[ti];
+        const ecs_type_t vdt = vdt_of(t);
+        int64_t lens[8];
+        const int nl = test_lengths(t, lens);
+        for (int li = 0; li < nl; li++) {
+            const int64_t n = lens[li];
+            float *x = xalloc((size_t)n * sizeof(float));
+            void *w = xalloc(ecs_row_size(t, n));
+            void *a = xalloc(ecs_row_size(vdt, n));
+            for (int rep = 0; rep < 3; rep++) {
+                random_floats(&r, x, n, 0.05f);
+                quantize_floats(t, x, w, n);
+                random_floats(&r, x, n, 3.0f);
+                quantize_floats(vdt, x, a, n);
+                const float ref = ecs_vec_dot_ref(t, n, w, a);
+                for (int isa = 1; isa <= (int)best_isa(); isa++) {
+                    const float got = kcpu_vec_dot_for(t, (kcpu_isa_t)isa)(n, w, a);
+                    double err;
+                    const bool ok = close_to_ref(t, got, ref, w, a, n, &err);
+                    if (err > worst)
+                        worst = err;
+                    cr_assert(ok, "%s %s n=%lld: %.9g vs ref %.9g (rel %.3g)",
+                                  ecs_type_name(t), kcpu_isa_name((kcpu_isa_t)isa), (long long)n,
+                                  got, ref, err);
+                }
+            }
+            free(x);
+            free(w);
+            free(a);
+        }
+    }
+    cr_log_info("realistic vec_dot: worst relative difference %.3g", worst);
+}
+
+/* ---- activation quantizers ---- */
+
+/* Blocks of 32 that hit every rounding corner the references define. */
+static void special_values(rng_t *r, float *x, int64_t n, int kind)
+{
+    for (int64_t b = 0; b < n / ECS_QK; b++) {
+        float *v = x + b * ECS_QK;
+        switch ((kind + b) % 6) {
+        case 0: /* scale 1 (Q8_0: amax 127; Q8_K: max -127): exact .5 ties */
+            for (int j = 0; j < ECS_QK; j++)
+                v[j] = (float)rng_int(r, -126, 125) + 0.5f;
+            v[rng_int(r, 0, ECS_QK - 1)] = (b & 2) ? -127.0f : 127.0f;
+            break;
+        case 1: /* all zero */
+            memset(v, 0, ECS_QK * sizeof(float));
+            break;
+        case 2: /* equal magnitudes of both signs: the first one sets the sign */
+            for (int j = 0; j < ECS_QK; j++)
+                v[j] = rng_unif(r);
+            v[3] = 5.0f;
+            v[9] = -5.0f;
+            break;
+        case 3: /* tiny values: scale underflows */
+            for (int j = 0; j < ECS_QK; j++)
+                v[j] = rng_unif(r) * 1e-42f;
+            break;
+        case 4: /* NaN and infinity */
+            for (int j = 0; j < ECS_QK; j++)
+                v[j] = rng_unif(r);
+            v[5] = NAN;
+            if (b & 1)
+                v[11] = -INFINITY;
+            break;
+        default:
+            for (int j = 0; j < ECS_QK; j++)
+                v[j] = rng_act(r) * 10.0f;
+            break;
+        }
+    }
+}
+
+Test(kernels, quantize_act_matches_reference)
+{
+    static const ecs_type_t vdts[] = {ECS_TYPE_Q8_0, ECS_TYPE_Q8_1, ECS_TYPE_Q8_K,
+                                      ECS_TYPE_F32,  ECS_TYPE_F16,  ECS_TYPE_BF16};
+    static const int64_t lens[] = {256, 768, 2816, 4096};
+    rng_t r = {3};
+    int checked = 0;
+    for (size_t vi = 0; vi < sizeof(vdts) / sizeof(vdts[0]); vi++) {
+        const ecs_type_t vdt = vdts[vi];
+        for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+            const int64_t n = lens[li];
+            const size_t bytes = ecs_row_size(vdt, n);
+            float *x = xalloc((size_t)n * sizeof(float));
+            uint8_t *ref = xalloc(bytes), *got = xalloc(bytes);
+            for (int kind = 0; kind < 8; kind++) {
+                if (kind < 6)
+                    special_values(&r, x, n, kind);
+                else
+                    random_floats(&r, x, n, kind == 6 ? 1.0f : 1e-3f);
+                ecs_quantize_row(vdt, x, ref, n);
+                for (int isa = 0; isa <= (int)best_isa(); isa++) {
+                    cr_assert_eq(kcpu_set_isa((kcpu_isa_t)isa), (kcpu_isa_t)isa);
+                    memset(got, 0xA5, bytes);
+                    kcpu_quantize_act(vdt, x, got, n);
+                    size_t at = 0;
+                    while (at < bytes && got[at] == ref[at])
+                        at++;
+                    cr_assert_eq(at, bytes, "%s %s n=%lld kind %d: byte %zu differs (%d vs %d)",
+                                 ecs_type_name(vdt), kcpu_isa_name((kcpu_isa_t)isa), (long long)n,
+                                 kind, at, at < bytes ? got[at] : 0, at < bytes ? ref[at] : 0);
+                    checked++;
+                }
+            }
+            free(x);
+            free(ref);
+            free(got);
+        }
+    }
+    cr_assert_gt(checked, 0);
+}
+
+/* ---- matmul ---- */
+
+typedef struct {
+    int64_t nrows, ncols;
+} shape_t;
+
+static void check_matmul(rng_t *r, ecs_type_t t, shape_t s, ecs_threadpool_t *tp, kcpu_isa_t isa)
+{
+    static const int nbs[] = {1, 2, 3, 7, 64};
+    const ecs_type_t vdt = vdt_of(t);
+    const size_t rb = ecs_row_size(t, s.ncols), as = ecs_row_size(vdt, s.ncols);
+    const int64_t ldx = s.ncols + 3, ldy = s.nrows + 5;
+    uint8_t *wdata = xalloc(rb * (size_t)s.nrows);
+    float *x = xalloc(sizeof(float) * (size_t)(ldx * 64));
+    for (int64_t i = 0; i < s.nrows; i++) {
+        random_floats(r, x, s.ncols, 0.05f);
+        quantize_floats(t, x, wdata + (size_t)i * rb, s.ncols);
+    }
+    const kcpu_mat_t w = {t, s.ncols, s.nrows, rb, wdata};
+    const kcpu_vec_dot_fn dot = kcpu_vec_dot_for(t, isa);
+    cr_assert_not_null(dot);
+    uint8_t *act = xalloc(kcpu_act_bytes(t, s.ncols, 64)), *rowq = xalloc(as);
+    void *scratch = xalloc(kcpu_act_bytes(t, s.ncols, 64));
+    float *y = xalloc(sizeof(float) * (size_t)(ldy * 64));
+    float *y2 = xalloc(sizeof(float) * (size_t)(ldy * 64));
+    for (size_t bi = 0; bi < sizeof(nbs) / sizeof(nbs[0]); bi++) {
+        const int nb = nbs[bi];
+        random_floats(r, x, ldx * nb, 2.0f);
+        kcpu_quantize_rows(tp, t, x, ldx, nb, s.ncols, act);
+        for (int b = 0; b < nb; b++) {
+            ecs_quantize_row(vdt, x + b * ldx, rowq, s.ncols);
+            cr_assert_eq(memcmp(rowq, act + (size_t)b * as, as), 0, "%s quantize_rows row %d",
+                         ecs_type_name(t), b);
+        }
+        for (int64_t i = 0; i < ldy * nb; i++)
+            y[i] = y2[i] = -12345.0f; /* sentinel: the gaps must stay untouched */
+        kcpu_matmul_q(tp, &w, act, nb, y, ldy);
+        kcpu_matmul(tp, &w, x, ldx, nb, y2, ldy, scratch);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *ab = act + (size_t)b * as;
+            for (int64_t i = 0; i < s.nrows; i++) {
+                const void *wr = wdata + (size_t)i * rb;
+                const float got = y[b * ldy + i];
+                const float same_isa = dot(s.ncols, wr, ab);
+                const float ref = ecs_vec_dot_ref(t, s.ncols, wr, ab);
+                cr_assert_eq(got, same_isa, "%s %s nb=%d threads=%d y[%d][%lld]=%.9g, dot %.9g",
+                             ecs_type_name(t), kcpu_isa_name(isa), nb, ecs_threadpool_size(tp), b,
+                             (long long)i, got, same_isa);
+                cr_assert_eq(y2[b * ldy + i], got, "%s kcpu_matmul differs", ecs_type_name(t));
+                double rel;
+                cr_assert(close_to_ref(t, got, ref, wr, ab, s.ncols, &rel),
+                          "%s %s nb=%d: %.9g vs ref %.9g (rel %.3g)", ecs_type_name(t),
+                          kcpu_isa_name(isa), nb, got, ref, rel);
+            }
+            for (int64_t i = s.nrows; i < ldy && b + 1 < nb; i++)
+                cr_assert_eq(y[b * ldy + i], -12345.0f, "gap written at row %d col %lld", b,
+                             (long long)i);
+        }
+    }
+    free(wdata);
+    free(x);
+    free(act);
+    free(rowq);
+    free(scratch);
+    free(y);
+    free(y2);
+}
+
+static int64_t cols_for(ecs_type_t t, int blocks)
+{
+    const int64_t blk = traits(t)->blck_size;
+    return blk == 1 ? 61 * blocks : blk * blocks;
+}
+
+static void matmul_all_types(int nthreads, int64_t nrows, int blocks, bool only_common)
+{
+    ecs_threadpool_t *tp = NULL;
+    cr_assert_eq(ecs_threadpool_create(nthreads, &tp), ECS_OK);
+    rng_t r = {(uint64_t)(10 + nthreads + nrows)};
+    /* the large shapes test the chunking, which does not depend on the ISA */
+    for (int isa = only_common ? (int)best_isa() : 0; isa <= (int)best_isa(); isa++) {
+        cr_assert_eq(kcpu_set_isa((kcpu_isa_t)isa), (kcpu_isa_t)isa);
+        for (size_t ti = 0; ti < NWTYPES; ti++) {
+            const ecs_type_t t = WTYPES[ti];
+            if (only_common && t != ECS_TYPE_Q8_0 && t != ECS_TYPE_Q4_K && t != ECS_TYPE_Q6_K &&
+                t != ECS_TYPE_F16)
+                continue;
+            shape_t s = {nrows, cols_for(t, blocks)};
+            check_matmul(&r, t, s, tp, (kcpu_isa_t)isa);
+        }
+    }
+    ecs_threadpool_destroy(tp);
+}
+
+Test(kernels, matmul_small_1_thread)
+{
+    matmul_all_types(1, 37, 3, false);
+}
+
+Test(kernels, matmul_small_2_threads)
+{
+    matmul_all_types(2, 37, 3, false);
+}
+
+/* Large enough for several chunks per thread. */
+Test(kernels, matmul_chunked_2_threads)
+{
+    matmul_all_types(2, 301, 5, true);
+}
+
+Test(kernels, matmul_chunked_1_thread)
+{
+    matmul_all_types(1, 301, 5, true);
+}
+
+/* Rows of several KB: a chunk spans several of matmul's L2 tiles. */
+Test(kernels, matmul_wide_rows)
+{
+    rng_t r = {77};
+    for (int nth = 1; nth <= 2; nth++) {
+        ecs_threadpool_t *tp = NULL;
+        cr_assert_eq(ecs_threadpool_create(nth, &tp), ECS_OK);
+        check_matmul(&r, ECS_TYPE_Q8_0, (shape_t){301, 2048}, tp, kcpu_isa());
+        check_matmul(&r, ECS_TYPE_F16, (shape_t){301, 2048}, tp, kcpu_isa());
+        ecs_threadpool_destroy(tp);
+    }
+}
+
+/* ---- dispatch ---- */
+
+Test(kernels, isa_selection)
+{
+    const kcpu_isa_t best = kcpu_isa_detect();
+    cr_assert_leq(kcpu_isa(), best);
+    cr_assert_eq(kcpu_set_isa(KCPU_ISA_SCALAR), KCPU_ISA_SCALAR);
+    cr_assert_eq(kcpu_isa(), KCPU_ISA_SCALAR);
+    cr_assert_eq(kcpu_set_isa(KCPU_ISA_AVX512), best, "never above the detected ISA");
+    cr_assert_eq(kcpu_isa(), best);
+    cr_assert_str_eq(kcpu_isa_name(KCPU_ISA_AVX2), "avx2");
+    cr_assert_str_eq(kcpu_isa_name(KCPU_ISA_SCALAR), "scalar");
+    cr_assert_str_eq(kcpu_isa_name(KCPU_ISA_AVX512), "avx512");
+    for (int isa = 0; isa <= (int)KCPU_ISA_AVX512; isa++) {
+        for (size_t ti = 0; ti < NWTYPES; ti++) {
+            const kcpu_vec_dot_fn f = kcpu_vec_dot_for(WTYPES[ti], (kcpu_isa_t)isa);
+            if (isa <= (int)best)
+                cr_assert_not_null(f, "%s at %d", ecs_type_name(WTYPES[ti]), isa);
+            else
+                cr_assert_null(f, "no kernels above the detected ISA");
+        }
+        cr_assert_null(kcpu_vec_dot_for(ECS_TYPE_Q8_K, (kcpu_isa_t)isa));
+        cr_assert_null(kcpu_vec_dot_for((ecs_type_t)4, (kcpu_isa_t)isa));
+    }
+    cr_log_info("detected ISA: %s", kcpu_isa_name(best));
+}
+
+Test(kernels, isa_from_environment)
+{
+    /* each Criterion test runs in its own process: kcpu_isa() is fresh */
+    setenv("ECS_ISA", "scalar", 1);
+    cr_assert_eq(kcpu_isa(), KCPU_ISA_SCALAR);
+}
+
+Test(kernels, isa_environment_never_raises)
+{
+    setenv("ECS_ISA", "avx512", 1);
+    cr_assert_eq(kcpu_isa(), kcpu_isa_detect());
+}
+
+Test(kernels, act_bytes)
+{
+    cr_assert_eq(kcpu_act_bytes(ECS_TYPE_Q4_K, 512, 3), 3 * 2 * sizeof(ecs_block_q8_K));
+    cr_assert_eq(kcpu_act_bytes(ECS_TYPE_Q4_1, 64, 2), 2 * 2 * sizeof(ecs_block_q8_1));
+    cr_assert_eq(kcpu_act_bytes(ECS_TYPE_Q5_0, 64, 1), 2 * sizeof(ecs_block_q8_0));
+    cr_assert_eq(kcpu_act_bytes(ECS_TYPE_F16, 7, 5), 7 * 5 * sizeof(ecs_fp16_t));
+    cr_assert_eq(kcpu_act_bytes(ECS_TYPE_F32, 7, 1), 7 * sizeof(float));
+    cr_assert_eq(kcpu_act_bytes(ECS_TYPE_Q4_K, 100, 1), 0, "not a whole block");
+    cr_assert_eq(kcpu_act_bytes((ecs_type_t)5, 256, 1), 0, "unknown type");
+}
+
+/* A type with no kernel must not leave stale numbers behind. */
+Test(kernels, matmul_unknown_type_gives_nan)
+{
+    uint8_t data[64] = {0}, act[64] = {0};
+    const kcpu_mat_t w = {(ecs_type_t)5, 32, 2, 32, data};
+    float y[2] = {1.0f, 2.0f};
+    kcpu_matmul_q(NULL, &w, act, 1, y, 2);
+    cr_assert(isnan(y[0]) && isnan(y[1]));
+}

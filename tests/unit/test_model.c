@@ -1,0 +1,846 @@
+/* test_model.c - the model module: rope/YaRN and routing on known values,
+ * the local expert backend against a naive per-token loop, the absorbed MLA
+ * path against the expanded one, batched against token-by-token evaluation,
+ * multi-sequence steps, the KV budget, and load errors.
+ *
+ * Besides the shared tiny Q8_0 models, the tests write small random F32
+ * models (every architecture variant: q-LoRA or not, tied head, sigmoid
+ * gating with groups and bias, GQA) so that paths which must be
+ * mathematically equal can be compared without activation quantization. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/gguf.h"
+#include "coordinator/model/model.h"
+
+#define DS2_Q8 "../shared/models/tiny-ds2-q8_0.gguf"
+#define QWEN_Q8 "../shared/models/tiny-qwen3moe-q8_0.gguf"
+
+/* The english_sentence prompt of the reference files plus a few ids. */
+static const int32_t PROMPT[] = {100000, 549, 3399, 10176, 32431, 33747, 855, 254, 24547, 5025,
+                                 3345, 254, 7257, 8144, 6185, 13, 82987, 32840, 94838, 62990};
+#define N_PROMPT ((int)(sizeof PROMPT / sizeof PROMPT[0]))
+
+/* ------------------------------------------------------------- helpers */
+
+static model_t *load(const char *path, int n_ctx)
+{
+    model_opts_t o = {.n_ctx = n_ctx, .n_threads = 2};
+    model_t *m = NULL;
+    ecs_err_t e = model_load(path, &o, &m);
+    cr_assert_eq(e, ECS_OK, "model_load(%s): %s", path, ecs_errmsg());
+    return m;
+}
+
+static float *eval_all(model_t *m, unsigned flags, const int32_t *toks, int n)
+{
+    model_ctx_t *c;
+    cr_assert_eq(model_ctx_new(m, model_n_ctx_max(m), flags, &c), ECS_OK, "%s", ecs_errmsg());
+    float *l = malloc((size_t)n * model_n_vocab(m) * sizeof *l);
+    cr_assert_not_null(l);
+    cr_assert_eq(model_eval(c, toks, n, l, true), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(model_ctx_n_past(c), n);
+    model_ctx_free(c);
+    return l;
+}
+
+static float *eval_one_by_one(model_t *m, unsigned flags, const int32_t *toks, int n)
+{
+    model_ctx_t *c;
+    cr_assert_eq(model_ctx_new(m, model_n_ctx_max(m), flags, &c), ECS_OK, "%s", ecs_errmsg());
+    const size_t V = (size_t)model_n_vocab(m);
+    float *l = malloc((size_t)n * V * sizeof *l);
+    cr_assert_not_null(l);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(model_eval(c, toks + i, 1, l + i * V, false), ECS_OK, "%s", ecs_errmsg());
+    model_ctx_free(c);
+    return l;
+}
+
+static double max_abs(const float *a, size_t n)
+{
+    double mx = 0;
+    for (size_t i = 0; i < n; i++)
+        mx = fmax(mx, fabs(a[i]));
+    return mx;
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(isfinite(a[i]) && isfinite(b[i]), "non-finite value at %zu", i);
+        mx = fmax(mx, fabs((double)a[i] - b[i]));
+    }
+    return mx;
+}
+
+static double mean_diff(const float *a, const float *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += fabs((double)a[i] - b[i]);
+    return s / (double)n;
+}
+
+/* ------------------------------------------------ random F32 test models */
+
+typedef struct {
+    const char *arch;
+    int n_layer, n_embd, n_head, n_head_kv, head_k, head_v, n_rot, n_vocab;
+    int q_lora, kv_lora, n_dense, n_ff;
+    int n_expert, n_used, n_ff_exp, n_shared, groups, groups_used, gating;
+    bool norm, tied, bias, yarn;
+    float scale;
+    const char *skip; /* a tensor left out, to test the error */
+} spec_t;
+
+static spec_t ds2_spec(void)
+{
+    return (spec_t){.arch = "deepseek2", .n_layer = 3, .n_embd = 64, .n_head = 4, .n_head_kv = 4,
+                    .head_k = 24, .head_v = 16, .n_rot = 8, .n_vocab = 160, .q_lora = 32,
+                    .kv_lora = 32, .n_dense = 1, .n_ff = 96, .n_expert = 8, .n_used = 3,
+                    .n_ff_exp = 32, .n_shared = 1, .gating = 1, .scale = 1.0f, .yarn = true};
+}
+
+static spec_t qwen_spec(void)
+{
+    return (spec_t){.arch = "qwen3moe", .n_layer = 2, .n_embd = 64, .n_head = 4, .n_head_kv = 2,
+                    .head_k = 16, .head_v = 16, .n_rot = 16, .n_vocab = 160, .n_expert = 8,
+                    .n_used = 2, .n_ff_exp = 32, .norm = true, .scale = 1.0f};
+}
+
+typedef struct {
+    char name[64];
+    int n_dims;
+    int64_t ne[3];
+    float amp, base; /* values base + amp * U(-1, 1) */
+} tdesc_t;
+
+static uint64_t rng_state;
+static float urand(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static int add_t(tdesc_t *t, int n, const char *name, int nd, int64_t a, int64_t b, int64_t c,
+                 float amp, float base)
+{
+    snprintf(t[n].name, sizeof t[n].name, "%s", name);
+    t[n].n_dims = nd;
+    t[n].ne[0] = a;
+    t[n].ne[1] = b;
+    t[n].ne[2] = c;
+    t[n].amp = amp;
+    t[n].base = base;
+    return n + 1;
+}
+
+/* The tensor list of a spec, in llama.cpp's names and ne order. */
+static int describe(const spec_t *s, tdesc_t *t)
+{
+    const int64_t E = s->n_embd, H = s->n_head, X = s->n_expert, F = s->n_ff_exp;
+    const bool ds2 = !strcmp(s->arch, "deepseek2");
+    const float w = 0.15f; /* larger than real init so that routing and attention vary */
+    char b[64];
+    int n = 0;
+    n = add_t(t, n, "token_embd.weight", 2, E, s->n_vocab, 1, 1.0f, 0);
+    n = add_t(t, n, "output_norm.weight", 1, E, 1, 1, 0.1f, 1.0f);
+    if (!s->tied)
+        n = add_t(t, n, "output.weight", 2, E, s->n_vocab, 1, w, 0);
+    for (int il = 0; il < s->n_layer; il++) {
+#define T(nm, nd, a, bb, c, amp, base)                                                             \
+    do {                                                                                           \
+        snprintf(b, sizeof b, "blk.%d." nm, il);                                                   \
+        n = add_t(t, n, b, nd, a, bb, c, amp, base);                                               \
+    } while (0)
+        T("attn_norm.weight", 1, E, 1, 1, 0.1f, 1.0f);
+        T("ffn_norm.weight", 1, E, 1, 1, 0.1f, 1.0f);
+        if (ds2) {
+            const int64_t KV = s->kv_lora, nope = s->head_k - s->n_rot;
+            if (s->q_lora) {
+                T("attn_q_a.weight", 2, E, s->q_lora, 1, w, 0);
+                T("attn_q_a_norm.weight", 1, s->q_lora, 1, 1, 0.1f, 1.0f);
+                T("attn_q_b.weight", 2, s->q_lora, H * s->head_k, 1, w, 0);
+            } else {
+                T("attn_q.weight", 2, E, H * s->head_k, 1, w, 0);
+            }
+            T("attn_kv_a_mqa.weight", 2, E, KV + s->n_rot, 1, w, 0);
+            T("attn_kv_a_norm.weight", 1, KV, 1, 1, 0.1f, 1.0f);
+            T("attn_kv_b.weight", 2, KV, H * (nope + s->head_v), 1, w, 0);
+        } else {
+            T("attn_q.weight", 2, E, H * s->head_k, 1, w, 0);
+            T("attn_k.weight", 2, E, s->n_head_kv * s->head_k, 1, w, 0);
+            T("attn_v.weight", 2, E, s->n_head_kv * s->head_k, 1, w, 0);
+            T("attn_q_norm.weight", 1, s->head_k, 1, 1, 0.1f, 1.0f);
+            T("attn_k_norm.weight", 1, s->head_k, 1, 1, 0.1f, 1.0f);
+        }
+        T("attn_output.weight", 2, H * s->head_v, E, 1, w, 0);
+        if (il < s->n_dense) {
+            T("ffn_gate.weight", 2, E, s->n_ff, 1, w, 0);
+            T("ffn_up.weight", 2, E, s->n_ff, 1, w, 0);
+            T("ffn_down.weight", 2, s->n_ff, E, 1, w, 0);
+            continue;
+        }
+        T("ffn_gate_inp.weight", 2, E, X, 1, 0.5f, 0);
+        T("ffn_gate_exps.weight", 3, E, F, X, w, 0);
+        T("ffn_up_exps.weight", 3, E, F, X, w, 0);
+        T("ffn_down_exps.weight", 3, F, E, X, w, 0);
+        if (s->bias) {
+            snprintf(b, sizeof b, "blk.%d.exp_probs_b.bias", il);
+            n = add_t(t, n, b, 1, X, 1, 1, 0.3f, 0);
+        }
+        if (s->n_shared) {
+            T("ffn_gate_shexp.weight", 2, E, F * s->n_shared, 1, w, 0);
+            T("ffn_up_shexp.weight", 2, E, F * s->n_shared, 1, w, 0);
+            T("ffn_down_shexp.weight", 2, F * s->n_shared, E, 1, w, 0);
+        }
+#undef T
+    }
+    return n;
+}
+
+static void set_meta(gguf_writer_t *w, const spec_t *s)
+{
+    char k[96];
+#define U32(key, v)                                                                                \
+    do {                                                                                           \
+        snprintf(k, sizeof k, "%s." key, s->arch);                                                 \
+        cr_assert_eq(gguf_writer_set_u32(w, k, (uint32_t)(v)), ECS_OK);                            \
+    } while (0)
+#define F32(key, v)                                                                                \
+    do {                                                                                           \
+        snprintf(k, sizeof k, "%s." key, s->arch);                                                 \
+        cr_assert_eq(gguf_writer_set_f32(w, k, (v)), ECS_OK);                                      \
+    } while (0)
+    gguf_writer_set_str(w, "general.architecture", s->arch);
+    U32("block_count", s->n_layer);
+    U32("context_length", 4096);
+    U32("embedding_length", s->n_embd);
+    U32("feed_forward_length", s->n_ff ? s->n_ff : 128);
+    U32("attention.head_count", s->n_head);
+    U32("attention.head_count_kv", s->n_head_kv);
+    F32("rope.freq_base", 10000.0f);
+    F32("attention.layer_norm_rms_epsilon", 1e-6f);
+    U32("expert_used_count", s->n_used);
+    U32("expert_count", s->n_expert);
+    U32("expert_feed_forward_length", s->n_ff_exp);
+    U32("attention.key_length", s->head_k);
+    U32("attention.value_length", s->head_v);
+    U32("rope.dimension_count", s->n_rot);
+    if (!strcmp(s->arch, "deepseek2")) {
+        U32("leading_dense_block_count", s->n_dense);
+        if (s->q_lora)
+            U32("attention.q_lora_rank", s->q_lora);
+        U32("attention.kv_lora_rank", s->kv_lora);
+        U32("expert_shared_count", s->n_shared);
+        F32("expert_weights_scale", s->scale);
+        snprintf(k, sizeof k, "%s.expert_weights_norm", s->arch);
+        gguf_writer_set_bool(w, k, s->norm);
+        U32("expert_gating_func", s->gating);
+        if (s->groups) {
+            U32("expert_group_count", s->groups);
+            U32("expert_group_used_count", s->groups_used);
+        }
+        if (s->yarn) {
+            snprintf(k, sizeof k, "%s.rope.scaling.type", s->arch);
+            gguf_writer_set_str(w, k, "yarn");
+            F32("rope.scaling.factor", 40.0f);
+            U32("rope.scaling.original_context_length", 4096);
+            F32("rope.scaling.yarn_log_multiplier", 0.0707f);
+        }
+    }
+#undef U32
+#undef F32
+}
+
+/* Writes a random F32 model for s to a fresh temporary path. */
+static void write_model(const spec_t *s, char *path, size_t cap, uint64_t seed)
+{
+    static int seq;
+    snprintf(path, cap, "/tmp/ecs_test_model_%d_%d.gguf", (int)getpid(), seq++);
+    tdesc_t *t = calloc(64 * (size_t)s->n_layer + 8, sizeof *t);
+    cr_assert_not_null(t);
+    int n = describe(s, t);
+    gguf_writer_t *w;
+    cr_assert_eq(gguf_writer_new(&w), ECS_OK);
+    set_meta(w, s);
+    for (int i = 0; i < n; i++)
+        if (!s->skip || strcmp(t[i].name, s->skip))
+            cr_assert_eq(gguf_writer_add_tensor(w, t[i].name, ECS_TYPE_F32, (uint32_t)t[i].n_dims,
+                                                t[i].ne), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(gguf_writer_begin(w, path), ECS_OK, "%s", ecs_errmsg());
+    rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int i = 0; i < n; i++) {
+        if (s->skip && !strcmp(t[i].name, s->skip))
+            continue;
+        size_t cnt = (size_t)(t[i].ne[0] * t[i].ne[1] * t[i].ne[2]);
+        float *d = malloc(cnt * sizeof *d);
+        cr_assert_not_null(d);
+        for (size_t j = 0; j < cnt; j++)
+            d[j] = t[i].base + t[i].amp * urand();
+        cr_assert_eq(gguf_writer_write_tensor(w, d, cnt * sizeof *d), ECS_OK, "%s", ecs_errmsg());
+        free(d);
+    }
+    cr_assert_eq(gguf_writer_finish(w), ECS_OK, "%s", ecs_errmsg());
+    gguf_writer_free(w);
+    free(t);
+}
+
+static model_t *load_spec(const spec_t *s, int n_ctx)
+{
+    char path[128];
+    write_model(s, path, sizeof path, 42);
+    model_t *m = load(path, n_ctx);
+    unlink(path); /* the mapping stays valid */
+    return m;
+}
+
+static void random_tokens(int32_t *t, int n, int vocab, uint64_t seed)
+{
+    rng_state = seed;
+    for (int i = 0; i < n; i++)
+        t[i] = (int32_t)((urand() * 0.5f + 0.5f) * (vocab - 1));
+}
+
+/* ------------------------------------------------------------ rope, YaRN */
+
+Test(rope, yarn_corr_dims_known_values)
+{
+    float d[2];
+    /* n_dims 16, n_ctx_orig 4096, base 1e4: corr_dim(32) = 2.62 -> floor 2,
+     * corr_dim(1) = 5.63 -> ceil 6 */
+    model_rope_yarn_corr_dims(16, 4096, 10000.0f, 32.0f, 1.0f, d);
+    cr_assert_float_eq(d[0], 2.0f, 0);
+    cr_assert_float_eq(d[1], 6.0f, 0);
+    /* DeepSeek-V2-Lite: 64 dims -> corr_dim(32) = 10.47, corr_dim(1) = 22.5 */
+    model_rope_yarn_corr_dims(64, 4096, 10000.0f, 32.0f, 1.0f, d);
+    cr_assert_float_eq(d[0], 10.0f, 0);
+    cr_assert_float_eq(d[1], 23.0f, 0);
+}
+
+Test(rope, plain_rope_known_angles)
+{
+    model_rope_t r = {.n_rot = 16, .mode = MODEL_ROPE_NORM, .n_ctx_orig = 4096,
+                      .freq_base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f,
+                      .beta_fast = 32.0f, .beta_slow = 1.0f};
+    float cs[16];
+    model_rope_cache(&r, 0, cs);
+    for (int i = 0; i < 16; i += 2) {
+        cr_assert_float_eq(cs[i], 1.0f, 0);
+        cr_assert_float_eq(cs[i + 1], 0.0f, 0);
+    }
+    model_rope_cache(&r, 1, cs);
+    /* theta_i = base^(-2i/16): 1, 0.3162278, 0.1, ... */
+    cr_assert_float_eq(cs[0], 0.5403023f, 1e-6);
+    cr_assert_float_eq(cs[1], 0.8414710f, 1e-6);
+    cr_assert_float_eq(cs[2], 0.9504153f, 1e-6);
+    cr_assert_float_eq(cs[3], 0.3109836f, 1e-6);
+    cr_assert_float_eq(cs[4], 0.9950042f, 1e-6);
+    cr_assert_float_eq(cs[5], 0.0998334f, 1e-6);
+}
+
+Test(rope, norm_and_neox_pairs)
+{
+    model_rope_t r = {.n_rot = 4, .mode = MODEL_ROPE_NORM, .n_ctx_orig = 4096,
+                      .freq_base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f,
+                      .beta_fast = 32.0f, .beta_slow = 1.0f};
+    float cs[4];
+    model_rope_cache(&r, 1, cs);
+    float x[5] = {1, 0, 0, 0, 7};
+    model_rope_apply(&r, cs, x);
+    cr_assert_float_eq(x[0], cosf(1.0f), 1e-6);
+    cr_assert_float_eq(x[1], sinf(1.0f), 1e-6);
+    cr_assert_float_eq(x[2], 0.0f, 0);
+    cr_assert_float_eq(x[4], 7.0f, 0); /* past n_rot: untouched */
+    r.mode = MODEL_ROPE_NEOX;
+    float y[4] = {1, 0, 0, 0};
+    model_rope_apply(&r, cs, y);
+    cr_assert_float_eq(y[0], cosf(1.0f), 1e-6);
+    cr_assert_float_eq(y[1], 0.0f, 0);
+    cr_assert_float_eq(y[2], sinf(1.0f), 1e-6);
+}
+
+Test(rope, deepseek2_yarn_from_the_file)
+{
+    model_t *m = load(DS2_Q8, 64);
+    const model_hparams_t *hp = model_hparams(m);
+    cr_assert_eq(hp->rope.mode, MODEL_ROPE_NORM);
+    cr_assert_float_eq(hp->rope.freq_scale, 0.025f, 1e-7);
+    cr_assert_float_eq(hp->rope.ext_factor, 1.0f, 0);
+    /* kq_scale = (1 + 0.0707 ln 40)^2 / sqrt(48) */
+    cr_assert_float_eq(hp->kq_scale, 1.260811f * 1.260811f / sqrtf(48.0f), 1e-5);
+    float cs[16];
+    model_rope_cache(&hp->rope, 1, cs);
+    for (int i = 0; i < 16; i += 2) /* attn_factor cancels the YaRN magnitude */
+        cr_assert_float_eq(hypotf(cs[i], cs[i + 1]), 1.0f, 1e-6);
+    /* dims below corr_dims[0] = 2 extrapolate (theta = pos * base^(-i0/16)),
+     * dims from corr_dims[1] = 6 on interpolate (theta * freq_scale) */
+    cr_assert_float_eq(atan2f(cs[1], cs[0]), 1.0f, 1e-6);
+    cr_assert_float_eq(atan2f(cs[3], cs[2]), powf(10000.0f, -2.0f / 16), 1e-6);
+    cr_assert_float_eq(atan2f(cs[15], cs[14]), 0.025f * powf(10000.0f, -14.0f / 16), 1e-7);
+    /* in between: a blend of the two */
+    const float ext = powf(10000.0f, -8.0f / 16), mix = 1.0f - (4.0f - 2.0f) / 4.0f;
+    cr_assert_float_eq(atan2f(cs[9], cs[8]), ext * 0.025f * (1 - mix) + ext * mix, 1e-6);
+    model_free(m);
+}
+
+/* ---------------------------------------------------------------- routing */
+
+static model_hparams_t route_hp(void)
+{
+    return (model_hparams_t){.n_expert = 8, .n_expert_used = 2, .gating = MODEL_GATING_SOFTMAX,
+                             .expert_weights_scale = 1.0f};
+}
+
+Test(route, softmax_top_k)
+{
+    model_hparams_t hp = route_hp();
+    const float logits[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    int32_t ids[2];
+    float w[2], scratch[24];
+    model_route(&hp, logits, NULL, ids, w, scratch);
+    double z = 0;
+    for (int i = 0; i < 8; i++)
+        z += exp(i);
+    cr_assert_eq(ids[0], 7);
+    cr_assert_eq(ids[1], 6);
+    cr_assert_float_eq(w[0], exp(7) / z, 1e-6);
+    cr_assert_float_eq(w[1], exp(6) / z, 1e-6);
+    hp.expert_weights_norm = true;
+    model_route(&hp, logits, NULL, ids, w, scratch);
+    cr_assert_float_eq(w[0], exp(1) / (1 + exp(1)), 1e-6);
+    cr_assert_float_eq(w[1], 1 / (1 + exp(1)), 1e-6);
+}
+
+Test(route, sigmoid_groups_bias_scale)
+{
+    model_hparams_t hp = route_hp();
+    hp.gating = MODEL_GATING_SIGMOID;
+    hp.expert_weights_norm = true;
+    hp.expert_weights_scale = 2.5f;
+    /* groups of 2: sums of sigmoids 1.0, 1.462, 1.245, 0.538; the best single
+     * expert (0) sits in a weak group */
+    const float logits[8] = {3, -3, 1, 1, 0.5f, 0.5f, -1, -1};
+    int32_t ids[2];
+    float w[2], scratch[24];
+    model_route(&hp, logits, NULL, ids, w, scratch);
+    cr_assert_eq(ids[0], 0, "no group limit: expert 0 wins");
+    hp.n_expert_groups = 4;
+    hp.n_group_used = 2;
+    model_route(&hp, logits, NULL, ids, w, scratch);
+    cr_assert_eq(ids[0], 2, "groups 1 and 2 kept; tie goes to the lower id");
+    cr_assert_eq(ids[1], 3);
+    cr_assert_float_eq(w[0], 1.25f, 1e-6);
+    cr_assert_float_eq(w[1], 1.25f, 1e-6);
+    /* a bias changes the choice but not the weights */
+    float bias[8] = {0};
+    bias[5] = 0.2f;
+    model_route(&hp, logits, bias, ids, w, scratch);
+    cr_assert_eq(ids[0], 5);
+    cr_assert_eq(ids[1], 2);
+    const float s5 = 1 / (1 + expf(-0.5f)), s2 = 1 / (1 + expf(-1.0f));
+    cr_assert_float_eq(w[0], 2.5f * s5 / (s5 + s2), 1e-6);
+    cr_assert_float_eq(w[1], 2.5f * s2 / (s5 + s2), 1e-6);
+}
+
+/* --------------------------------------------------------- expert backend */
+
+static void naive_experts(const model_t *m, int layer, int n, const float *x, const int32_t *ids,
+                          const float *w, float *out)
+{
+    const model_hparams_t *hp = model_hparams(m);
+    const model_layer_t *ly = &model_weights(m)->layers[layer];
+    const int E = hp->n_embd, F = hp->n_ff_exp, k = hp->n_expert_used;
+    float *g = malloc(F * sizeof *g), *u = malloc(F * sizeof *u), *d = malloc(E * sizeof *d);
+    size_t sb = kcpu_act_bytes(ly->gate_exps.type, E, 1), sd = kcpu_act_bytes(ly->down_exps.type, F, 1);
+    void *scratch = malloc(sb > sd ? sb : sd);
+    cr_assert(g && u && d && scratch);
+    for (int t = 0; t < n; t++) {
+        float *o = out + (size_t)t * E;
+        for (int j = 0; j < k; j++) {
+            const int e = ids[t * k + j];
+            kcpu_mat_t G = model_expert_mat(&ly->gate_exps, e, F);
+            kcpu_mat_t U = model_expert_mat(&ly->up_exps, e, F);
+            kcpu_mat_t D = model_expert_mat(&ly->down_exps, e, E);
+            kcpu_matmul(NULL, &G, x + (size_t)t * E, E, 1, g, F, scratch);
+            kcpu_matmul(NULL, &U, x + (size_t)t * E, E, 1, u, F, scratch);
+            for (int i = 0; i < F; i++)
+                g[i] = g[i] / (1 + expf(-g[i])) * u[i];
+            kcpu_matmul(NULL, &D, g, F, 1, d, E, scratch);
+            for (int c = 0; c < E; c++)
+                o[c] = j == 0 ? d[c] * w[t * k + j] : o[c] + d[c] * w[t * k + j];
+        }
+    }
+    free(g);
+    free(u);
+    free(d);
+    free(scratch);
+}
+
+Test(experts, local_backend_equals_naive_loop)
+{
+    model_t *m = load(DS2_Q8, 64);
+    const model_hparams_t *hp = model_hparams(m);
+    const int n = 7, E = hp->n_embd, k = hp->n_expert_used, layer = 2;
+    float *x = malloc((size_t)n * E * sizeof *x), *w = malloc((size_t)n * k * sizeof *w);
+    float *a = malloc((size_t)n * E * sizeof *a), *b = malloc((size_t)n * E * sizeof *b);
+    int32_t *ids = malloc((size_t)n * k * sizeof *ids);
+    cr_assert(x && w && a && b && ids);
+    rng_state = 7;
+    for (int i = 0; i < n * E; i++)
+        x[i] = urand();
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) { /* distinct experts, several rows per expert */
+            ids[t * k + j] = (t + 3 * j) % hp->n_expert;
+            w[t * k + j] = 0.1f + 0.2f * j + 0.01f * t;
+        }
+    model_experts_local_t *l;
+    cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &l), ECS_OK);
+    cr_assert_eq(model_experts_local_ops.submit(l, layer, n, x, k, ids, w), ECS_OK, "%s",
+                 ecs_errmsg());
+    cr_assert_eq(model_experts_local_ops.wait(l, layer, a), ECS_OK);
+    naive_experts(m, layer, n, x, ids, w, b);
+    const double d = max_diff(a, b, (size_t)n * E);
+    cr_assert(d <= 1e-5 * fmax(1.0, max_abs(b, (size_t)n * E)), "local vs naive: %g", d);
+    /* bad input is refused, not computed */
+    ids[3] = hp->n_expert;
+    cr_assert_eq(model_experts_local_ops.submit(l, layer, n, x, k, ids, w), ECS_ERR_RANGE);
+    cr_assert_neq(model_experts_local_ops.wait(l, layer, a), ECS_OK);
+    cr_assert_eq(model_experts_local_ops.submit(l, 0, n, x, k, ids, w), ECS_ERR_INVAL,
+                 "layer 0 is dense");
+    model_experts_local_free(l);
+    free(x), free(w), free(a), free(b), free(ids);
+    model_free(m);
+}
+
+/* A backend that forwards to the local one and counts calls: the model
+ * must produce the same logits through it. */
+typedef struct {
+    model_experts_local_t *l;
+    int submits, waits, last_layer;
+} spy_t;
+
+static ecs_err_t spy_submit(void *ctx, int layer, int n, const float *x, int k, const int32_t *ids,
+                            const float *w)
+{
+    spy_t *s = ctx;
+    s->submits++;
+    s->last_layer = layer;
+    return model_experts_local_ops.submit(s->l, layer, n, x, k, ids, w);
+}
+
+static ecs_err_t spy_wait(void *ctx, int layer, float *out)
+{
+    spy_t *s = ctx;
+    s->waits++;
+    return model_experts_local_ops.wait(s->l, layer, out);
+}
+
+Test(experts, custom_backend_is_used)
+{
+    model_t *m = load(DS2_Q8, 64);
+    float *ref = eval_all(m, 0, PROMPT, 10);
+    spy_t spy = {0};
+    cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &spy.l), ECS_OK);
+    static const model_experts_ops ops = {spy_submit, spy_wait};
+    model_set_experts(m, &ops, &spy);
+    float *got = eval_all(m, 0, PROMPT, 10);
+    const model_hparams_t *hp = model_hparams(m);
+    cr_assert_eq(spy.submits, hp->n_layer - hp->n_layer_dense, "one submit per MoE layer");
+    cr_assert_eq(spy.waits, spy.submits);
+    cr_assert_eq(spy.last_layer, hp->n_layer - 1);
+    cr_assert_eq(max_diff(ref, got, (size_t)10 * model_n_vocab(m)), 0.0);
+    model_set_experts(m, NULL, NULL);
+    model_experts_local_free(spy.l);
+    free(ref);
+    free(got);
+    model_free(m);
+}
+
+static ecs_err_t failing_submit(void *ctx, int layer, int n, const float *x, int k,
+                                const int32_t *ids, const float *w)
+{
+    (void)ctx, (void)n, (void)x, (void)k, (void)ids, (void)w;
+    return ecs_error(ECS_ERR_IO, "worker for layer %d is gone", layer);
+}
+
+Test(experts, backend_error_is_reported)
+{
+    model_t *m = load(DS2_Q8, 64);
+    model_ctx_t *c;
+    cr_assert_eq(model_ctx_new(m, 64, 0, &c), ECS_OK);
+    static const model_experts_ops ops = {failing_submit, spy_wait};
+    model_set_experts(m, &ops, NULL);
+    cr_assert_eq(model_eval(c, PROMPT, 4, NULL, false), ECS_ERR_IO);
+    cr_assert(strstr(ecs_errmsg(), "is gone"));
+    cr_assert_eq(model_ctx_n_past(c), 0, "a failed step leaves the sequence unchanged");
+    model_set_experts(m, NULL, NULL);
+    cr_assert_eq(model_eval(c, PROMPT, 4, NULL, false), ECS_OK);
+    cr_assert_eq(model_ctx_n_past(c), 4);
+    model_ctx_free(c);
+    model_free(m);
+}
+
+/* ------------------------------------------------------- MLA equivalence */
+
+static void check_absorbed_vs_expanded(model_t *m, const int32_t *toks, int n, double tol_rel)
+{
+    const size_t cnt = (size_t)n * model_n_vocab(m);
+    float *a = eval_all(m, 0, toks, n);
+    float *b = eval_all(m, MODEL_CTX_MLA_EXPANDED, toks, n);
+    const double d = max_diff(a, b, cnt), scale = max_abs(b, cnt);
+    cr_assert(d <= tol_rel * scale, "absorbed vs expanded: max diff %g (max |logit| %g)", d, scale);
+    free(a);
+    free(b);
+}
+
+Test(mla, absorbed_equals_expanded_f32)
+{
+    int32_t toks[40];
+    spec_t s = ds2_spec();
+    random_tokens(toks, 40, s.n_vocab, 3);
+    model_t *m = load_spec(&s, 128);
+    /* F32 weights: no activation quantization, only the F16 caches differ */
+    check_absorbed_vs_expanded(m, toks, 40, 2e-3);
+    model_free(m);
+    s.q_lora = 0; /* V2-Lite: single attn_q */
+    m = load_spec(&s, 128);
+    cr_assert_eq(model_hparams(m)->q_lora_rank, 0);
+    check_absorbed_vs_expanded(m, toks, 40, 2e-3);
+    model_free(m);
+}
+
+Test(mla, absorbed_close_to_expanded_q8)
+{
+    model_t *m = load(DS2_Q8, 64);
+    const size_t cnt = (size_t)N_PROMPT * model_n_vocab(m);
+    float *a = eval_all(m, 0, PROMPT, N_PROMPT);
+    float *b = eval_all(m, MODEL_CTX_MLA_EXPANDED, PROMPT, N_PROMPT);
+    /* Q8_0 activations are quantized at different points: engine-level noise */
+    cr_assert(max_diff(a, b, cnt) < 0.05, "max diff %g", max_diff(a, b, cnt));
+    cr_assert(mean_diff(a, b, cnt) < 0.01, "mean diff %g", mean_diff(a, b, cnt));
+    free(a);
+    free(b);
+    model_free(m);
+}
+
+/* ------------------------------------------------ batched vs incremental */
+
+static void check_batched(model_t *m, unsigned flags, const int32_t *toks, int n, double tol)
+{
+    const size_t cnt = (size_t)n * model_n_vocab(m);
+    float *a = eval_all(m, flags, toks, n);
+    float *b = eval_one_by_one(m, flags, toks, n);
+    const double d = max_diff(a, b, cnt);
+    cr_assert(d <= tol, "batched vs one by one: max diff %g", d);
+    free(a);
+    free(b);
+}
+
+Test(batch, prefill_equals_token_by_token_ds2)
+{
+    model_t *m = load(DS2_Q8, 64);
+    check_batched(m, 0, PROMPT, N_PROMPT, 1e-4);
+    check_batched(m, MODEL_CTX_MLA_EXPANDED, PROMPT, N_PROMPT, 1e-4);
+    model_free(m);
+}
+
+Test(batch, prefill_equals_token_by_token_qwen3moe)
+{
+    model_t *m = load(QWEN_Q8, 64);
+    cr_assert_eq(model_hparams(m)->arch, MODEL_ARCH_QWEN3MOE);
+    check_batched(m, 0, PROMPT, N_PROMPT, 1e-4);
+    model_free(m);
+}
+
+Test(batch, longer_than_one_step)
+{
+    /* 150 tokens: three steps of up to MODEL_MAX_BATCH rows */
+    int32_t toks[150];
+    spec_t s = qwen_spec();
+    random_tokens(toks, 150, s.n_vocab, 11);
+    model_t *m = load_spec(&s, 256);
+    check_batched(m, 0, toks, 150, 1e-4);
+    model_free(m);
+}
+
+Test(batch, variants_f32)
+{
+    int32_t toks[24];
+    spec_t s = ds2_spec();
+    s.tied = true;
+    s.gating = 2;
+    s.groups = 4;
+    s.groups_used = 2;
+    s.bias = true;
+    s.norm = true;
+    s.scale = 2.5f;
+    s.n_shared = 0;
+    random_tokens(toks, 24, s.n_vocab, 5);
+    model_t *m = load_spec(&s, 64);
+    const model_hparams_t *hp = model_hparams(m);
+    cr_assert(hp->tied_output);
+    cr_assert_eq(model_weights(m)->output.data, model_weights(m)->token_embd.data);
+    cr_assert_eq(hp->gating, MODEL_GATING_SIGMOID);
+    cr_assert_eq(hp->n_expert_groups, 4);
+    cr_assert_not_null(model_weights(m)->layers[1].exp_probs_b);
+    cr_assert_eq(hp->n_ff_shexp, 0);
+    check_batched(m, 0, toks, 24, 1e-4);
+    check_absorbed_vs_expanded(m, toks, 24, 2e-3);
+    model_free(m);
+}
+
+Test(batch, multi_sequence_step)
+{
+    model_t *m = load(QWEN_Q8, 64);
+    const int V = model_n_vocab(m);
+    model_ctx_t *c1, *c2;
+    cr_assert_eq(model_ctx_new(m, 64, 0, &c1), ECS_OK);
+    cr_assert_eq(model_ctx_new(m, 64, 0, &c2), ECS_OK);
+    float *ref1 = eval_all(m, 0, PROMPT, 6);
+    float *ref2 = eval_all(m, 0, PROMPT + 8, 5);
+    /* interleave the two prompts in one step; logits for each last token */
+    model_row_t rows[11];
+    int r = 0;
+    for (int i = 0; i < 6; i++) {
+        rows[r++] = (model_row_t){c1, PROMPT[i], i == 5};
+        if (i < 5)
+            rows[r++] = (model_row_t){c2, PROMPT[8 + i], i == 4};
+    }
+    float *out = malloc(2 * (size_t)V * sizeof *out);
+    cr_assert_eq(model_eval_batch(m, rows, r, out), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(model_ctx_n_past(c1), 6);
+    cr_assert_eq(model_ctx_n_past(c2), 5);
+    /* row order: c2's last row (index 9) precedes c1's (index 10) */
+    cr_assert(max_diff(out, ref2 + 4 * (size_t)V, V) <= 1e-4);
+    cr_assert(max_diff(out + V, ref1 + 5 * (size_t)V, V) <= 1e-4);
+    free(out), free(ref1), free(ref2);
+    model_ctx_free(c1);
+    model_ctx_free(c2);
+    model_free(m);
+}
+
+Test(batch, truncate_and_continue)
+{
+    model_t *m = load(DS2_Q8, 64);
+    const size_t V = (size_t)model_n_vocab(m);
+    float *ref = eval_all(m, 0, PROMPT, 12);
+    model_ctx_t *c;
+    cr_assert_eq(model_ctx_new(m, 64, 0, &c), ECS_OK);
+    float *l = malloc(V * sizeof *l);
+    int32_t other[5] = {17, 18, 19, 20, 21};
+    cr_assert_eq(model_eval(c, PROMPT, 7, NULL, false), ECS_OK);
+    cr_assert_eq(model_eval(c, other, 5, NULL, false), ECS_OK);
+    cr_assert_eq(model_ctx_truncate(c, 7), ECS_OK);
+    cr_assert_eq(model_eval(c, PROMPT + 7, 5, l, false), ECS_OK);
+    cr_assert(max_diff(l, ref + 11 * V, V) <= 1e-4, "the dropped tokens must not leak");
+    free(l);
+    free(ref);
+    model_ctx_free(c);
+    model_free(m);
+}
+
+/* -------------------------------------------------------------- budgets */
+
+Test(budget, context_full_is_a_clear_error)
+{
+    model_t *m = load(DS2_Q8, 16);
+    model_ctx_t *c;
+    cr_assert_eq(model_ctx_new(m, 32, 0, &c), ECS_ERR_RANGE, "larger than the loaded n_ctx");
+    cr_assert_eq(model_ctx_new(m, 8, 0, &c), ECS_OK);
+    cr_assert_eq(model_ctx_bytes(m, 8, 0), (size_t)4 * 8 * (64 + 16) * 2, "latent: 80 F16 per token per layer");
+    cr_assert_eq(model_ctx_bytes(m, 8, MODEL_CTX_MLA_EXPANDED), (size_t)4 * 8 * (4 * 48 + 4 * 32) * 2);
+    float *l = malloc((size_t)model_n_vocab(m) * sizeof *l);
+    cr_assert_eq(model_eval(c, PROMPT, 6, l, false), ECS_OK);
+    cr_assert_eq(model_eval(c, PROMPT, 3, l, false), ECS_ERR_NOMEM);
+    cr_assert(strstr(ecs_errmsg(), "context"), "message: %s", ecs_errmsg());
+    cr_assert_eq(model_ctx_n_past(c), 6, "nothing evaluated");
+    cr_assert_eq(model_eval(c, PROMPT, 2, l, false), ECS_OK);
+    cr_assert_eq(model_ctx_n_past(c), 8);
+    model_row_t row = {c, 5, true};
+    cr_assert_eq(model_eval_batch(m, &row, 1, l), ECS_ERR_NOMEM);
+    model_ctx_reset(c);
+    cr_assert_eq(model_ctx_n_past(c), 0);
+    cr_assert_eq(model_eval(c, PROMPT, 8, l, false), ECS_OK);
+    cr_assert_eq(model_ctx_truncate(c, 9), ECS_ERR_RANGE);
+    cr_assert_eq(model_ctx_truncate(c, 3), ECS_OK);
+    cr_assert_eq(model_eval(c, PROMPT + 3, 5, l, false), ECS_OK, "room again after truncating");
+    const int32_t bad = model_n_vocab(m);
+    model_ctx_reset(c);
+    cr_assert_eq(model_eval(c, &bad, 1, l, false), ECS_ERR_RANGE);
+    cr_assert_eq(model_ctx_n_past(c), 0);
+    free(l);
+    model_ctx_free(c);
+    model_free(m);
+}
+
+/* ----------------------------------------------------------- load errors */
+
+Test(load, bad_files_are_clear_errors)
+{
+    model_t *m = (model_t *)1;
+    model_opts_t o = {.n_ctx = 16, .n_threads = 1};
+    cr_assert_eq(model_load("/nonexistent/x.gguf", &o, &m), ECS_ERR_IO);
+    cr_assert_null(m);
+    cr_assert_eq(model_load("../shared/reference/quant-samples.gguf", &o, &m), ECS_ERR_UNSUPPORTED);
+    cr_assert(strstr(ecs_errmsg(), "architecture"), "%s", ecs_errmsg());
+
+    char path[128];
+    spec_t s = ds2_spec();
+    s.skip = "blk.2.ffn_down_exps.weight";
+    write_model(&s, path, sizeof path, 1);
+    cr_assert_eq(model_load(path, &o, &m), ECS_ERR_NOTFOUND);
+    cr_assert(strstr(ecs_errmsg(), "blk.2.ffn_down_exps.weight"), "%s", ecs_errmsg());
+    unlink(path);
+
+    s = ds2_spec();
+    s.n_used = 9; /* more experts used than exist */
+    write_model(&s, path, sizeof path, 1);
+    cr_assert_eq(model_load(path, &o, &m), ECS_ERR_RANGE);
+    unlink(path);
+
+    s = ds2_spec();
+    s.groups = 3; /* 8 experts do not split into 3 groups */
+    s.groups_used = 1;
+    write_model(&s, path, sizeof path, 1);
+    cr_assert_eq(model_load(path, &o, &m), ECS_ERR_RANGE);
+    unlink(path);
+}
+
+Test(load, describes_the_tiny_models)
+{
+    model_t *m = load(DS2_Q8, 32);
+    const model_hparams_t *hp = model_hparams(m);
+    cr_assert_eq(hp->arch, MODEL_ARCH_DEEPSEEK2);
+    cr_assert_eq(hp->n_layer, 4);
+    cr_assert_eq(hp->q_lora_rank, 128);
+    cr_assert_eq(hp->kv_lora_rank, 64);
+    cr_assert_eq(hp->qk_nope, 32);
+    cr_assert_eq(hp->n_ff_shexp, 256);
+    cr_assert_eq(hp->n_layer_dense, 1);
+    cr_assert_eq(hp->n_vocab, 102400);
+    cr_assert(!hp->tied_output && !hp->expert_weights_norm);
+    const model_weights_t *w = model_weights(m);
+    cr_assert_eq(w->layers[1].gate_exps.nrows, 16 * 128);
+    cr_assert_eq(w->layers[1].gate_inp.type, ECS_TYPE_F32);
+    cr_assert_eq(w->layers[1].wkv_b.type, ECS_TYPE_Q8_0);
+    cr_assert(!w->layers[0].moe && w->layers[3].moe);
+    model_free(m);
+
+    m = load(QWEN_Q8, 32);
+    hp = model_hparams(m);
+    cr_assert_eq(hp->arch, MODEL_ARCH_QWEN3MOE);
+    cr_assert_eq(hp->n_head_kv, 2);
+    cr_assert_eq(hp->rope.mode, MODEL_ROPE_NEOX);
+    cr_assert(hp->expert_weights_norm);
+    cr_assert_float_eq(hp->kq_scale, 1.0f / sqrtf(32.0f), 1e-7);
+    model_free(m);
+}

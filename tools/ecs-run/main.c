@@ -1,0 +1,469 @@
+/* ecs-run - run a model from the command line: generate text from a prompt
+ * (streamed as it is decoded, speeds on stderr), evaluate a token sequence
+ * and dump per-position top logits as JSON (teacher forcing, for comparing
+ * against other engines), or print a prompt's token ids. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coordinator/model/model.h"
+#include "coordinator/sampler/sampler.h"
+#include "coordinator/tokenizer/tokenizer.h"
+
+#define MAX_TOKENS_ARG (1 << 20)
+#define MAX_TOP 4096
+
+typedef struct {
+    const char *model, *prompt, *tokens, *dump, *logits_of;
+    int n_predict, threads, ctx, top;
+    bool chat, tokenize, ignore_eos, expanded;
+    sampler_params_t sp;
+} args_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ecs-run -m MODEL.gguf (-p PROMPT | --tokens ID,ID,...) [options]\n"
+            "  -n N               tokens to generate (default 64)\n"
+            "  --chat             wrap the prompt in the model's chat template\n"
+            "  --threads N        compute threads (default: all CPUs)\n"
+            "  --ctx N            context size (default: min(trained, 4096))\n"
+            "  --temp T           temperature (default 0.8; 0 = greedy)\n"
+            "  --top-k K          (default 40)   --top-p P (default 0.95)   --min-p P (default 0.05)\n"
+            "  --seed S           sampling seed (default: time)\n"
+            "  --ignore-eos       keep generating after an end-of-generation token\n"
+            "  --tokenize         print the prompt's token ids as a JSON array and exit\n"
+            "  --dump-logits FILE evaluate the tokens (teacher forcing) and write each\n"
+            "                     position's top logits as JSON\n"
+            "  --top K            entries per position in --dump-logits (default 5)\n"
+            "  --logits-of IDS    also dump the logits of these ids at every position\n"
+            "  --mla-expanded     deepseek2: cache expanded K/V (reference path)\n");
+}
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ecs-run: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return 1;
+}
+
+static bool parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Parses "1,2,3" into a malloc'd array. */
+static int parse_ids(const char *s, int32_t **out, int *n)
+{
+    size_t cap = 1;
+    for (const char *p = s; *p; p++)
+        cap += *p == ',';
+    if (cap > MAX_TOKENS_ARG)
+        return fail("too many ids in '%.40s...'", s);
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids)
+        return fail("out of memory");
+    int k = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            free(ids);
+            return fail("bad token id list '%s'", s);
+        }
+        ids[k++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+        if (*end && !*p) {
+            free(ids);
+            return fail("bad token id list '%s'", s);
+        }
+    }
+    if (k == 0) {
+        free(ids);
+        return fail("empty token id list");
+    }
+    *out = ids;
+    *n = k;
+    return 0;
+}
+
+static bool takes_value(const char *o)
+{
+    static const char *const opts[] = {"-m", "-p", "-n", "--tokens", "--dump-logits",
+                                       "--logits-of", "--threads", "--ctx", "--top", "--top-k",
+                                       "--seed", "--temp", "--top-p", "--min-p"};
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        if (!strcmp(o, opts[i]))
+            return true;
+    return false;
+}
+
+static int parse_args(int argc, char **argv, args_t *a)
+{
+    *a = (args_t){.n_predict = 64, .top = 5};
+    a->sp = sampler_params_default();
+    a->sp.temp = 0.8f;
+    a->sp.top_k = 40;
+    a->sp.top_p = 0.95f;
+    a->sp.min_p = 0.05f;
+    a->sp.seed = (uint64_t)time(NULL);
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!strcmp(o, "--chat")) { a->chat = true; continue; }
+        if (!strcmp(o, "--tokenize")) { a->tokenize = true; continue; }
+        if (!strcmp(o, "--ignore-eos")) { a->ignore_eos = true; continue; }
+        if (!strcmp(o, "--mla-expanded")) { a->expanded = true; continue; }
+        if (!takes_value(o))
+            return fail("unknown option %s (see --help)", o);
+        if (i + 1 >= argc)
+            return fail("%s needs a value", o);
+        const char *v = argv[++i];
+        long l;
+        float f;
+        if (!strcmp(o, "-m")) a->model = v;
+        else if (!strcmp(o, "-p")) a->prompt = v;
+        else if (!strcmp(o, "--tokens")) a->tokens = v;
+        else if (!strcmp(o, "--dump-logits")) a->dump = v;
+        else if (!strcmp(o, "--logits-of")) a->logits_of = v;
+        else if (!strcmp(o, "-n")) {
+            if (!parse_long(v, 0, MODEL_MAX_CTX, &l)) return fail("-n: bad count '%s'", v);
+            a->n_predict = (int)l;
+        } else if (!strcmp(o, "--threads")) {
+            if (!parse_long(v, 1, 1024, &l)) return fail("--threads: bad count '%s'", v);
+            a->threads = (int)l;
+        } else if (!strcmp(o, "--ctx")) {
+            if (!parse_long(v, 1, MODEL_MAX_CTX, &l)) return fail("--ctx: bad size '%s'", v);
+            a->ctx = (int)l;
+        } else if (!strcmp(o, "--top")) {
+            if (!parse_long(v, 1, MAX_TOP, &l)) return fail("--top: bad count '%s'", v);
+            a->top = (int)l;
+        } else if (!strcmp(o, "--top-k")) {
+            if (!parse_long(v, 0, INT32_MAX, &l)) return fail("--top-k: bad value '%s'", v);
+            a->sp.top_k = (int32_t)l;
+        } else if (!strcmp(o, "--seed")) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-') return fail("--seed: bad value '%s'", v);
+            a->sp.seed = s;
+        } else if (!strcmp(o, "--temp")) {
+            if (!parse_float(v, &f)) return fail("--temp: bad value '%s'", v);
+            a->sp.temp = f;
+        } else if (!strcmp(o, "--top-p")) {
+            if (!parse_float(v, &f)) return fail("--top-p: bad value '%s'", v);
+            a->sp.top_p = f;
+        } else if (!strcmp(o, "--min-p")) {
+            if (!parse_float(v, &f)) return fail("--min-p: bad value '%s'", v);
+            a->sp.min_p = f;
+        } else {
+            return fail("unknown option %s (see --help)", o);
+        }
+    }
+    if (!a->model)
+        return fail("no model given (-m FILE)");
+    if (!!a->prompt + !!a->tokens != 1)
+        return fail("give exactly one of -p PROMPT and --tokens IDS");
+    if (a->tokenize && !a->prompt)
+        return fail("--tokenize needs -p PROMPT");
+    if (a->logits_of && !a->dump)
+        return fail("--logits-of needs --dump-logits");
+    if (sampler_params_check(&a->sp) != ECS_OK)
+        return fail("%s", ecs_errmsg());
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The prompt's ids (chat-formatted when asked). */
+static int encode_prompt(const tok_t *tok, const args_t *a, model_arch_t arch, int32_t **ids,
+                         int *n)
+{
+    const char *text = a->prompt;
+    char *chat = NULL;
+    if (a->chat) {
+        tok_chat_msg_t msg = {"user", a->prompt};
+        tok_chat_kind_t fb = arch == MODEL_ARCH_QWEN3MOE ? TOK_CHAT_CHATML : TOK_CHAT_DEEPSEEK2;
+        size_t len = 0;
+        ecs_err_t e = tok_chat_format(tok, fb, &msg, 1, true, NULL, 0, &len);
+        if (e != ECS_OK && e != ECS_ERR_RANGE)
+            return fail("chat template: %s", ecs_errmsg());
+        chat = malloc(len + 1);
+        if (!chat || tok_chat_format(tok, fb, &msg, 1, true, chat, len + 1, &len) != ECS_OK) {
+            free(chat);
+            return fail("chat template: %s", ecs_errmsg());
+        }
+        text = chat;
+    }
+    size_t len = strlen(text), cap = tok_encode_bound(len), got = 0;
+    int32_t *out = malloc((cap ? cap : 1) * sizeof *out);
+    ecs_err_t e = out ? tok_encode(tok, text, len, true, a->chat, out, cap, &got) : ECS_ERR_NOMEM;
+    free(chat);
+    if (e != ECS_OK || got == 0 || got > INT32_MAX) {
+        free(out);
+        return fail("tokenize: %s", e == ECS_OK ? "empty prompt" : ecs_errmsg());
+    }
+    *ids = out;
+    *n = (int)got;
+    return 0;
+}
+
+static int cmd_tokenize(const args_t *a)
+{
+    gguf_file_t *f;
+    tok_t *tok;
+    if (gguf_open(a->model, &f) != ECS_OK)
+        return fail("%s", ecs_errmsg());
+    if (tok_load(f, &tok) != ECS_OK) {
+        gguf_close(f);
+        return fail("%s: tokenizer: %s", a->model, ecs_errmsg());
+    }
+    gguf_str_t arch = {"", 0};
+    gguf_get_str(f, "general.architecture", &arch);
+    int32_t *ids;
+    int n;
+    int rc = encode_prompt(tok, a, gguf_str_eq(arch, "qwen3moe") ? MODEL_ARCH_QWEN3MOE
+                                                                 : MODEL_ARCH_DEEPSEEK2, &ids, &n);
+    if (rc == 0) {
+        printf("[");
+        for (int i = 0; i < n; i++)
+            printf("%s%" PRId32, i ? ", " : "", ids[i]);
+        printf("]\n");
+        free(ids);
+    }
+    tok_free(tok);
+    gguf_close(f);
+    return rc;
+}
+
+/* Top k (id, logit) of one row, best first, ties to the lower id. */
+static void top_k(const float *l, int V, int k, int32_t *ids)
+{
+    int n = 0;
+    for (int v = 0; v < V; v++) {
+        if (n == k && !(l[v] > l[ids[k - 1]]))
+            continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && l[v] > l[ids[j - 1]]) {
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        ids[j] = v;
+    }
+}
+
+static int cmd_dump(model_t *m, model_ctx_t *c, const args_t *a, const int32_t *toks, int n)
+{
+    const int V = model_n_vocab(m);
+    int32_t *extra = NULL;
+    int n_extra = 0;
+    if (a->logits_of && parse_ids(a->logits_of, &extra, &n_extra))
+        return 1;
+    for (int i = 0; i < n_extra; i++)
+        if (extra[i] >= V) {
+            int rc = fail("--logits-of: id %" PRId32 " outside the vocabulary", extra[i]);
+            free(extra);
+            return rc;
+        }
+    FILE *f = fopen(a->dump, "w");
+    int k = a->top < V ? a->top : V;
+    float *buf = malloc((size_t)MODEL_MAX_BATCH * V * sizeof *buf);
+    int32_t *ids = malloc((size_t)k * sizeof *ids);
+    if (!f || !buf || !ids) {
+        if (f)
+            fclose(f);
+        free(buf);
+        free(ids);
+        free(extra);
+        return fail("%s: %s", a->dump, f ? "out of memory" : strerror(errno));
+    }
+    int rc = 0;
+    fprintf(f, "{\"n_vocab\": %d, \"tokens\": [", V);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s%" PRId32, i ? ", " : "", toks[i]);
+    fprintf(f, "],\n \"positions\": [\n");
+    for (int s = 0; s < n && rc == 0; s += MODEL_MAX_BATCH) {
+        int nb = n - s < MODEL_MAX_BATCH ? n - s : MODEL_MAX_BATCH;
+        if (model_eval(c, toks + s, nb, buf, true) != ECS_OK) {
+            rc = fail("eval: %s", ecs_errmsg());
+            break;
+        }
+        for (int i = 0; i < nb; i++) {
+            const float *l = buf + (size_t)i * V;
+            top_k(l, V, k, ids);
+            fprintf(f, "  [");
+            for (int j = 0; j < k; j++)
+                fprintf(f, "%s[%" PRId32 ", %.7g]", j ? ", " : "", ids[j], l[ids[j]]);
+            fprintf(f, "]%s\n", s + i + 1 < n ? "," : "");
+        }
+    }
+    fprintf(f, " ]");
+    if (n_extra > 0 && rc == 0) {
+        /* re-run for the requested ids: cheap next to the debugging it saves */
+        model_ctx_reset(c);
+        fprintf(f, ",\n \"logits_of\": {\"ids\": [");
+        for (int j = 0; j < n_extra; j++)
+            fprintf(f, "%s%" PRId32, j ? ", " : "", extra[j]);
+        fprintf(f, "], \"values\": [\n");
+        for (int s = 0; s < n && rc == 0; s += MODEL_MAX_BATCH) {
+            int nb = n - s < MODEL_MAX_BATCH ? n - s : MODEL_MAX_BATCH;
+            if (model_eval(c, toks + s, nb, buf, true) != ECS_OK) {
+                rc = fail("eval: %s", ecs_errmsg());
+                break;
+            }
+            for (int i = 0; i < nb; i++) {
+                fprintf(f, "  [");
+                for (int j = 0; j < n_extra; j++)
+                    fprintf(f, "%s%.7g", j ? ", " : "", buf[(size_t)i * V + extra[j]]);
+                fprintf(f, "]%s\n", s + i + 1 < n ? "," : "");
+            }
+        }
+        fprintf(f, " ]}");
+    }
+    fprintf(f, "\n}\n");
+    if (fclose(f) != 0 && rc == 0)
+        rc = fail("%s: %s", a->dump, strerror(errno));
+    free(buf);
+    free(ids);
+    free(extra);
+    return rc;
+}
+
+static void emit(tok_decoder_t *d, int32_t id, char *out, size_t cap)
+{
+    size_t n = 0;
+    if (tok_decoder_push(d, id, out, cap, &n) == ECS_OK && n) {
+        fwrite(out, 1, n, stdout);
+        fflush(stdout);
+    }
+}
+
+static int cmd_generate(model_t *m, model_ctx_t *c, const args_t *a, const tok_t *tok,
+                        const int32_t *toks, int n)
+{
+    const int V = model_n_vocab(m);
+    sampler_t *s = NULL;
+    float *logits = malloc((size_t)V * sizeof *logits);
+    size_t cap = tok_decoder_max_out(tok);
+    char *text = malloc(cap);
+    if (!logits || !text || sampler_new(&a->sp, V, &s) != ECS_OK) {
+        free(logits);
+        free(text);
+        return fail("sampler: %s", ecs_errmsg());
+    }
+    tok_decoder_t dec;
+    tok_decoder_init(&dec, tok, false);
+    int rc = 0, n_gen = 0;
+    double t0 = now_s();
+    if (model_eval(c, toks, n, logits, false) != ECS_OK)
+        rc = fail("eval: %s", ecs_errmsg());
+    double t1 = now_s();
+    while (rc == 0 && n_gen < a->n_predict) {
+        int32_t id;
+        if (sampler_sample(s, logits, &id) != ECS_OK) {
+            rc = fail("sample: %s", ecs_errmsg());
+            break;
+        }
+        sampler_accept(s, id);
+        n_gen++;
+        if (!a->ignore_eos && tok_is_eog(tok, id))
+            break;
+        emit(&dec, id, text, cap);
+        if (n_gen == a->n_predict)
+            break;
+        if (model_eval(c, &id, 1, logits, false) != ECS_OK)
+            rc = fail("eval: %s", ecs_errmsg());
+    }
+    size_t nf = 0;
+    if (tok_decoder_flush(&dec, text, cap, &nf) == ECS_OK && nf)
+        fwrite(text, 1, nf, stdout);
+    printf("\n");
+    double t2 = now_s();
+    fprintf(stderr, "prompt: %d tokens in %.3f s (%.2f tok/s)\n", n, t1 - t0,
+            n / (t1 - t0 > 0 ? t1 - t0 : 1e-9));
+    fprintf(stderr, "generation: %d tokens in %.3f s (%.2f tok/s)\n", n_gen, t2 - t1,
+            n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9));
+    sampler_free(s);
+    free(logits);
+    free(text);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    args_t a;
+    if (parse_args(argc, argv, &a))
+        return 1;
+    if (a.tokenize)
+        return cmd_tokenize(&a);
+    model_t *m;
+    model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads};
+    if (model_load(a.model, &opts, &m) != ECS_OK)
+        return fail("%s", ecs_errmsg());
+    tok_t *tok = NULL;
+    int32_t *toks = NULL;
+    int n = 0, rc = 0;
+    bool need_tok = a.prompt || !a.dump;
+    if (need_tok && tok_load(model_gguf(m), &tok) != ECS_OK)
+        rc = fail("%s: tokenizer: %s", a.model, ecs_errmsg());
+    if (rc == 0)
+        rc = a.prompt ? encode_prompt(tok, &a, model_hparams(m)->arch, &toks, &n)
+                      : parse_ids(a.tokens, &toks, &n);
+    for (int i = 0; rc == 0 && i < n; i++)
+        if (toks[i] >= model_n_vocab(m))
+            rc = fail("token id %" PRId32 " outside the vocabulary (0..%d)", toks[i],
+                      model_n_vocab(m) - 1);
+    model_ctx_t *c = NULL;
+    if (rc == 0) {
+        int need = n + (a.dump ? 0 : a.n_predict);
+        int n_ctx = model_n_ctx_max(m);
+        if (need > n_ctx)
+            rc = fail("%d prompt tokens + -n %d do not fit in the context of %d (raise --ctx)", n, a.n_predict, model_n_ctx_max(m));
+        else if (model_ctx_new(m, n_ctx, a.expanded ? MODEL_CTX_MLA_EXPANDED : 0, &c) != ECS_OK)
+            rc = fail("%s", ecs_errmsg());
+    }
+    if (rc == 0)
+        rc = a.dump ? cmd_dump(m, c, &a, toks, n) : cmd_generate(m, c, &a, tok, toks, n);
+    model_ctx_free(c);
+    free(toks);
+    tok_free(tok);
+    model_free(m);
+    return rc;
+}
