@@ -117,8 +117,8 @@ static void *worker_main(void *p)
         if (atomic_load_explicit(&tp->stop, memory_order_acquire))
             return NULL;
         tp->fn(tp->arg, ith, tp->nthreads);
-        if (atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_acq_rel) == 1 &&
-            atomic_load(&tp->caller_sleeping))
+        /* seq_cst pairs with the caller's announce-then-check before it sleeps */
+        if (atomic_fetch_sub(&tp->pending, 1) == 1 && atomic_load(&tp->caller_sleeping))
             futex_wake_all(&tp->pending);
     }
 }

@@ -106,7 +106,7 @@ def parse(path):
             align = v
     data_start = (r.pos + align - 1) // align * align
     return {"version": version, "kvs": kvs, "tensors": tensors, "align": align,
-            "data_start": data_start, "size": len(buf), "buf": buf}
+            "data_start": data_start, "header_end": r.pos, "size": len(buf), "buf": buf}
 
 
 def array_desc(t, v):
@@ -215,9 +215,14 @@ def cmd_check(path):
             print(f"{name}: offset {off} misaligned or overlapping (prev end {end})")
             return 1
         end = off + nb
-    want = g["data_start"] + end
+    if not g["tensors"]:
+        ok = g["header_end"] <= g["size"] <= g["data_start"]
+        print(f"{'ok' if ok else 'bad'}: no tensors, {g['size']} bytes")
+        return 0 if ok else 1
+    # ggml pads after every tensor, the last one included
+    want = g["data_start"] + (end + g["align"] - 1) // g["align"] * g["align"]
     if g["size"] != want:
-        print(f"file size {g['size']} != data start {g['data_start']} + {end}")
+        print(f"file size {g['size']} != data start {g['data_start']} + padded {end}")
         return 1
     print(f"ok: {len(g['tensors'])} tensors, {g['size']} bytes")
     return 0
