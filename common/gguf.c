@@ -676,32 +676,21 @@ double gguf_arr_f64(const gguf_value_t *arr, uint64_t i)
     return (double)gguf_arr_i64(arr, i);
 }
 
-ecs_err_t gguf_get_u32_or(const gguf_file_t *f, const char *key, uint32_t def, uint32_t *out)
-{
-    if (!gguf_find(f, key)) {
-        *out = def;
-        return ECS_OK;
+/* Absent key gives the default; a present key of the wrong type is still an
+ * error, so a typo in a file is never silently replaced by the default. */
+#define GGUF_GETTER_OR(name, T, getter)                                          \
+    ecs_err_t name(const gguf_file_t *f, const char *key, T def, T *out)         \
+    {                                                                            \
+        if (!gguf_find(f, key)) {                                                \
+            *out = def;                                                          \
+            return ECS_OK;                                                       \
+        }                                                                        \
+        return getter(f, key, out);                                              \
     }
-    return gguf_get_u32(f, key, out);
-}
 
-ecs_err_t gguf_get_f32_or(const gguf_file_t *f, const char *key, float def, float *out)
-{
-    if (!gguf_find(f, key)) {
-        *out = def;
-        return ECS_OK;
-    }
-    return gguf_get_f32(f, key, out);
-}
-
-ecs_err_t gguf_get_bool_or(const gguf_file_t *f, const char *key, bool def, bool *out)
-{
-    if (!gguf_find(f, key)) {
-        *out = def;
-        return ECS_OK;
-    }
-    return gguf_get_bool(f, key, out);
-}
+GGUF_GETTER_OR(gguf_get_u32_or, uint32_t, gguf_get_u32)
+GGUF_GETTER_OR(gguf_get_f32_or, float, gguf_get_f32)
+GGUF_GETTER_OR(gguf_get_bool_or, bool, gguf_get_bool)
 
 /* ---------------------------------------------------------------- writer */
 

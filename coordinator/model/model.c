@@ -189,6 +189,33 @@ const gguf_file_t *model_gguf(const model_t *m) { return m->file; }
 ecs_threadpool_t *model_threadpool(const model_t *m) { return m->tp; }
 size_t model_workspace_bytes(const model_t *m) { return m->ws_bytes; }
 
+static size_t mat_bytes(const kcpu_mat_t *w) { return (size_t)w->nrows * w->row_bytes; }
+
+size_t model_decode_bytes(const model_t *m)
+{
+    const model_hparams_t *hp = &m->hp;
+    const size_t E = (size_t)hp->n_embd * sizeof(float);
+    size_t b = m->w.token_embd.row_bytes + E + mat_bytes(&m->w.output);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const model_layer_t *l = &m->w.layers[il];
+        const kcpu_mat_t *all[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wkv_b, &l->wk,
+                                   &l->wv, &l->wo, &l->ffn_gate, &l->ffn_up, &l->ffn_down,
+                                   &l->gate_inp, &l->gate_shexp, &l->up_shexp, &l->down_shexp};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            b += mat_bytes(all[i]);
+        const size_t ex = mat_bytes(&l->gate_exps) + mat_bytes(&l->up_exps) +
+                          mat_bytes(&l->down_exps);
+        if (l->moe)
+            b += ex / (size_t)hp->n_expert * (size_t)hp->n_expert_used;
+        b += 2 * E; /* attention and FFN norms */
+        b += (l->q_a_norm ? (size_t)hp->q_lora_rank : 0) * sizeof(float);
+        b += (l->kv_a_norm ? (size_t)hp->kv_lora_rank : 0) * sizeof(float);
+        b += (l->q_norm ? 2 * (size_t)hp->head_k : 0) * sizeof(float);
+        b += (l->exp_probs_b ? (size_t)hp->n_expert : 0) * sizeof(float);
+    }
+    return b;
+}
+
 kcpu_mat_t model_expert_mat(const kcpu_mat_t *stack, int e, int rows_per_expert)
 {
     kcpu_mat_t m = *stack;

@@ -161,6 +161,11 @@ const gguf_file_t *model_gguf(const model_t *m);
 ecs_threadpool_t *model_threadpool(const model_t *m);
 /* Bytes of scratch allocated at load. */
 size_t model_workspace_bytes(const model_t *m);
+/* Bytes of weights one decoded token reads (default latent attention):
+ * every tensor of the attention, dense and shared FFNs, the router, the
+ * n_expert_used / n_expert share of each stacked expert tensor, the output
+ * head and one embedding row. Decode speed x this = weight bandwidth. */
+size_t model_decode_bytes(const model_t *m);
 
 /* ---- routed-expert backend ----
  * For one layer and n_tok rows, submit() hands over the rows (normalised
@@ -194,6 +199,10 @@ enum {
      * default absorbed-latent path is mathematically equal. Ignored by
      * architectures without MLA. */
     MODEL_CTX_MLA_EXPANDED = 1u << 0,
+    /* Keep K and V in F32 and attend in F32 (no F16 rounding of the query
+     * or the probabilities): exact attention, for comparing against a
+     * float64 reference. Twice the KV memory. */
+    MODEL_CTX_KV_F32 = 1u << 1,
 };
 
 /* KV bytes model_ctx_new(m, n_ctx, flags) allocates. */

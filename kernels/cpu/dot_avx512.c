@@ -12,29 +12,16 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/simd_avx512.h"
 
-#define INLINE static inline __attribute__((always_inline))
-#define QK ECS_QK
-#define QK_K ECS_QK_K
 /* Loops over the NA activation rows must be unrolled: their accumulators
  * then live in registers instead of a stack array. */
 #define FOR_ROWS(r) _Pragma("GCC unroll 8") for (int r = 0; r < NA; r++)
-
-INLINE float h2f(ecs_fp16_t h)
-{
-    return _cvtsh_ss(h);
-}
 
 /* lanes 0..7 = lo, lanes 8..15 = hi */
 INLINE __m512 halves_ps(float lo, float hi)
 {
     return _mm512_mask_broadcastss_ps(_mm512_set1_ps(lo), 0xFF00, _mm_set_ss(hi));
-}
-
-INLINE __m512i join256(__m256i lo, __m256i hi)
-{
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
 /* (P * S) per 32-bit lane, P in int16 range, S's upper 16 bits zero. */
@@ -64,27 +51,6 @@ typedef struct {
     __mmask64 neg; /* signed levels: lanes holding a negative level */
     float d[2], m[2];
 } wpair_t;
-
-/* [qs0 & 15, qs0 >> 4, qs1 & 15, qs1 >> 4]: element order of each block */
-INLINE __m512i nibbles_pair(const uint8_t *qs0, const uint8_t *qs1)
-{
-    const __m128i x0 = _mm_loadu_si128((const __m128i *)qs0);
-    const __m128i x1 = qs1 ? _mm_loadu_si128((const __m128i *)qs1) : _mm_setzero_si128();
-    const __m256i y = _mm256_set_m128i(x1, x0);
-    __m512i z = join256(y, _mm256_srli_epi16(y, 4));
-    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-    return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
-}
-
-INLINE __m512i add_fifth_bit(__m512i q, const uint8_t *qh0, const uint8_t *qh1)
-{
-    uint32_t h0, h1 = 0;
-    memcpy(&h0, qh0, 4);
-    if (qh1)
-        memcpy(&h1, qh1, 4);
-    const __mmask64 k = ((uint64_t)h1 << 32) | h0;
-    return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
-}
 
 INLINE void make_signed(wpair_t *p, __m512i levels)
 {
@@ -259,51 +225,6 @@ INLINE __m512i lo16(__m512i v)
 {
     return _mm512_and_si512(v, _mm512_set1_epi32(0xFFFF));
 }
-
-/* Moves bit `from` of every byte to bit `to` (from, to even, |to - from| <= 6);
- * callers mask out the other bits, and the kept bit always comes from the
- * same byte despite the 16-bit shift. */
-INLINE __m512i move_bit(__m512i v, int from, int to)
-{
-    switch (to - from) {
-    case 4: return _mm512_slli_epi16(v, 4);
-    case 2: return _mm512_slli_epi16(v, 2);
-    case 0: return v;
-    case -2: return _mm512_srli_epi16(v, 2);
-    case -4: return _mm512_srli_epi16(v, 4);
-    default: return _mm512_srli_epi16(v, 6);
-    }
-}
-
-/* Q4_K / Q5_K scales: 8 x (6-bit scale, 6-bit min) packed in 12 bytes. */
-INLINE void k4_scales(const uint8_t s[12], uint64_t *sc, uint64_t *mn)
-{
-    uint32_t u0, u1, u2;
-    memcpy(&u0, s, 4);
-    memcpy(&u1, s + 4, 4);
-    memcpy(&u2, s + 8, 4);
-    const uint32_t sc_lo = u0 & 0x3F3F3F3F, mn_lo = u1 & 0x3F3F3F3F;
-    const uint32_t sc_hi = (u2 & 0x0F0F0F0F) | (((u0 >> 6) & 0x03030303) << 4);
-    const uint32_t mn_hi = ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4);
-    *sc = ((uint64_t)sc_hi << 32) | sc_lo;
-    *mn = ((uint64_t)mn_hi << 32) | mn_lo;
-}
-
-/* Q3_K scales: 16 x 6-bit in 12 bytes, stored +32. */
-INLINE __m128i k3_scales(const uint8_t s[12])
-{
-    uint32_t a0, a1, a2;
-    memcpy(&a0, s, 4);
-    memcpy(&a1, s + 4, 4);
-    memcpy(&a2, s + 8, 4);
-    const uint32_t m4 = 0x0F0F0F0F, m2 = 0x03030303;
-    const __m128i v = _mm_set_epi32((int)(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)),
-                                    (int)(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
-                                    (int)((a1 & m4) | (((a2 >> 2) & m2) << 4)),
-                                    (int)((a0 & m4) | ((a2 & m2) << 4)));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
-}
-
 /* Q4_K and Q5_K (same scales; Q5_K adds a fifth bit from qh). */
 INLINE void q45k_dot(bool five, int NA, int64_t n, const void *w, const void *a, size_t as,
                      float *out)
@@ -379,8 +300,6 @@ KCPU_DEFINE_KERNEL(q5_K, q5k_impl)
 /* Q2_K, Q3_K and Q6_K share the shape: 16 groups of 16 with one scale each
  * (four lanes per group), levels stored with an offset (Q3_K: -4, Q6_K: -32)
  * or with per-group mins (Q2_K) that the Q8_K bsums settle per group. */
-typedef enum { K_Q2, K_Q3, K_Q6 } k16_kind_t;
-
 typedef struct {
     __m512i sc_all;   /* 16 group scales as 32-bit lanes, upper halves zero */
     __m256i corr16;   /* per-group factor applied to bsums: mins or scales */
@@ -414,34 +333,6 @@ INLINE void k16_header(k16_kind_t K, const void *blk, k16_hdr_t *h)
         h->d = h2f(x->d);
     }
     h->sc_all = lo16(_mm512_cvtepi8_epi32(s8));
-}
-
-/* Levels (unsigned, offset not yet removed) of the k-th 64 values. */
-INLINE __m512i k16_levels(k16_kind_t K, const void *blk, int k, __m512i hm)
-{
-    const int half = k / 2, t = k % 2;
-    if (K == K_Q6) {
-        const ecs_block_q6_K *x = blk;
-        const __m512i l = _mm512_loadu_si512((const void *)(x->ql + 64 * half));
-        const __m256i h = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * half));
-        const __m512i h2 = join256(h, _mm256_srli_epi16(h, 2)); /* [qh, qh >> 2] */
-        const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-        if (t == 0)
-            return _mm512_or_si512(_mm512_and_si512(l, m4),
-                                   _mm512_and_si512(_mm512_slli_epi16(h2, 4), m30));
-        return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                               _mm512_and_si512(h2, m30));
-    }
-    const uint8_t *qs = K == K_Q2 ? ((const ecs_block_q2_K *)blk)->qs
-                                  : ((const ecs_block_q3_K *)blk)->qs;
-    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * half));
-    __m512i qq = join256(q, _mm256_srli_epi16(q, 2)); /* [q, q >> 2] */
-    if (t)
-        qq = _mm512_srli_epi16(qq, 4);
-    __m512i lv = _mm512_and_si512(qq, _mm512_set1_epi8(3));
-    if (K == K_Q3) /* hmask bit 2k of [hm, hm >> 1] is the third bit */
-        lv = _mm512_or_si512(lv, _mm512_and_si512(move_bit(hm, 2 * k, 2), _mm512_set1_epi8(4)));
-    return lv;
 }
 
 INLINE void k16_dot(k16_kind_t K, int NA, int64_t n, const void *w, const void *a, size_t as,

@@ -11,3 +11,4 @@ if [ "${1:-}" = "--quick" ]; then quick=(--quick); fi
 
 echo "== bench_matvec: memory bandwidth, matrix-vector and batched products =="
 "$build/bench/bench_matvec" "${quick[@]}"
+"$(dirname "$0")/bench_model.sh" "$build" "${quick[@]}"

@@ -22,6 +22,7 @@ the reader cannot hide itself. Subcommands:
                        mean and std
 """
 import hashlib
+import mmap
 import struct
 import sys
 
@@ -79,8 +80,9 @@ class Reader:
 
 
 def parse(path):
+    # mapped, not read: headers of multi-GB models are inspected too
     with open(path, "rb") as f:
-        buf = f.read()
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     r = Reader(buf)
     if r.take("<I") != 0x46554747:
         raise ValueError(f"{path}: not a GGUF file")

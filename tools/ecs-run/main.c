@@ -1,7 +1,8 @@
 /* ecs-run - run a model from the command line: generate text from a prompt
  * (streamed as it is decoded, speeds on stderr), evaluate a token sequence
  * and dump per-position top logits as JSON (teacher forcing, for comparing
- * against other engines), or print a prompt's token ids. */
+ * against other engines), print a prompt's token ids, or benchmark prompt
+ * processing and decoding (--bench). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -20,8 +21,8 @@
 
 typedef struct {
     const char *model, *prompt, *tokens, *dump, *logits_of;
-    int n_predict, threads, ctx, top;
-    bool chat, tokenize, ignore_eos, expanded;
+    int n_predict, threads, ctx, top, pp, tg, reps;
+    bool chat, tokenize, ignore_eos, expanded, kv_f32, bench, seed_given;
     sampler_params_t sp;
 } args_t;
 
@@ -29,6 +30,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: ecs-run -m MODEL.gguf (-p PROMPT | --tokens ID,ID,...) [options]\n"
+            "       ecs-run -m MODEL.gguf --bench [--pp N] [--tg N] [--reps R] [options]\n"
             "  -n N               tokens to generate (default 64)\n"
             "  --chat             wrap the prompt in the model's chat template\n"
             "  --threads N        compute threads (default: all CPUs)\n"
@@ -42,7 +44,12 @@ static void usage(FILE *f)
             "                     position's top logits as JSON\n"
             "  --top K            entries per position in --dump-logits (default 5)\n"
             "  --logits-of IDS    also dump the logits of these ids at every position\n"
-            "  --mla-expanded     deepseek2: cache expanded K/V (reference path)\n");
+            "  --mla-expanded     deepseek2: cache expanded K/V (reference path)\n"
+            "  --kv-f32           keep the KV cache in F32 (exact attention, for references)\n"
+            "  --bench            time prompt processing of --pp random tokens (default 512)\n"
+            "                     and decoding of --tg tokens (default 64) from an empty\n"
+            "                     context and after the prompt; --reps R runs (default 1);\n"
+            "                     prints tok/s, weight GB/s per decoded token and RSS\n");
 }
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -120,7 +127,8 @@ static bool takes_value(const char *o)
 {
     static const char *const opts[] = {"-m", "-p", "-n", "--tokens", "--dump-logits",
                                        "--logits-of", "--threads", "--ctx", "--top", "--top-k",
-                                       "--seed", "--temp", "--top-p", "--min-p"};
+                                       "--seed", "--temp", "--top-p", "--min-p", "--pp", "--tg",
+                                       "--reps"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (!strcmp(o, opts[i]))
             return true;
@@ -129,7 +137,7 @@ static bool takes_value(const char *o)
 
 static int parse_args(int argc, char **argv, args_t *a)
 {
-    *a = (args_t){.n_predict = 64, .top = 5};
+    *a = (args_t){.n_predict = 64, .top = 5, .pp = 512, .tg = 64, .reps = 1};
     a->sp = sampler_params_default();
     a->sp.temp = 0.8f;
     a->sp.top_k = 40;
@@ -146,6 +154,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         if (!strcmp(o, "--tokenize")) { a->tokenize = true; continue; }
         if (!strcmp(o, "--ignore-eos")) { a->ignore_eos = true; continue; }
         if (!strcmp(o, "--mla-expanded")) { a->expanded = true; continue; }
+        if (!strcmp(o, "--kv-f32")) { a->kv_f32 = true; continue; }
+        if (!strcmp(o, "--bench")) { a->bench = true; continue; }
         if (!takes_value(o))
             return fail("unknown option %s (see --help)", o);
         if (i + 1 >= argc)
@@ -167,6 +177,12 @@ static int parse_args(int argc, char **argv, args_t *a)
         } else if (!strcmp(o, "--ctx")) {
             if (!parse_long(v, 1, MODEL_MAX_CTX, &l)) return fail("--ctx: bad size '%s'", v);
             a->ctx = (int)l;
+        } else if (!strcmp(o, "--pp") || !strcmp(o, "--tg")) {
+            if (!parse_long(v, 0, MODEL_MAX_CTX, &l)) return fail("%s: bad count '%s'", o, v);
+            *(o[3] == 'p' ? &a->pp : &a->tg) = (int)l;
+        } else if (!strcmp(o, "--reps")) {
+            if (!parse_long(v, 1, 1000, &l)) return fail("--reps: bad count '%s'", v);
+            a->reps = (int)l;
         } else if (!strcmp(o, "--top")) {
             if (!parse_long(v, 1, MAX_TOP, &l)) return fail("--top: bad count '%s'", v);
             a->top = (int)l;
@@ -179,6 +195,7 @@ static int parse_args(int argc, char **argv, args_t *a)
             unsigned long long s = strtoull(v, &end, 10);
             if (errno || end == v || *end || v[0] == '-') return fail("--seed: bad value '%s'", v);
             a->sp.seed = s;
+            a->seed_given = true;
         } else if (!strcmp(o, "--temp")) {
             if (!parse_float(v, &f)) return fail("--temp: bad value '%s'", v);
             a->sp.temp = f;
@@ -194,6 +211,13 @@ static int parse_args(int argc, char **argv, args_t *a)
     }
     if (!a->model)
         return fail("no model given (-m FILE)");
+    if (a->bench) {
+        if (a->prompt || a->tokens || a->dump || a->tokenize)
+            return fail("--bench makes its own random tokens: no -p, --tokens, --dump-logits");
+        if (a->pp + a->tg == 0)
+            return fail("--bench needs --pp or --tg above 0");
+        return 0;
+    }
     if (!!a->prompt + !!a->tokens != 1)
         return fail("give exactly one of -p PROMPT and --tokens IDS");
     if (a->tokenize && !a->prompt)
@@ -426,6 +450,160 @@ static int cmd_generate(model_t *m, model_ctx_t *c, const args_t *a, const tok_t
     return rc;
 }
 
+/* ------------------------------------------------------------------ bench */
+
+/* kB values of /proc/self/status lines, -1 where absent. */
+typedef struct {
+    long hwm, rss, anon, file;
+} mem_kb_t;
+
+static void read_mem(mem_kb_t *m)
+{
+    *m = (mem_kb_t){-1, -1, -1, -1};
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        long v;
+        if (sscanf(line, "VmHWM: %ld", &v) == 1) m->hwm = v;
+        else if (sscanf(line, "VmRSS: %ld", &v) == 1) m->rss = v;
+        else if (sscanf(line, "RssAnon: %ld", &v) == 1) m->anon = v;
+        else if (sscanf(line, "RssFile: %ld", &v) == 1) m->file = v;
+    }
+    fclose(f);
+}
+
+/* Touches every page of every tensor, so that timed runs measure the
+ * engine, not page faults of a freshly mapped file (llama-bench's warm-up
+ * run does the same for the pages it uses). */
+static double prefault(const model_t *m)
+{
+    const gguf_file_t *f = model_gguf(m);
+    volatile unsigned char sink = 0;
+    unsigned char acc = 0;
+    double t0 = now_s();
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor_t *t = gguf_tensor_at(f, i);
+        const unsigned char *p = t->data;
+        for (size_t o = 0; o < t->nbytes; o += 4096)
+            acc ^= p[o];
+    }
+    sink = acc;
+    (void)sink;
+    return now_s() - t0;
+}
+
+static int32_t argmax(const float *l, int V)
+{
+    int32_t best = 0;
+    for (int v = 1; v < V; v++)
+        if (l[v] > l[best])
+            best = v;
+    return best;
+}
+
+/* Decodes n tokens greedily after whatever c holds, starting from first. */
+static int bench_decode(model_ctx_t *c, int32_t first, int n, float *logits, int V, double *secs)
+{
+    double t0 = now_s();
+    int32_t id = first;
+    for (int i = 0; i < n; i++) {
+        if (model_eval(c, &id, 1, logits, false) != ECS_OK)
+            return fail("eval: %s", ecs_errmsg());
+        id = argmax(logits, V);
+    }
+    *secs = now_s() - t0;
+    return 0;
+}
+
+static void print_tg(const char *what, int n, double secs, double gb_tok)
+{
+    const double tps = n / (secs > 0 ? secs : 1e-9);
+    printf("%-22s %8.2f tok/s  (%d tokens in %.3f s)  %6.2f GB/s of weights\n", what, tps, n, secs,
+           gb_tok * tps);
+}
+
+static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
+{
+    const model_hparams_t *hp = model_hparams(m);
+    const int V = model_n_vocab(m), n_ctx = model_ctx_n_ctx(c);
+    if (a->pp + a->tg > n_ctx)
+        return fail("--pp %d + --tg %d do not fit in the context of %d (raise --ctx)", a->pp, a->tg,
+                    n_ctx);
+    const int n_tok = a->pp > 0 ? a->pp : 1;
+    int32_t *toks = malloc((size_t)n_tok * sizeof *toks);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    if (!toks || !logits) {
+        free(toks);
+        free(logits);
+        return fail("out of memory");
+    }
+    /* xorshift64: the same random prompt for a seed on every machine */
+    uint64_t s = (a->seed_given ? a->sp.seed : 1234) * 0x9E3779B97F4A7C15ull + 1;
+    for (int i = 0; i < n_tok; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        toks[i] = (int32_t)(s % (uint64_t)V);
+    }
+    const double gb_tok = (double)model_decode_bytes(m) / 1e9;
+    printf("bench: %s  arch %s  layers %d  threads %d  ctx %d  kv %s  attention %s\n", a->model,
+           hp->arch == MODEL_ARCH_DEEPSEEK2 ? "deepseek2" : "qwen3moe", hp->n_layer,
+           ecs_threadpool_size(model_threadpool(m)), n_ctx, a->kv_f32 ? "f32" : "f16",
+           hp->arch != MODEL_ARCH_DEEPSEEK2 ? "gqa" : a->expanded ? "mla-expanded" : "mla-latent");
+    printf("weights read per decoded token: %.4f GB (attention, dense, router, shared, %d of %d "
+           "routed experts per MoE layer, output head)\n", gb_tok, hp->n_expert_used, hp->n_expert);
+    printf("prefault: %.2f s\n", prefault(m));
+    /* warm-up: a short prompt and a few decode steps (threads, caches) */
+    int rc = 0;
+    double secs;
+    int warm = n_tok < 16 ? n_tok : 16;
+    if (model_eval(c, toks, warm, logits, false) != ECS_OK)
+        rc = fail("eval: %s", ecs_errmsg());
+    if (rc == 0)
+        rc = bench_decode(c, argmax(logits, V), 4, logits, V, &secs);
+    for (int r = 0; r < a->reps && rc == 0; r++) {
+        char what[64];
+        model_ctx_reset(c);
+        if (a->pp > 0) {
+            double t0 = now_s();
+            if (model_eval(c, toks, a->pp, logits, false) != ECS_OK) {
+                rc = fail("eval: %s", ecs_errmsg());
+                break;
+            }
+            secs = now_s() - t0;
+            snprintf(what, sizeof what, "pp%d", a->pp);
+            printf("%-22s %8.2f tok/s  (%d tokens in %.3f s)\n", what, a->pp / secs, a->pp, secs);
+            if (a->tg > 0) {
+                if ((rc = bench_decode(c, argmax(logits, V), a->tg, logits, V, &secs)))
+                    break;
+                snprintf(what, sizeof what, "tg%d @ depth %d", a->tg, a->pp);
+                print_tg(what, a->tg, secs, gb_tok);
+            }
+        }
+        if (a->tg > 0) {
+            model_ctx_reset(c);
+            if ((rc = bench_decode(c, toks[0], a->tg, logits, V, &secs)))
+                break;
+            snprintf(what, sizeof what, "tg%d", a->tg);
+            print_tg(what, a->tg, secs, gb_tok);
+        }
+        fflush(stdout);
+    }
+    mem_kb_t mk;
+    read_mem(&mk);
+    const double MiB = 1024.0 * 1024.0;
+    const unsigned flags = (a->expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a->kv_f32 ? MODEL_CTX_KV_F32 : 0);
+    printf("memory: VmHWM %.0f MiB, VmRSS %.0f MiB = RssFile %.0f MiB (mapped weights) + RssAnon "
+           "%.0f MiB; budgeted at start-up: workspace %.1f MiB + KV %.1f MiB for %d tokens\n",
+           mk.hwm / 1024.0, mk.rss / 1024.0, mk.file / 1024.0, mk.anon / 1024.0,
+           model_workspace_bytes(m) / MiB, model_ctx_bytes(m, n_ctx, flags) / MiB, n_ctx);
+    free(toks);
+    free(logits);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     args_t a;
@@ -437,6 +615,16 @@ int main(int argc, char **argv)
     model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads};
     if (model_load(a.model, &opts, &m) != ECS_OK)
         return fail("%s", ecs_errmsg());
+    const unsigned flags = (a.expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a.kv_f32 ? MODEL_CTX_KV_F32 : 0);
+    if (a.bench) {
+        model_ctx_t *c = NULL;
+        int rc = model_ctx_new(m, model_n_ctx_max(m), flags, &c) != ECS_OK
+                     ? fail("%s", ecs_errmsg())
+                     : cmd_bench(m, c, &a);
+        model_ctx_free(c);
+        model_free(m);
+        return rc;
+    }
     tok_t *tok = NULL;
     int32_t *toks = NULL;
     int n = 0, rc = 0;
@@ -456,7 +644,7 @@ int main(int argc, char **argv)
         int n_ctx = model_n_ctx_max(m);
         if (need > n_ctx)
             rc = fail("%d prompt tokens + -n %d do not fit in the context of %d (raise --ctx)", n, a.n_predict, model_n_ctx_max(m));
-        else if (model_ctx_new(m, n_ctx, a.expanded ? MODEL_CTX_MLA_EXPANDED : 0, &c) != ECS_OK)
+        else if (model_ctx_new(m, n_ctx, flags, &c) != ECS_OK)
             rc = fail("%s", ecs_errmsg());
     }
     if (rc == 0)

@@ -1,0 +1,123 @@
+/* simd_avx512.h - block decoding helpers shared by the AVX-512 kernel files
+ * (dot_avx512.c: one row at a time; gemm_avx512.c: weight tiles unpacked
+ * for batched products). Only for files built with the AVX-512 flags. */
+#ifndef ECS_KCPU_SIMD_AVX512_H
+#define ECS_KCPU_SIMD_AVX512_H
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define QK ECS_QK
+#define QK_K ECS_QK_K
+
+INLINE float h2f(ecs_fp16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
+INLINE __m512i join256(__m256i lo, __m256i hi)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* [qs0 & 15, qs0 >> 4, qs1 & 15, qs1 >> 4]: element order of each block */
+INLINE __m512i nibbles_pair(const uint8_t *qs0, const uint8_t *qs1)
+{
+    const __m128i x0 = _mm_loadu_si128((const __m128i *)qs0);
+    const __m128i x1 = qs1 ? _mm_loadu_si128((const __m128i *)qs1) : _mm_setzero_si128();
+    const __m256i y = _mm256_set_m128i(x1, x0);
+    __m512i z = join256(y, _mm256_srli_epi16(y, 4));
+    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+}
+
+INLINE __m512i add_fifth_bit(__m512i q, const uint8_t *qh0, const uint8_t *qh1)
+{
+    uint32_t h0, h1 = 0;
+    memcpy(&h0, qh0, 4);
+    if (qh1)
+        memcpy(&h1, qh1, 4);
+    const __mmask64 k = ((uint64_t)h1 << 32) | h0;
+    return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
+}
+
+
+/* Moves bit `from` of every byte to bit `to` (from, to even, |to - from| <= 6);
+ * callers mask out the other bits, and the kept bit always comes from the
+ * same byte despite the 16-bit shift. */
+INLINE __m512i move_bit(__m512i v, int from, int to)
+{
+    switch (to - from) {
+    case 4: return _mm512_slli_epi16(v, 4);
+    case 2: return _mm512_slli_epi16(v, 2);
+    case 0: return v;
+    case -2: return _mm512_srli_epi16(v, 2);
+    case -4: return _mm512_srli_epi16(v, 4);
+    default: return _mm512_srli_epi16(v, 6);
+    }
+}
+
+/* Q4_K / Q5_K scales: 8 x (6-bit scale, 6-bit min) packed in 12 bytes. */
+INLINE void k4_scales(const uint8_t s[12], uint64_t *sc, uint64_t *mn)
+{
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    const uint32_t sc_lo = u0 & 0x3F3F3F3F, mn_lo = u1 & 0x3F3F3F3F;
+    const uint32_t sc_hi = (u2 & 0x0F0F0F0F) | (((u0 >> 6) & 0x03030303) << 4);
+    const uint32_t mn_hi = ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4);
+    *sc = ((uint64_t)sc_hi << 32) | sc_lo;
+    *mn = ((uint64_t)mn_hi << 32) | mn_lo;
+}
+
+/* Q3_K scales: 16 x 6-bit in 12 bytes, stored +32. */
+INLINE __m128i k3_scales(const uint8_t s[12])
+{
+    uint32_t a0, a1, a2;
+    memcpy(&a0, s, 4);
+    memcpy(&a1, s + 4, 4);
+    memcpy(&a2, s + 8, 4);
+    const uint32_t m4 = 0x0F0F0F0F, m2 = 0x03030303;
+    const __m128i v = _mm_set_epi32((int)(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)),
+                                    (int)(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
+                                    (int)((a1 & m4) | (((a2 >> 2) & m2) << 4)),
+                                    (int)((a0 & m4) | ((a2 & m2) << 4)));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+/* The k-quants with 16 groups of 16 values, one scale each. */
+typedef enum { K_Q2, K_Q3, K_Q6 } k16_kind_t;
+
+/* Levels (unsigned, offset not yet removed) of the k-th 64 values. */
+INLINE __m512i k16_levels(k16_kind_t K, const void *blk, int k, __m512i hm)
+{
+    const int half = k / 2, t = k % 2;
+    if (K == K_Q6) {
+        const ecs_block_q6_K *x = blk;
+        const __m512i l = _mm512_loadu_si512((const void *)(x->ql + 64 * half));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * half));
+        const __m512i h2 = join256(h, _mm256_srli_epi16(h, 2)); /* [qh, qh >> 2] */
+        const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+        if (t == 0)
+            return _mm512_or_si512(_mm512_and_si512(l, m4),
+                                   _mm512_and_si512(_mm512_slli_epi16(h2, 4), m30));
+        return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                               _mm512_and_si512(h2, m30));
+    }
+    const uint8_t *qs = K == K_Q2 ? ((const ecs_block_q2_K *)blk)->qs
+                                  : ((const ecs_block_q3_K *)blk)->qs;
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * half));
+    __m512i qq = join256(q, _mm256_srli_epi16(q, 2)); /* [q, q >> 2] */
+    if (t)
+        qq = _mm512_srli_epi16(qq, 4);
+    __m512i lv = _mm512_and_si512(qq, _mm512_set1_epi8(3));
+    if (K == K_Q3) /* hmask bit 2k of [hm, hm >> 1] is the third bit */
+        lv = _mm512_or_si512(lv, _mm512_and_si512(move_bit(hm, 2 * k, 2), _mm512_set1_epi8(4)));
+    return lv;
+}
+
+#endif

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# bench_model.sh - end-to-end model speed: prompt processing (pp), decoding
+# (tg) and memory of `ecs-run --bench` on a DeepSeek-V2-Lite-shaped Q4_K_M
+# model (exact shapes and llama-quantize's type mix, random weights), the
+# model the targets in docs/benchmarks.md are stated for.
+#
+# usage: tests/bench/bench_model.sh BUILD_DIR [--quick]
+#   ECS_BENCH_MODEL   model path (default models/ds2-lite-q4_k_m.gguf); made
+#                     with BUILD_DIR/bin/ecs-mkmodel when absent (~10 GB of
+#                     disk, a few minutes), or linked to ECS_BENCH_MODEL_CACHE
+#                     (default /work/models-cache/ds2-lite-q4_k_m.gguf) when
+#                     that file exists
+#   ECS_BENCH_THREADS threads (default 2)   ECS_BENCH_PP / ECS_BENCH_TG (512 / 64)
+#   ECS_BENCH_REPS    repetitions (default 1)
+# --quick: a smoke run on a tiny model made in a temporary folder.
+# Timed runs hold /tmp/ecs-bench.lock (flock) so that benchmarks of different
+# people do not overlap; the load average before and after is printed.
+set -euo pipefail
+build=${1:?usage: tests/bench/bench_model.sh BUILD_DIR [--quick]}
+quick=${2:-}
+run="$build/bin/ecs-run"
+mk="$build/bin/ecs-mkmodel"
+for b in "$run" "$mk"; do
+    [ -x "$b" ] || { echo "bench_model: $b is not built" >&2; exit 1; }
+done
+
+threads=${ECS_BENCH_THREADS:-2}
+pp=${ECS_BENCH_PP:-512}
+tg=${ECS_BENCH_TG:-64}
+reps=${ECS_BENCH_REPS:-1}
+ctx=4096
+if [ "$quick" = "--quick" ]; then
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/ecs-bench-model.XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    model="$tmp/tiny-ds2-q8_0.gguf"
+    "$mk" --arch deepseek2 --preset tiny --types q8_0 --seed 1 -o "$model" >/dev/null
+    pp=64 tg=16 ctx=256
+else
+    model=${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}
+    cache=${ECS_BENCH_MODEL_CACHE:-/work/models-cache/ds2-lite-q4_k_m.gguf}
+    if [ ! -f "$model" ]; then
+        mkdir -p "$(dirname "$model")"
+        if [ -f "$cache" ]; then
+            ln -s "$cache" "$model"
+        else
+            echo "bench_model: making $model (DeepSeek-V2-Lite shapes, Q4_K_M, ~10 GB)"
+            "$mk" --arch deepseek2 --preset ds2-lite --types q4_k_m --seed 1 -o "$model.part"
+            mv "$model.part" "$model"
+        fi
+    fi
+fi
+
+echo "== bench_model: end-to-end prompt processing and decoding (ecs-run --bench) =="
+lock() {
+    if command -v flock >/dev/null; then flock /tmp/ecs-bench.lock "$@"; else "$@"; fi
+}
+echo "load before: $(uptime)"
+lock "$run" -m "$model" --bench --pp "$pp" --tg "$tg" --reps "$reps" --threads "$threads" \
+    --ctx "$ctx"
+echo "load after:  $(uptime)"
