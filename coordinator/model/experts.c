@@ -1,17 +1,22 @@
 /* experts.c - the in-process routed-expert backend (the default, and the
  * reference every distributed configuration must equal).
  *
- * submit() groups the step's (row, slot) pairs by expert, quantizes the
- * input rows once, and for each expert with work gathers its rows into one
- * activation batch: gate and up are then one batched matmul each, so every
- * expert's weights are read once per step. Each (row, slot) result is kept
- * apart and wait() sums a row's slots in slot order, as llama.cpp does, so
- * the result does not depend on how rows were grouped. */
+ * A step's (row, slot) pairs are grouped by expert and the input rows
+ * quantized once; each expert with work gets its rows gathered into one
+ * activation batch, so its gate and up are one batched product (SwiGLU
+ * applied chunk by chunk) and its down another: every expert's weights
+ * are read once per step. All experts' gate/up go into one parallel region
+ * and all downs into another (par.c); the model adds the shared experts to
+ * the same regions (forward.c). Each (row, slot) result is kept apart and
+ * the weighted sum runs in slot order, as llama.cpp does, so the result
+ * does not depend on how rows were grouped. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "coordinator/model/model_int.h"
+
+#define PAR_ROWS 32
 
 struct model_experts_local {
     const model_t *m;
@@ -19,24 +24,29 @@ struct model_experts_local {
     int n_tok, k;
     ecs_err_t status;      /* of the last submit, reported by wait */
     int layer;
+    const float *w;        /* submit's weights, summed by wait */
     int32_t *start;        /* [n_expert+1] first list entry of each expert */
     int32_t *list;         /* [nb*k] row*k + slot, grouped by expert */
-    void *qx_gate, *qx_up; /* the step's rows quantized for gate / up */
-    void *qg_gate, *qg_up; /* one expert's gathered rows */
-    float *g, *u;          /* [nb][n_ff_exp] */
-    float *d;              /* [nb][n_embd] */
-    float *slots;          /* [nb][k][n_embd] weighted expert outputs */
-    void *act;             /* down-projection activations */
+    int32_t *where;        /* [nb*k] list entry of each row*k + slot */
+    void *xq, *xq_up;      /* the step's rows quantized for gate / up */
+    void *gq, *gq_up;      /* the same, gathered in list order */
+    size_t st_in, st_up, st_h; /* this layer's bytes per gate / up input and hidden row */
+    bool same;             /* gate and up take the same activations */
+    float *g, *u;          /* [nb*k][n_ff_exp] gate (then h) and up */
+    void *hq;              /* [nb*k] h quantized for down */
+    float *d;              /* [nb*k][n_embd] down outputs, list order */
+    bool hq_fused;         /* the gate/up region quantized h */
+    par_job_t *jobs;
+    par_plan_t plan;
     void *mem;
+    size_t bytes;
 };
 
-/* Bytes between packed activation rows for weights of type wtype. */
-static size_t vdt_row(ecs_type_t wtype, int64_t ncols)
-{
-    return ecs_row_size(ecs_type_traits(wtype)->vec_dot_type, ncols);
-}
-
 static size_t up64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
+
+int model_experts_local_max_jobs(const model_t *m) { return model_hparams(m)->n_expert + 1; }
 
 ecs_err_t model_experts_local_new(const model_t *m, ecs_threadpool_t *tp,
                                   model_experts_local_t **out)
@@ -45,31 +55,33 @@ ecs_err_t model_experts_local_new(const model_t *m, ecs_threadpool_t *tp,
     const model_hparams_t *hp = model_hparams(m);
     const model_weights_t *w = model_weights(m);
     const size_t nb = MODEL_MAX_BATCH, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff_exp;
-    const size_t k = (size_t)hp->n_expert_used;
-    size_t row_in = 0, act = 0;
+    const size_t k = (size_t)hp->n_expert_used, X = (size_t)hp->n_expert;
+    size_t row_in = 0, row_h = 0;
+    bool two = false;
     for (int il = 0; il < hp->n_layer; il++) {
         const model_layer_t *ly = &w->layers[il];
         if (!ly->moe)
             continue;
-        size_t a = vdt_row(ly->gate_exps.type, (int64_t)E), b = vdt_row(ly->up_exps.type, (int64_t)E);
-        row_in = a > row_in ? a : row_in;
-        row_in = b > row_in ? b : row_in;
-        size_t c = kcpu_act_bytes(ly->down_exps.type, (int64_t)F, MODEL_MAX_BATCH);
-        act = c > act ? c : act;
+        row_in = max_z(row_in, model_act_row(ly->gate_exps.type, (int64_t)E));
+        row_in = max_z(row_in, model_act_row(ly->up_exps.type, (int64_t)E));
+        row_h = max_z(row_h, model_act_row(ly->down_exps.type, (int64_t)F));
+        two |= ecs_type_traits(ly->gate_exps.type)->vec_dot_type !=
+               ecs_type_traits(ly->up_exps.type)->vec_dot_type;
     }
+    const size_t chunk_cap = 64 * (X + 1) + 1024;
     const size_t sizes[] = {
-        up64(((size_t)hp->n_expert + 1) * sizeof(int32_t)),
-        up64(nb * k * sizeof(int32_t)),
-        up64(nb * row_in), up64(nb * row_in), up64(nb * row_in), up64(nb * row_in),
-        up64(nb * F * sizeof(float)), up64(nb * F * sizeof(float)),
-        up64(nb * E * sizeof(float)), up64(nb * k * E * sizeof(float)), up64(act),
+        up64((X + 1) * sizeof(int32_t)), up64(nb * k * sizeof(int32_t)),
+        up64(nb * k * sizeof(int32_t)), up64(nb * row_in), up64(two ? nb * row_in : 0),
+        up64(nb * k * row_in), up64(two ? nb * k * row_in : 0), up64(nb * k * F * sizeof(float)),
+        up64(nb * k * F * sizeof(float)), up64(nb * k * row_h), up64(nb * k * E * sizeof(float)),
+        up64((X + 1) * sizeof(par_job_t)), up64(chunk_cap * sizeof(par_chunk_t)),
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         total += sizes[i];
     model_experts_local_t *l = calloc(1, sizeof *l);
-    char *p = total ? aligned_alloc(64, total) : NULL;
-    if (!l || (total && !p)) {
+    char *p = aligned_alloc(64, total);
+    if (!l || !p) {
         free(l);
         free(p);
         return ecs_error(ECS_ERR_NOMEM, "experts: cannot allocate %zu bytes", total);
@@ -77,17 +89,21 @@ ecs_err_t model_experts_local_new(const model_t *m, ecs_threadpool_t *tp,
     l->m = m;
     l->tp = tp;
     l->mem = p;
-    void **slots[] = {(void **)&l->start, (void **)&l->list, &l->qx_gate, &l->qx_up, &l->qg_gate,
-                      &l->qg_up, (void **)&l->g, (void **)&l->u, (void **)&l->d,
-                      (void **)&l->slots, &l->act};
+    l->bytes = total;
+    void **slots[] = {(void **)&l->start, (void **)&l->list, (void **)&l->where, &l->xq,
+                      &l->xq_up, &l->gq, &l->gq_up, (void **)&l->g, (void **)&l->u, &l->hq,
+                      (void **)&l->d, (void **)&l->jobs, (void **)&l->plan.chunks};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         *slots[i] = p;
         p += sizes[i];
     }
+    l->plan.cap = (int)chunk_cap;
     l->status = ECS_ERR_INVAL;
     *out = l;
     return ECS_OK;
 }
+
+size_t model_experts_local_bytes(const model_experts_local_t *l) { return l ? l->bytes : 0; }
 
 void model_experts_local_free(model_experts_local_t *l)
 {
@@ -106,52 +122,34 @@ static void group_by_expert(model_experts_local_t *l, int n_tok, int k, const in
         l->start[ids[j] + 1]++;
     for (int e = 0; e < X; e++)
         l->start[e + 1] += l->start[e];
-    for (int j = 0; j < n_tok * k; j++)
-        l->list[l->start[ids[j]]++] = j;
+    for (int j = 0; j < n_tok * k; j++) {
+        l->where[j] = l->start[ids[j]]++;
+        l->list[l->where[j]] = j;
+    }
     for (int e = X; e > 0; e--)
         l->start[e] = l->start[e - 1];
     l->start[0] = 0;
 }
 
-static void gather(void *dst, const void *src, size_t row, const int32_t *list, int n, int k)
+static void gather_item(void *arg, int item, int ith)
 {
-    for (int r = 0; r < n; r++)
-        memcpy((char *)dst + (size_t)r * row, (const char *)src + (size_t)(list[r] / k) * row, row);
-}
-
-static void run_expert(model_experts_local_t *l, const model_layer_t *ly, int e, const float *w,
-                       bool same_act)
-{
-    const model_hparams_t *hp = model_hparams(l->m);
-    const int E = hp->n_embd, F = hp->n_ff_exp, k = l->k;
-    const int32_t *lst = l->list + l->start[e];
-    const int cnt = l->start[e + 1] - l->start[e];
-    const kcpu_mat_t G = model_expert_mat(&ly->gate_exps, e, F);
-    const kcpu_mat_t U = model_expert_mat(&ly->up_exps, e, F);
-    const kcpu_mat_t D = model_expert_mat(&ly->down_exps, e, E);
-    gather(l->qg_gate, l->qx_gate, vdt_row(G.type, E), lst, cnt, k);
-    kcpu_matmul_q(l->tp, &G, l->qg_gate, cnt, l->g, F);
-    if (!same_act)
-        gather(l->qg_up, l->qx_up, vdt_row(U.type, E), lst, cnt, k);
-    kcpu_matmul_q(l->tp, &U, same_act ? l->qg_gate : l->qg_up, cnt, l->u, F);
-    for (size_t i = 0; i < (size_t)cnt * F; i++)
-        l->g[i] = l->g[i] / (1.0f + expf(-l->g[i])) * l->u[i];
-    kcpu_matmul(l->tp, &D, l->g, F, cnt, l->d, E, l->act);
-    for (int r = 0; r < cnt; r++) {
-        const float wt = w[lst[r]];
-        float *dst = l->slots + (size_t)lst[r] * E;
-        const float *src = l->d + (size_t)r * E;
-        for (int c = 0; c < E; c++)
-            dst[c] = src[c] * wt;
+    model_experts_local_t *l = arg;
+    (void)ith;
+    const int n = l->n_tok * l->k;
+    const int p1 = (item + 1) * PAR_ROWS < n ? (item + 1) * PAR_ROWS : n;
+    for (int p = item * PAR_ROWS; p < p1; p++) {
+        const size_t t = (size_t)(l->list[p] / l->k);
+        memcpy((char *)l->gq + p * l->st_in, (const char *)l->xq + t * l->st_in, l->st_in);
+        if (!l->same)
+            memcpy((char *)l->gq_up + p * l->st_up, (const char *)l->xq_up + t * l->st_up,
+                   l->st_up);
     }
 }
 
-static ecs_err_t local_submit(void *ctx, int layer, int n_tok, const float *x, int k,
-                              const int32_t *ids, const float *w)
+ecs_err_t model_experts_local_prepare(model_experts_local_t *l, int layer, int n_tok,
+                                      const float *x, int k, const int32_t *ids)
 {
-    model_experts_local_t *l = ctx;
     const model_hparams_t *hp = model_hparams(l->m);
-    l->status = ECS_ERR_INVAL;
     if (layer < 0 || layer >= hp->n_layer || !model_weights(l->m)->layers[layer].moe)
         return ecs_error(ECS_ERR_INVAL, "experts: layer %d has no routed experts", layer);
     if (n_tok < 1 || n_tok > MODEL_MAX_BATCH || k != hp->n_expert_used)
@@ -166,14 +164,119 @@ static ecs_err_t local_submit(void *ctx, int layer, int n_tok, const float *x, i
     l->k = k;
     l->layer = layer;
     group_by_expert(l, n_tok, k, ids);
-    const ecs_type_t tg = ly->gate_exps.type, tu = ly->up_exps.type;
-    const bool same_act = ecs_type_traits(tg)->vec_dot_type == ecs_type_traits(tu)->vec_dot_type;
-    kcpu_quantize_rows(l->tp, tg, x, E, n_tok, E, l->qx_gate);
-    if (!same_act)
-        kcpu_quantize_rows(l->tp, tu, x, E, n_tok, E, l->qx_up);
-    for (int e = 0; e < hp->n_expert; e++)
-        if (l->start[e + 1] > l->start[e])
-            run_expert(l, ly, e, w, same_act);
+    ecs_threadpool_t *tp = n_tok >= 8 ? l->tp : NULL;
+    l->same = ecs_type_traits(ly->gate_exps.type)->vec_dot_type ==
+              ecs_type_traits(ly->up_exps.type)->vec_dot_type;
+    l->st_in = model_act_row(ly->gate_exps.type, E);
+    l->st_up = model_act_row(ly->up_exps.type, E);
+    l->st_h = model_act_row(ly->down_exps.type, hp->n_ff_exp);
+    kcpu_quantize_rows(tp, ly->gate_exps.type, x, E, n_tok, E, l->xq);
+    if (!l->same)
+        kcpu_quantize_rows(tp, ly->up_exps.type, x, E, n_tok, E, l->xq_up);
+    const int items = (n_tok * k + PAR_ROWS - 1) / PAR_ROWS;
+    if (items > 1)
+        par_for(l->tp, items, gather_item, l);
+    else
+        gather_item(l, 0, 0);
+    return ECS_OK;
+}
+
+static const model_layer_t *cur_layer(const model_experts_local_t *l)
+{
+    return &model_weights(l->m)->layers[l->layer];
+}
+
+void model_experts_local_gate_up(model_experts_local_t *l, model_jobs_t *j)
+{
+    const model_hparams_t *hp = model_hparams(l->m);
+    const model_layer_t *ly = cur_layer(l);
+    const int E = hp->n_embd, F = hp->n_ff_exp;
+    l->hq_fused = false;
+    for (int e = 0; e < hp->n_expert; e++) {
+        const int s = l->start[e], cnt = l->start[e + 1] - s;
+        if (cnt == 0)
+            continue;
+        const kcpu_mat_t G = model_expert_mat(&ly->gate_exps, e, F);
+        const kcpu_mat_t U = model_expert_mat(&ly->up_exps, e, F);
+        const kcpu_mat_t D = model_expert_mat(&ly->down_exps, e, E);
+        const void *ag = (const char *)l->gq + (size_t)s * l->st_in;
+        const void *au = l->same ? ag : (const char *)l->gq_up + (size_t)s * l->st_up;
+        par_job_t job = par_swiglu(&G, &U, &D, ag, au, cnt, l->g + (size_t)s * F,
+                                   l->u + (size_t)s * F, F, (char *)l->hq + (size_t)s * l->st_h);
+        l->hq_fused = job.hq != NULL;
+        j->jobs[j->n++] = job;
+    }
+}
+
+void model_experts_local_down(model_experts_local_t *l, model_jobs_t *j)
+{
+    const model_hparams_t *hp = model_hparams(l->m);
+    const model_layer_t *ly = cur_layer(l);
+    const int E = hp->n_embd, F = hp->n_ff_exp, rows = l->n_tok * l->k;
+    if (!l->hq_fused)
+        kcpu_quantize_rows(rows >= 8 ? l->tp : NULL, ly->down_exps.type, l->g, F, rows, F, l->hq);
+    for (int e = 0; e < hp->n_expert; e++) {
+        const int s = l->start[e], cnt = l->start[e + 1] - s;
+        if (cnt == 0)
+            continue;
+        const kcpu_mat_t D = model_expert_mat(&ly->down_exps, e, E);
+        j->jobs[j->n++] = par_mm(&D, (const char *)l->hq + (size_t)s * l->st_h, cnt,
+                                 l->d + (size_t)s * E, E);
+    }
+}
+
+typedef struct {
+    const model_experts_local_t *l;
+    const float *w;
+    float *out;
+} finish_t;
+
+static void finish_item(void *arg, int item, int ith)
+{
+    const finish_t *f = arg;
+    const model_experts_local_t *l = f->l;
+    (void)ith;
+    const size_t E = (size_t)model_hparams(l->m)->n_embd;
+    const int k = l->k;
+    const int t1 = (item + 1) * PAR_ROWS < l->n_tok ? (item + 1) * PAR_ROWS : l->n_tok;
+    for (int t = item * PAR_ROWS; t < t1; t++) {
+        float *o = f->out + (size_t)t * E;
+        const float *d = l->d + (size_t)l->where[t * k] * E;
+        const float w0 = f->w[t * k];
+        for (size_t c = 0; c < E; c++)
+            o[c] = d[c] * w0;
+        for (int j = 1; j < k; j++) {
+            d = l->d + (size_t)l->where[t * k + j] * E;
+            const float wj = f->w[t * k + j];
+            for (size_t c = 0; c < E; c++)
+                o[c] += d[c] * wj;
+        }
+    }
+}
+
+void model_experts_local_finish(model_experts_local_t *l, const float *w, float *out)
+{
+    finish_t f = {l, w, out};
+    const int items = (l->n_tok + PAR_ROWS - 1) / PAR_ROWS;
+    if (items > 1)
+        par_for(l->tp, items, finish_item, &f);
+    else
+        finish_item(&f, 0, 0);
+}
+
+static ecs_err_t local_submit(void *ctx, int layer, int n_tok, const float *x, int k,
+                              const int32_t *ids, const float *w)
+{
+    model_experts_local_t *l = ctx;
+    l->status = ECS_ERR_INVAL;
+    MODEL_TRY(model_experts_local_prepare(l, layer, n_tok, x, k, ids));
+    model_jobs_t jobs = {l->jobs, 0};
+    model_experts_local_gate_up(l, &jobs);
+    par_run(l->tp, &l->plan, jobs.jobs, jobs.n);
+    jobs.n = 0;
+    model_experts_local_down(l, &jobs);
+    par_run(l->tp, &l->plan, jobs.jobs, jobs.n);
+    l->w = w;
     l->status = ECS_OK;
     return ECS_OK;
 }
@@ -185,15 +288,7 @@ static ecs_err_t local_wait(void *ctx, int layer, float *out)
         return ecs_error(ECS_ERR_INVAL, "experts: wait for layer %d without a successful submit",
                          layer);
     l->status = ECS_ERR_INVAL;
-    const size_t E = (size_t)model_hparams(l->m)->n_embd;
-    for (int t = 0; t < l->n_tok; t++) {
-        float *o = out + (size_t)t * E;
-        const float *s = l->slots + (size_t)t * l->k * E;
-        memcpy(o, s, E * sizeof *o);
-        for (int j = 1; j < l->k; j++)
-            for (size_t c = 0; c < E; c++)
-                o[c] += s[(size_t)j * E + c];
-    }
+    model_experts_local_finish(l, l->w, out);
     return ECS_OK;
 }
 

@@ -3,31 +3,30 @@
  * dense FFN or router + experts -> residual, then the output head.
  *
  * Numerics follow llama.cpp's CPU graph: activations are quantized to the
- * weight's vec_dot type inside kcpu_matmul, the KV cache is F16, the query
- * is rounded to F16 before Q.K and the probabilities before P.V (ggml's
- * F16 mul_mat converts its F32 operand), RMSNorm and softmax sum in double.
+ * weight's vec_dot type inside the products, the KV cache is F16 (attn.c
+ * rounds the query and the probabilities as ggml does), RMSNorm and softmax
+ * sum in double, the routed experts' outputs are weighted and summed in slot
+ * order.
+ *
+ * Scheduling: every matrix product runs in a parallel region (par.c);
+ * products that share an input share one region and one quantization of it
+ * (wq + wkv_a; router + shared gate/up; all routed experts' gate/up, then
+ * all downs with the shared down), and gate/up regions apply SwiGLU (and
+ * quantize for the down projection) chunk by chunk. A step of up to
+ * MODEL_MAX_BATCH rows reads each weight once per region: a 512-token
+ * prompt gives each of 64 experts ~48 rows per product.
  *
  * deepseek2 attention runs by default in the latent space (weight
- * absorption): with W_kv_b = per head [W_k (qk_nope x kv_lora) ; W_v],
- * q_nope.(W_k c) = (W_k^T q_nope).c and sum_t p_t W_v c_t = W_v sum_t p_t c_t,
- * so the cache holds only the normalised latent c and the rope'd k_pe per
- * token, and attention is multi-query over rows [c | k_pe]. */
+ * absorption, see attn.c); MODEL_CTX_MLA_EXPANDED caches per-head K and V
+ * as llama.cpp does. */
 #include <math.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "coordinator/model/model_int.h"
 
-static float f16_table[1 << 16];
-static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
-
-static void f16_fill(void)
-{
-    for (uint32_t i = 0; i < (1u << 16); i++)
-        f16_table[i] = ecs_fp16_to_f32((ecs_fp16_t)i);
-}
-
-void model_f16_init(void) { pthread_once(&f16_once, f16_fill); }
+/* Per-row work (norms, rope, routing) goes to the pool from this many rows. */
+#define ROWS_PAR 32
+#define ROWS_PER_ITEM 8
 
 /* ------------------------------------------------------------ small pieces */
 
@@ -43,301 +42,359 @@ static void rmsnorm(const float *x, const float *w, float *y, int n, float eps)
         y[i] = (x[i] * scale) * w[i];
 }
 
-static void to_f16(const float *x, ecs_fp16_t *y, int n)
-{
-    for (int i = 0; i < n; i++)
-        y[i] = ecs_f32_to_fp16(x[i]);
-}
-
 static void add_into(float *x, const float *y, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         x[i] += y[i];
 }
 
+/* fn(ctx, row) for every row, on the pool for big steps. */
+typedef void (*row_fn)(model_t *m, void *ctx, int row);
+
+typedef struct {
+    model_t *m;
+    row_fn fn;
+    void *ctx;
+    int n;
+} rows_job_t;
+
+static void rows_item(void *arg, int item, int ith)
+{
+    const rows_job_t *j = arg;
+    (void)ith;
+    const int r1 = (item + 1) * ROWS_PER_ITEM < j->n ? (item + 1) * ROWS_PER_ITEM : j->n;
+    for (int r = item * ROWS_PER_ITEM; r < r1; r++)
+        j->fn(j->m, j->ctx, r);
+}
+
+static void for_rows(model_t *m, int n, row_fn fn, void *ctx)
+{
+    if (n < ROWS_PAR) {
+        for (int r = 0; r < n; r++)
+            fn(m, ctx, r);
+        return;
+    }
+    rows_job_t j = {m, fn, ctx, n};
+    par_for(m->tp, (n + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM, rows_item, &j);
+}
+
+typedef struct {
+    const float *w; /* norm weights */
+    const float *x;
+    float *y;
+    int ldx, ldy, n; /* row strides, values per row */
+} norm_job_t;
+
+static void norm_row(model_t *m, void *ctx, int r)
+{
+    const norm_job_t *j = ctx;
+    rmsnorm(j->x + (size_t)r * j->ldx, j->w, j->y + (size_t)r * j->ldy, j->n, m->hp.rms_eps);
+}
+
+static void norm_rows(model_t *m, const float *w, const float *x, int ldx, float *y, int ldy,
+                      int len, int n)
+{
+    norm_job_t j = {w, x, y, ldx, ldy, len};
+    for_rows(m, n, norm_row, &j);
+}
+
+static bool same_vdt(const kcpu_mat_t *a, const kcpu_mat_t *b)
+{
+    return ecs_type_traits(a->type)->vec_dot_type == ecs_type_traits(b->type)->vec_dot_type;
+}
+
+/* y = w x as one region. */
 static void mm(model_t *m, const kcpu_mat_t *w, const float *x, int64_t ldx, int nb, float *y,
                int64_t ldy)
 {
-    kcpu_matmul(m->tp, w, x, ldx, nb, y, ldy, m->ws.act);
+    par_job_t j = par_mm(w, model_act(m->tp, w, x, ldx, nb, m->ws.act), nb, y, ldy);
+    par_run(m->tp, &m->ws.plan, &j, 1);
 }
 
-/* y = silu(a) * b, ggml's SwiGLU (PAR) composition. */
-static void swiglu(float *a, const float *b, size_t n)
+/* y1 = w1 x and y2 = w2 x: one region and one quantization when the two
+ * take the same activation type (they do in every quant mix we know). */
+static void mm_pair(model_t *m, const kcpu_mat_t *w1, float *y1, int64_t ld1, const kcpu_mat_t *w2,
+                    float *y2, int64_t ld2, const float *x, int64_t ldx, int nb)
 {
-    for (size_t i = 0; i < n; i++)
-        a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
-}
-
-/* -------------------------------------------------------------- attention */
-
-typedef struct {
-    model_t *m;
-    const model_step_row_t *rows;
-    int n, layer;
-    int n_head, group;   /* query heads per cached head */
-    const ecs_fp16_t *q; /* [row][head][qh_w] */
-    float *out;          /* [row][head][dv] */
-} attn_job_t;
-
-static float *thr_f32(model_t *m, int ith) { return m->ws.thr + (size_t)ith * m->ws.thr_stride; }
-
-/* softmax(q.K^T * scale) V for one (row, head) over positions 0..pos. */
-static void attend_one(model_t *m, const attn_job_t *a, int i, int h, int ith)
-{
-    const model_ctx_t *c = a->rows[i].ctx;
-    const int pos = a->rows[i].pos, dk = c->dk, dv = c->dv, kvh = h / a->group;
-    const ecs_fp16_t *K = c->k + (size_t)a->layer * c->k_layer + (size_t)kvh * dk;
-    const ecs_fp16_t *V = c->v + (size_t)a->layer * c->v_layer + (size_t)kvh * dv;
-    const ecs_fp16_t *q = a->q + ((size_t)i * a->n_head + h) * m->ws.qh_w;
-    float *s = thr_f32(m, ith);
-    const float scale = m->hp.kq_scale;
-    float mx = -INFINITY;
-    for (int t = 0; t <= pos; t++) {
-        s[t] = m->dot_f16(dk, K + (size_t)t * c->k_row, q) * scale;
-        mx = s[t] > mx ? s[t] : mx;
+    if (!same_vdt(w1, w2)) {
+        mm(m, w1, x, ldx, nb, y1, ld1);
+        mm(m, w2, x, ldx, nb, y2, ld2);
+        return;
     }
-    double sum = 0.0;
-    for (int t = 0; t <= pos; t++) {
-        s[t] = expf(s[t] - mx);
-        sum += (double)s[t];
-    }
-    const float inv = (float)(1.0 / sum);
-    float *o = a->out + ((size_t)i * a->n_head + h) * dv;
-    memset(o, 0, (size_t)dv * sizeof *o);
-    for (int t = 0; t <= pos; t++) {
-        const float p = f16_table[ecs_f32_to_fp16(s[t] * inv)];
-        const ecs_fp16_t *vr = V + (size_t)t * c->v_row;
-        for (int d = 0; d < dv; d++)
-            o[d] += p * f16_table[vr[d]];
-    }
+    const void *act = model_act(m->tp, w1, x, ldx, nb, m->ws.act);
+    par_job_t j[2] = {par_mm(w1, act, nb, y1, ld1), par_mm(w2, act, nb, y2, ld2)};
+    par_run(m->tp, &m->ws.plan, j, 2);
 }
 
-static void attn_worker(void *arg, int ith, int nth)
+/* ------------------------------------------------------------------- FFN */
+
+/* A gate/up region job for a SwiGLU FFN into ffa / ffb / ffq. */
+static par_job_t swiglu_job(model_t *m, const kcpu_mat_t *gate, const kcpu_mat_t *up,
+                            const kcpu_mat_t *down, const void *act, const void *act_up, int nb)
 {
-    const attn_job_t *a = arg;
-    const int jobs = a->n * a->n_head;
-    for (int j = ith; j < jobs; j += nth)
-        attend_one(a->m, a, j / a->n_head, j % a->n_head, ith);
-}
-
-static void attention(model_t *m, const model_step_row_t *rows, int n, int layer, float *out)
-{
-    const model_ctx_t *c = rows[0].ctx;
-    attn_job_t a = {m, rows, n, layer, m->hp.n_head, m->hp.n_head / c->n_kv_head, m->ws.qh, out};
-    ecs_threadpool_run(m->tp, attn_worker, &a);
-}
-
-static void cache_put(const model_step_row_t *r, int layer, const float *k, const float *v)
-{
-    model_ctx_t *c = r->ctx;
-    to_f16(k, c->k + (size_t)layer * c->k_layer + (size_t)r->pos * c->k_row, (int)c->k_row);
-    if (v)
-        to_f16(v, c->v + (size_t)layer * c->v_layer + (size_t)r->pos * c->v_row, (int)c->v_row);
-}
-
-/* ------------------------------------------------------------ MLA (ds2) */
-
-typedef struct {
-    model_t *m;
-    const model_layer_t *ly;
-    int n;
-} mla_job_t;
-
-/* q_abs = W_k^T q_nope per head, written with q_pe as the F16 query row
- * [q_abs | q_pe] of the latent attention. W_k rows are dequantized once per
- * step and applied to every row of the batch. */
-static void absorb_worker(void *arg, int ith, int nth)
-{
-    const mla_job_t *a = arg;
-    model_t *m = a->m;
-    const model_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
-    const int nh = hp->n_head, hk = hp->head_k, nope = hp->qk_nope, kvl = hp->kv_lora_rank;
-    const int nrot = hp->rope.n_rot;
-    const kcpu_mat_t *wb = &a->ly->wkv_b;
-    float *row = thr_f32(m, ith) + m->opts.n_ctx;
-    for (int h = ith; h < nh; h += nth) {
-        for (int i = 0; i < a->n; i++)
-            memset(ws->att + ((size_t)i * nh + h) * kvl, 0, (size_t)kvl * sizeof(float));
-        for (int d = 0; d < nope; d++) {
-            const size_t r = (size_t)h * (nope + hp->head_v) + d;
-            ecs_dequantize_row(wb->type, (const char *)wb->data + r * wb->row_bytes, row, kvl);
-            for (int i = 0; i < a->n; i++) {
-                const float qd = ws->q[(size_t)i * nh * hk + (size_t)h * hk + d];
-                float *acc = ws->att + ((size_t)i * nh + h) * kvl;
-                for (int j = 0; j < kvl; j++)
-                    acc[j] += qd * row[j];
-            }
-        }
-        for (int i = 0; i < a->n; i++) {
-            ecs_fp16_t *qh = ws->qh + ((size_t)i * nh + h) * ws->qh_w;
-            to_f16(ws->att + ((size_t)i * nh + h) * kvl, qh, kvl);
-            to_f16(ws->q + (size_t)i * nh * hk + (size_t)h * hk + nope, qh + kvl, nrot);
-        }
-    }
+    return par_swiglu(gate, up, down, act, act_up, nb, ws->ffa, ws->ffb, gate->nrows, ws->ffq);
 }
 
-/* Per head: values = W_v (sum_t p_t c_t), a batched matmul over the rows. */
-static void vproj_worker(void *arg, int ith, int nth)
+/* Activations of the up projection: act itself when gate's serve, else
+ * x quantized again into the second half of ws->act. */
+static const void *up_act(model_t *m, const kcpu_mat_t *gate, const kcpu_mat_t *up,
+                          const void *act, const float *x, int nb)
 {
-    const mla_job_t *a = arg;
-    model_t *m = a->m;
-    const model_hparams_t *hp = &m->hp;
-    model_ws_t *ws = &m->ws;
-    const int nh = hp->n_head, nope = hp->qk_nope, hv = hp->head_v, kvl = hp->kv_lora_rank;
-    const kcpu_mat_t *wb = &a->ly->wkv_b;
-    const size_t act_row = kcpu_act_bytes(wb->type, kvl, 1);
-    for (int h = ith; h < nh; h += nth) {
-        kcpu_mat_t wv = *wb;
-        wv.nrows = hv;
-        wv.data = (const char *)wb->data + ((size_t)h * (nope + hv) + nope) * wb->row_bytes;
-        void *act = (char *)ws->att_act + (size_t)h * MODEL_MAX_BATCH * act_row;
-        kcpu_quantize_rows(NULL, wb->type, ws->att + (size_t)h * kvl, (int64_t)nh * kvl, a->n, kvl,
-                           act);
-        kcpu_matmul_q(NULL, &wv, act, a->n, ws->attv + (size_t)h * hv, (int64_t)nh * hv);
-    }
+    if (same_vdt(gate, up))
+        return act;
+    char *buf = (char *)m->ws.act + model_act_row(gate->type, gate->ncols) * MODEL_MAX_BATCH;
+    return model_act(m->tp, up, x, m->hp.n_embd, nb, buf);
 }
 
-static void mla_query(model_t *m, const model_layer_t *ly, int n)
+/* The down projection's input: ffq when the gate/up region quantized it. */
+static const void *down_act(model_t *m, const par_job_t *gu, const kcpu_mat_t *down, int nb)
 {
-    const model_hparams_t *hp = &m->hp;
-    model_ws_t *ws = &m->ws;
-    const int qw = hp->n_head * hp->head_k;
-    if (hp->q_lora_rank > 0) {
-        const int ql = hp->q_lora_rank;
-        mm(m, &ly->wq_a, ws->xn, hp->n_embd, n, ws->qa, ql);
-        for (int i = 0; i < n; i++)
-            rmsnorm(ws->qa + (size_t)i * ql, ly->q_a_norm, ws->qa + (size_t)i * ql, ql, hp->rms_eps);
-        mm(m, &ly->wq_b, ws->qa, ql, n, ws->q, qw);
-    } else {
-        mm(m, &ly->wq, ws->xn, hp->n_embd, n, ws->q, qw);
-    }
+    if (gu->hq)
+        return gu->hq;
+    return model_act(m->tp, down, m->ws.ffa, down->ncols, nb, m->ws.ffq);
 }
 
-/* Expanded (llama.cpp) layout: per head K = [W_k c | k_pe], V = W_v c. */
-static void mla_expand_put(model_t *m, const model_layer_t *ly, const model_step_row_t *rows,
-                           int n, int layer)
-{
-    const model_hparams_t *hp = &m->hp;
-    model_ws_t *ws = &m->ws;
-    const int nh = hp->n_head, nope = hp->qk_nope, hv = hp->head_v, hk = hp->head_k;
-    const int kvl = hp->kv_lora_rank, nrot = hp->rope.n_rot, kvw = ws->kv_w;
-    const int bw = nh * (nope + hv);
-    mm(m, &ly->wkv_b, ws->kv, kvw, n, ws->kvb, bw);
-    for (int i = 0; i < n; i++) {
-        float *K = ws->kvrow, *V = ws->kvrow + (size_t)nh * hk;
-        const float *b = ws->kvb + (size_t)i * bw;
-        for (int h = 0; h < nh; h++) {
-            memcpy(K + (size_t)h * hk, b + (size_t)h * (nope + hv), (size_t)nope * sizeof *K);
-            memcpy(K + (size_t)h * hk + nope, ws->kv + (size_t)i * kvw + kvl,
-                   (size_t)nrot * sizeof *K);
-            memcpy(V + (size_t)h * hv, b + (size_t)h * (nope + hv) + nope, (size_t)hv * sizeof *V);
-        }
-        cache_put(&rows[i], layer, K, V);
-        for (int h = 0; h < nh; h++)
-            to_f16(ws->q + (size_t)i * nh * hk + (size_t)h * hk,
-                   ws->qh + ((size_t)i * nh + h) * ws->qh_w, hk);
-    }
-}
-
-static void attn_mla(model_t *m, const model_layer_t *ly, const model_step_row_t *rows, int n,
-                     int layer)
-{
-    const model_hparams_t *hp = &m->hp;
-    model_ws_t *ws = &m->ws;
-    const int nh = hp->n_head, hk = hp->head_k, nope = hp->qk_nope, kvl = hp->kv_lora_rank;
-    const int nrot = hp->rope.n_rot, kvw = ws->kv_w;
-    mla_query(m, ly, n);
-    mm(m, &ly->wkv_a, ws->xn, hp->n_embd, n, ws->kv, kvw);
-    for (int i = 0; i < n; i++) {
-        const float *cs = ws->rope + (size_t)i * nrot;
-        float *kv = ws->kv + (size_t)i * kvw;
-        rmsnorm(kv, ly->kv_a_norm, kv, kvl, hp->rms_eps);
-        model_rope_apply(&hp->rope, cs, kv + kvl);
-        for (int h = 0; h < nh; h++)
-            model_rope_apply(&hp->rope, cs, ws->q + (size_t)i * nh * hk + (size_t)h * hk + nope);
-    }
-    mla_job_t job = {m, ly, n};
-    if (rows[0].ctx->latent) {
-        for (int i = 0; i < n; i++)
-            cache_put(&rows[i], layer, ws->kv + (size_t)i * kvw, NULL);
-        ecs_threadpool_run(m->tp, absorb_worker, &job);
-        attention(m, rows, n, layer, ws->att);
-        ecs_threadpool_run(m->tp, vproj_worker, &job);
-    } else {
-        mla_expand_put(m, ly, rows, n, layer);
-        attention(m, rows, n, layer, ws->attv);
-    }
-}
-
-/* ----------------------------------------------------------- GQA (qwen3) */
-
-static void attn_gqa(model_t *m, const model_layer_t *ly, const model_step_row_t *rows, int n,
-                     int layer)
-{
-    const model_hparams_t *hp = &m->hp;
-    model_ws_t *ws = &m->ws;
-    const int nh = hp->n_head, nkv = hp->n_head_kv, D = hp->head_k;
-    mm(m, &ly->wq, ws->xn, hp->n_embd, n, ws->q, nh * D);
-    mm(m, &ly->wk, ws->xn, hp->n_embd, n, ws->kv, nkv * D);
-    mm(m, &ly->wv, ws->xn, hp->n_embd, n, ws->v, nkv * D);
-    for (int i = 0; i < n; i++) {
-        const float *cs = ws->rope + (size_t)i * hp->rope.n_rot;
-        for (int h = 0; h < nh; h++) {
-            float *q = ws->q + ((size_t)i * nh + h) * D;
-            rmsnorm(q, ly->q_norm, q, D, hp->rms_eps);
-            model_rope_apply(&hp->rope, cs, q);
-            to_f16(q, ws->qh + ((size_t)i * nh + h) * ws->qh_w, D);
-        }
-        for (int h = 0; h < nkv; h++) {
-            float *k = ws->kv + ((size_t)i * nkv + h) * D;
-            rmsnorm(k, ly->k_norm, k, D, hp->rms_eps);
-            model_rope_apply(&hp->rope, cs, k);
-        }
-        cache_put(&rows[i], layer, ws->kv + (size_t)i * nkv * D, ws->v + (size_t)i * nkv * D);
-    }
-    attention(m, rows, n, layer, ws->attv);
-}
-
-/* -------------------------------------------------------------------- FFN */
-
+/* out = down(silu(gate x) * up x) for n rows, in passes that fit ffa. */
 static void ffn_swiglu(model_t *m, const kcpu_mat_t *gate, const kcpu_mat_t *up,
                        const kcpu_mat_t *down, const float *x, int n, float *out)
 {
     model_ws_t *ws = &m->ws;
-    const int E = m->hp.n_embd, F = (int)gate->nrows;
-    mm(m, gate, x, E, n, ws->ffa, F);
-    mm(m, up, x, E, n, ws->ffb, F);
-    swiglu(ws->ffa, ws->ffb, (size_t)n * F);
-    mm(m, down, ws->ffa, F, n, out, E);
+    const int E = m->hp.n_embd;
+    const int per = (int)(ws->ff_cap / (size_t)gate->nrows);
+    for (int r0 = 0; r0 < n; r0 += per) {
+        const int nb = n - r0 < per ? n - r0 : per;
+        const float *xr = x + (size_t)r0 * E;
+        const void *act = model_act(m->tp, gate, xr, E, nb, ws->act);
+        par_job_t gu = swiglu_job(m, gate, up, down, act, up_act(m, gate, up, act, xr, nb), nb);
+        par_run(m->tp, &ws->plan, &gu, 1);
+        par_job_t d = par_mm(down, down_act(m, &gu, down, nb), nb, out + (size_t)r0 * E, E);
+        par_run(m->tp, &ws->plan, &d, 1);
+    }
 }
 
-static ecs_err_t ffn_moe(model_t *m, const model_layer_t *ly, int n, int layer)
+typedef struct {
+    const model_layer_t *ly;
+} route_job_t;
+
+static void route_row(model_t *m, void *ctx, int r)
 {
+    const route_job_t *j = ctx;
     const model_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
-    const int E = hp->n_embd, X = hp->n_expert, k = hp->n_expert_used;
-    mm(m, &ly->gate_inp, ws->xn, E, n, ws->router, X);
-    for (int i = 0; i < n; i++)
-        model_route(hp, ws->router + (size_t)i * X, ly->exp_probs_b, ws->ids + (size_t)i * k,
-                    ws->w + (size_t)i * k, ws->route_scratch);
-    ecs_err_t e = m->ex_ops->submit(m->ex_ctx, layer, n, ws->xn, k, ws->ids, ws->w);
-    if (e != ECS_OK)
-        return e;
-    const bool shared = ly->gate_shexp.nrows > 0;
+    const int k = hp->n_expert_used;
+    const size_t X = (size_t)hp->n_expert;
+    model_route(hp, ws->router + r * X, j->ly->exp_probs_b, ws->ids + (size_t)r * k,
+                ws->w + (size_t)r * k, ws->route_scratch + r * 3 * X);
+}
+
+typedef struct {
+    float *x;
+    const float *moe, *sh;
+    int E;
+} resid_job_t;
+
+/* x += moe + shared, summed in llama.cpp's order. */
+static void resid_row(model_t *m, void *ctx, int r)
+{
+    const resid_job_t *j = ctx;
+    (void)m;
+    const size_t o = (size_t)r * j->E;
+    if (j->sh) {
+        float *mo = (float *)j->moe + o;
+        for (int c = 0; c < j->E; c++)
+            mo[c] += j->sh[o + c];
+    }
+    add_into(j->x + o, j->moe + o, (size_t)j->E);
+}
+
+/* Routed experts through the built-in backend, fused with the shared
+ * experts: gate/up of all of them in one region, then all downs. */
+static ecs_err_t moe_local(model_t *m, const model_layer_t *ly, int n, int layer, bool shared,
+                           prof_mark_t *pm)
+{
+    model_ws_t *ws = &m->ws;
+    model_experts_local_t *l = m->ex_ctx;
+    const int k = m->hp.n_expert_used;
+    MODEL_TRY(model_experts_local_prepare(l, layer, n, ws->xn, k, ws->ids));
+    model_jobs_t jobs = {ws->jobs, 0};
+    par_job_t gu = {0};
+    if (shared) {
+        const void *act = model_act(m->tp, &ly->gate_shexp, ws->xn, m->hp.n_embd, n, ws->act);
+        gu = swiglu_job(m, &ly->gate_shexp, &ly->up_shexp, &ly->down_shexp, act,
+                        up_act(m, &ly->gate_shexp, &ly->up_shexp, act, ws->xn, n), n);
+        jobs.jobs[jobs.n++] = gu;
+    }
+    model_experts_local_gate_up(l, &jobs);
+    par_run(m->tp, &ws->plan, jobs.jobs, jobs.n);
+    prof_end(m, MODEL_PH_FFN_UP, pm);
+    jobs.n = 0;
     if (shared)
-        ffn_swiglu(m, &ly->gate_shexp, &ly->up_shexp, &ly->down_shexp, ws->xn, n, ws->sh);
-    e = m->ex_ops->wait(m->ex_ctx, layer, ws->moe);
-    if (e != ECS_OK)
-        return e;
-    const size_t tot = (size_t)n * E;
-    if (shared)
-        add_into(ws->moe, ws->sh, tot);
-    add_into(ws->x, ws->moe, tot);
+        jobs.jobs[jobs.n++] = par_mm(&ly->down_shexp, down_act(m, &gu, &ly->down_shexp, n), n,
+                                     ws->sh, m->hp.n_embd);
+    model_experts_local_down(l, &jobs);
+    par_run(m->tp, &ws->plan, jobs.jobs, jobs.n);
+    prof_end(m, MODEL_PH_FFN_DOWN, pm);
+    model_experts_local_finish(l, ws->w, ws->moe);
     return ECS_OK;
 }
 
+static ecs_err_t ffn_moe(model_t *m, const model_layer_t *ly, int n, int layer, prof_mark_t *pm)
+{
+    const model_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const int E = hp->n_embd, X = hp->n_expert;
+    const bool shared = ly->gate_shexp.nrows > 0;
+    mm(m, &ly->gate_inp, ws->xn, E, n, ws->router, X);
+    route_job_t rj = {ly};
+    for_rows(m, n, route_row, &rj);
+    prof_end(m, MODEL_PH_ROUTER, pm);
+    if (m->ex_ops == &model_experts_local_ops) {
+        MODEL_TRY(moe_local(m, ly, n, layer, shared, pm));
+    } else {
+        const int k = hp->n_expert_used;
+        MODEL_TRY(m->ex_ops->submit(m->ex_ctx, layer, n, ws->xn, k, ws->ids, ws->w));
+        if (shared)
+            ffn_swiglu(m, &ly->gate_shexp, &ly->up_shexp, &ly->down_shexp, ws->xn, n, ws->sh);
+        MODEL_TRY(m->ex_ops->wait(m->ex_ctx, layer, ws->moe));
+        prof_end(m, MODEL_PH_FFN_DOWN, pm);
+    }
+    resid_job_t r = {ws->x, ws->moe, shared ? ws->sh : NULL, E};
+    for_rows(m, n, resid_row, &r);
+    prof_end(m, MODEL_PH_MOE_SUM, pm);
+    return ECS_OK;
+}
+
+/* ------------------------------------------------------------ attention */
+
+typedef struct {
+    const model_layer_t *ly;
+    const model_step_row_t *rows;
+    int layer;
+} rope_job_t;
+
+/* ds2: normalise the latent, rotate k_pe and every head's q_pe; store the
+ * latent row when the cache is latent. */
+static void mla_row(model_t *m, void *ctx, int i)
+{
+    const rope_job_t *j = ctx;
+    const model_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const int nh = hp->n_head, hk = hp->head_k, kvl = hp->kv_lora_rank, nrot = hp->rope.n_rot;
+    const float *cs = ws->rope + (size_t)i * nrot;
+    float *kv = ws->kv + (size_t)i * ws->kv_w;
+    rmsnorm(kv, j->ly->kv_a_norm, kv, kvl, hp->rms_eps);
+    model_rope_apply(&hp->rope, cs, kv + kvl);
+    for (int h = 0; h < nh; h++)
+        model_rope_apply(&hp->rope, cs, ws->q + (size_t)i * nh * hk + (size_t)h * hk + hp->qk_nope);
+    if (j->rows[i].ctx->latent)
+        model_cache_put(&j->rows[i], j->layer, kv, NULL);
+}
+
+/* Expanded (llama.cpp) layout: per head K = [W_k c | k_pe], V = W_v c. */
+static void expand_row(model_t *m, void *ctx, int i)
+{
+    const rope_job_t *j = ctx;
+    const model_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const int nh = hp->n_head, nope = hp->qk_nope, hv = hp->head_v, hk = hp->head_k;
+    const int kvl = hp->kv_lora_rank, nrot = hp->rope.n_rot, bw = nh * (nope + hv);
+    float *K = ws->kvrow, *V = ws->kvrow + (size_t)nh * hk;
+    const float *b = ws->kvb + (size_t)i * bw;
+    for (int h = 0; h < nh; h++) {
+        memcpy(K + (size_t)h * hk, b + (size_t)h * (nope + hv), (size_t)nope * sizeof *K);
+        memcpy(K + (size_t)h * hk + nope, ws->kv + (size_t)i * ws->kv_w + kvl,
+               (size_t)nrot * sizeof *K);
+        memcpy(V + (size_t)h * hv, b + (size_t)h * (nope + hv) + nope, (size_t)hv * sizeof *V);
+    }
+    model_cache_put(&j->rows[i], j->layer, K, V);
+}
+
+static void attn_mla(model_t *m, const model_layer_t *ly, const model_step_row_t *rows, int n,
+                     int layer, prof_mark_t *pm)
+{
+    const model_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const int qw = hp->n_head * hp->head_k, E = hp->n_embd;
+    if (hp->q_lora_rank > 0) {
+        const int ql = hp->q_lora_rank;
+        mm_pair(m, &ly->wq_a, ws->qa, ql, &ly->wkv_a, ws->kv, ws->kv_w, ws->xn, E, n);
+        norm_rows(m, ly->q_a_norm, ws->qa, ql, ws->qa, ql, ql, n);
+        mm(m, &ly->wq_b, ws->qa, ql, n, ws->q, qw);
+    } else {
+        mm_pair(m, &ly->wq, ws->q, qw, &ly->wkv_a, ws->kv, ws->kv_w, ws->xn, E, n);
+    }
+    rope_job_t rj = {ly, rows, layer};
+    for_rows(m, n, mla_row, &rj);
+    if (!rows[0].ctx->latent) {
+        const int64_t bw = (int64_t)hp->n_head * (hp->qk_nope + hp->head_v);
+        mm(m, &ly->wkv_b, ws->kv, ws->kv_w, n, ws->kvb, bw);
+        for (int i = 0; i < n; i++) /* one shared row buffer: serial */
+            expand_row(m, &rj, i);
+    }
+    prof_end(m, MODEL_PH_ATTN_IN, pm);
+    model_attention(m, ly, &m->ext[layer], rows, n, layer);
+    prof_end(m, MODEL_PH_ATTN_CORE, pm);
+}
+
+static void gqa_row(model_t *m, void *ctx, int i)
+{
+    const rope_job_t *j = ctx;
+    const model_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const int nh = hp->n_head, nkv = hp->n_head_kv, D = hp->head_k;
+    const float *cs = ws->rope + (size_t)i * hp->rope.n_rot;
+    for (int h = 0; h < nh; h++) {
+        float *q = ws->q + ((size_t)i * nh + h) * D;
+        rmsnorm(q, j->ly->q_norm, q, D, hp->rms_eps);
+        model_rope_apply(&hp->rope, cs, q);
+    }
+    for (int h = 0; h < nkv; h++) {
+        float *k = ws->kv + ((size_t)i * nkv + h) * D;
+        rmsnorm(k, j->ly->k_norm, k, D, hp->rms_eps);
+        model_rope_apply(&hp->rope, cs, k);
+    }
+    const size_t o = (size_t)i * nkv * D;
+    model_cache_put(&j->rows[i], j->layer, ws->kv + o, ws->v + o);
+}
+
+static void attn_gqa(model_t *m, const model_layer_t *ly, const model_step_row_t *rows, int n,
+                     int layer, prof_mark_t *pm)
+{
+    const model_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const int nh = hp->n_head, nkv = hp->n_head_kv, D = hp->head_k, E = hp->n_embd;
+    if (same_vdt(&ly->wq, &ly->wk) && same_vdt(&ly->wq, &ly->wv)) {
+        const void *act = model_act(m->tp, &ly->wq, ws->xn, E, n, ws->act);
+        par_job_t j[3] = {par_mm(&ly->wq, act, n, ws->q, nh * D),
+                          par_mm(&ly->wk, act, n, ws->kv, nkv * D),
+                          par_mm(&ly->wv, act, n, ws->v, nkv * D)};
+        par_run(m->tp, &ws->plan, j, 3);
+    } else {
+        mm(m, &ly->wq, ws->xn, E, n, ws->q, nh * D);
+        mm_pair(m, &ly->wk, ws->kv, nkv * D, &ly->wv, ws->v, nkv * D, ws->xn, E, n);
+    }
+    rope_job_t rj = {ly, rows, layer};
+    for_rows(m, n, gqa_row, &rj);
+    prof_end(m, MODEL_PH_ATTN_IN, pm);
+    model_attention(m, ly, NULL, rows, n, layer);
+    prof_end(m, MODEL_PH_ATTN_CORE, pm);
+}
+
 /* ---------------------------------------------------------------- driver */
+
+typedef struct {
+    float *x;
+    const float *y;
+    int E;
+} add_job_t;
+
+static void add_row(model_t *m, void *ctx, int r)
+{
+    const add_job_t *j = ctx;
+    (void)m;
+    add_into(j->x + (size_t)r * j->E, j->y + (size_t)r * j->E, (size_t)j->E);
+}
 
 static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, int il)
 {
@@ -345,23 +402,41 @@ static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, 
     const model_layer_t *ly = &m->w.layers[il];
     model_ws_t *ws = &m->ws;
     const int E = hp->n_embd;
-    const size_t tot = (size_t)n * E;
-    for (int i = 0; i < n; i++)
-        rmsnorm(ws->x + (size_t)i * E, ly->attn_norm, ws->xn + (size_t)i * E, E, hp->rms_eps);
+    prof_mark_t pm;
+    prof_start(m, &pm);
+    norm_rows(m, ly->attn_norm, ws->x, E, ws->xn, E, E, n);
+    prof_end(m, MODEL_PH_NORM, &pm);
     if (hp->arch == MODEL_ARCH_DEEPSEEK2)
-        attn_mla(m, ly, rows, n, il);
+        attn_mla(m, ly, rows, n, il, &pm);
     else
-        attn_gqa(m, ly, rows, n, il);
+        attn_gqa(m, ly, rows, n, il, &pm);
     mm(m, &ly->wo, ws->attv, (int64_t)hp->n_head * hp->head_v, n, ws->tmp, E);
-    add_into(ws->x, ws->tmp, tot);
+    add_job_t aj = {ws->x, ws->tmp, E};
+    for_rows(m, n, add_row, &aj);
+    prof_end(m, MODEL_PH_ATTN_OUT, &pm);
 
-    for (int i = 0; i < n; i++)
-        rmsnorm(ws->x + (size_t)i * E, ly->ffn_norm, ws->xn + (size_t)i * E, E, hp->rms_eps);
+    norm_rows(m, ly->ffn_norm, ws->x, E, ws->xn, E, E, n);
+    prof_end(m, MODEL_PH_NORM, &pm);
     if (ly->moe)
-        return ffn_moe(m, ly, n, il);
+        return ffn_moe(m, ly, n, il, &pm);
     ffn_swiglu(m, &ly->ffn_gate, &ly->ffn_up, &ly->ffn_down, ws->xn, n, ws->tmp);
-    add_into(ws->x, ws->tmp, tot);
+    for_rows(m, n, add_row, &aj);
+    prof_end(m, MODEL_PH_DENSE, &pm);
     return ECS_OK;
+}
+
+typedef struct {
+    const model_step_row_t *rows;
+} embd_job_t;
+
+static void embd_row(model_t *m, void *ctx, int i)
+{
+    const embd_job_t *j = ctx;
+    const kcpu_mat_t *te = &m->w.token_embd;
+    const int E = m->hp.n_embd;
+    ecs_dequantize_row(te->type, (const char *)te->data + (size_t)j->rows[i].token * te->row_bytes,
+                       m->ws.x + (size_t)i * E, E);
+    model_rope_cache(&m->hp.rope, j->rows[i].pos, m->ws.rope + (size_t)i * m->hp.rope.n_rot);
 }
 
 ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const int *out_rows,
@@ -371,21 +446,20 @@ ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const i
     const model_weights_t *w = &m->w;
     model_ws_t *ws = &m->ws;
     const int E = hp->n_embd;
-    for (int i = 0; i < n; i++) {
-        const char *er = (const char *)w->token_embd.data + (size_t)rows[i].token * w->token_embd.row_bytes;
-        ecs_dequantize_row(w->token_embd.type, er, ws->x + (size_t)i * E, E);
-        model_rope_cache(&hp->rope, rows[i].pos, ws->rope + (size_t)i * hp->rope.n_rot);
-    }
-    for (int il = 0; il < hp->n_layer; il++) {
-        ecs_err_t e = layer_forward(m, rows, n, il);
-        if (e != ECS_OK)
-            return e;
-    }
+    prof_mark_t pm;
+    prof_start(m, &pm);
+    embd_job_t ej = {rows};
+    for_rows(m, n, embd_row, &ej);
+    prof_end(m, MODEL_PH_EMBED, &pm);
+    for (int il = 0; il < hp->n_layer; il++)
+        MODEL_TRY(layer_forward(m, rows, n, il));
     if (n_out == 0)
         return ECS_OK;
+    prof_start(m, &pm);
     for (int j = 0; j < n_out; j++)
         rmsnorm(ws->x + (size_t)out_rows[j] * E, w->output_norm, ws->xn + (size_t)j * E, E,
                 hp->rms_eps);
     mm(m, &w->output, ws->xn, E, n_out, logits, hp->n_vocab);
+    prof_end(m, MODEL_PH_OUTPUT, &pm);
     return ECS_OK;
 }

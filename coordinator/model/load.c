@@ -385,3 +385,82 @@ ecs_err_t model_read_hparams(model_t *m)
     }
     return check_moe(f, hp);
 }
+
+/* ------------------------------------------------------- derived tensors */
+
+/* The transposed W_k keeps an exact float type as it is; a quantized
+ * W_kv_b becomes Q8_0 (what llama.cpp's converter makes of attn_k_b), or
+ * F32 when qk_nope is not a multiple of Q8_0's block. */
+static ecs_type_t wkt_type(ecs_type_t t, int nope)
+{
+    if (t == ECS_TYPE_F32 || t == ECS_TYPE_F16 || t == ECS_TYPE_BF16)
+        return t;
+    return nope % 32 == 0 ? ECS_TYPE_Q8_0 : ECS_TYPE_F32;
+}
+
+/* Head h of W_kv_b's W_k (nope rows of kvl), transposed into kvl rows of
+ * nope values of wkt's type. w holds nope * kvl + nope floats. */
+static void transpose_head(const kcpu_mat_t *wb, const model_hparams_t *hp, int h, float *w,
+                           kcpu_mat_t *wkt)
+{
+    const int nope = hp->qk_nope, kvl = hp->kv_lora_rank;
+    float *col = w + (size_t)nope * kvl;
+    for (int d = 0; d < nope; d++) {
+        const size_t r = (size_t)h * (nope + hp->head_v) + (size_t)d;
+        ecs_dequantize_row(wb->type, (const char *)wb->data + r * wb->row_bytes,
+                           w + (size_t)d * kvl, kvl);
+    }
+    for (int j = 0; j < kvl; j++) {
+        char *dst = (char *)wkt->data + ((size_t)h * kvl + (size_t)j) * wkt->row_bytes;
+        for (int d = 0; d < nope; d++)
+            col[d] = w[(size_t)d * kvl + (size_t)j];
+        if (wkt->type == ECS_TYPE_F32) {
+            memcpy(dst, col, (size_t)nope * sizeof *col);
+        } else if (wkt->type == ECS_TYPE_F16) {
+            for (int d = 0; d < nope; d++)
+                ((ecs_fp16_t *)dst)[d] = ecs_f32_to_fp16(col[d]);
+        } else if (wkt->type == ECS_TYPE_BF16) {
+            for (int d = 0; d < nope; d++)
+                ((ecs_bf16_t *)dst)[d] = ecs_f32_to_bf16(col[d]);
+        } else {
+            ecs_quantize_row(wkt->type, col, dst, nope);
+        }
+    }
+}
+
+ecs_err_t model_build_ext(model_t *m)
+{
+    const model_hparams_t *hp = &m->hp;
+    m->ext = calloc((size_t)hp->n_layer, sizeof *m->ext);
+    if (!m->ext)
+        return ecs_error(ECS_ERR_NOMEM, "model: no memory for %d layers", hp->n_layer);
+    if (hp->arch != MODEL_ARCH_DEEPSEEK2)
+        return ECS_OK;
+    const int nope = hp->qk_nope, kvl = hp->kv_lora_rank, nh = hp->n_head;
+    size_t total = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        kcpu_mat_t *t = &m->ext[il].wkt;
+        t->type = wkt_type(m->w.layers[il].wkv_b.type, nope);
+        t->ncols = nope;
+        t->nrows = (int64_t)nh * kvl;
+        t->row_bytes = ecs_row_size(t->type, nope);
+        total += ((size_t)t->nrows * t->row_bytes + 63) & ~(size_t)63;
+    }
+    float *w = malloc(((size_t)nope * kvl + (size_t)nope) * sizeof *w);
+    m->ext_mem = aligned_alloc(64, total);
+    if (!w || !m->ext_mem) {
+        free(w);
+        return ecs_error(ECS_ERR_NOMEM, "model: cannot allocate %zu bytes for W_k^T", total);
+    }
+    m->ext_bytes = total;
+    char *p = m->ext_mem;
+    for (int il = 0; il < hp->n_layer; il++) {
+        kcpu_mat_t *t = &m->ext[il].wkt;
+        t->data = p;
+        p += ((size_t)t->nrows * t->row_bytes + 63) & ~(size_t)63;
+        for (int h = 0; h < nh; h++)
+            transpose_head(&m->w.layers[il].wkv_b, hp, h, w, t);
+    }
+    free(w);
+    return ECS_OK;
+}

@@ -1,8 +1,11 @@
 /* model.c - the model object (load, workspace, expert backend), sequences
  * (KV caches budgeted whole at creation) and the evaluation entry points. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "coordinator/model/model_int.h"
@@ -27,11 +30,12 @@ static size_t act_need(const kcpu_mat_t *w, size_t cur)
 {
     if (w->nrows == 0)
         return cur;
-    size_t b = kcpu_act_bytes(w->type, w->ncols, MODEL_MAX_BATCH);
+    size_t b = model_act_row(w->type, w->ncols);
     return b > cur ? b : cur;
 }
 
-static size_t act_bytes_max(const model_t *m)
+/* Widest quantized activation row of any product the model runs itself. */
+static size_t act_row_max(const model_t *m)
 {
     size_t need = act_need(&m->w.output, 0);
     for (int il = 0; il < m->hp.n_layer; il++) {
@@ -45,20 +49,46 @@ static size_t act_bytes_max(const model_t *m)
     return need;
 }
 
-/* Quantized W_v_b inputs of the latent path: n_head*nb rows of kv_lora. */
-static size_t att_act_bytes(const model_t *m)
+/* Bytes per quantized row of the latent path's per-head products: q_nope
+ * for W_kT (which) or the latent output for W_v (!which). */
+static size_t head_act_row(const model_t *m, bool wkt)
 {
     if (m->hp.arch != MODEL_ARCH_DEEPSEEK2)
         return 0;
     size_t need = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
-        size_t b = kcpu_act_bytes(m->w.layers[il].wkv_b.type, m->hp.kv_lora_rank, 1);
+        size_t b = wkt ? model_act_row(m->ext[il].wkt.type, m->hp.qk_nope)
+                       : model_act_row(m->w.layers[il].wkv_b.type, m->hp.kv_lora_rank);
         need = b > need ? b : need;
     }
-    return need * (size_t)m->hp.n_head * MODEL_MAX_BATCH;
+    return need;
 }
 
 static int imax(int a, int b) { return a > b ? a : b; }
+
+static int pad16(int x) { return (x + 15) & ~15; }
+
+/* Floats in ffa / ffb: all rows of a step through the widest shared FFN,
+ * and at least KCPU_MAX_BATCH rows through the dense one (which then runs
+ * in passes). */
+static size_t ff_cap(const model_hparams_t *hp)
+{
+    const size_t a = (size_t)MODEL_MAX_BATCH * (size_t)imax(hp->n_ff_shexp, 1);
+    const size_t b = (size_t)KCPU_MAX_BATCH * (size_t)imax(imax(hp->n_ff, hp->n_ff_shexp), 1);
+    return a > b ? a : b;
+}
+
+/* Largest F among the FFNs the model runs itself, and its down's act row. */
+static size_t ffq_row_max(const model_t *m)
+{
+    size_t need = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const model_layer_t *l = &m->w.layers[il];
+        need = act_need(&l->ffn_down, need);
+        need = act_need(&l->down_shexp, need);
+    }
+    return need;
+}
 
 static void ws_layout(model_t *m, carve_t *c)
 {
@@ -68,11 +98,21 @@ static void ws_layout(model_t *m, carve_t *c)
     const bool ds2 = hp->arch == MODEL_ARCH_DEEPSEEK2;
     const int nrot = hp->rope.n_rot, kvl = hp->kv_lora_rank;
     ws->kv_w = ds2 ? kvl + nrot : hp->n_head_kv * hp->head_k;
-    ws->qh_w = ds2 ? imax(kvl + nrot, hp->head_k) : hp->head_k;
     ws->att_w = ds2 ? imax(kvl, hp->head_v) : hp->head_v;
     ws->ff_w = imax(imax(hp->n_ff, hp->n_ff_shexp), 1);
+    ws->ff_cap = ff_cap(hp);
     const int nth = ecs_threadpool_size(m->tp);
-    ws->thr_stride = (size_t)m->opts.n_ctx + (size_t)kvl + 16;
+    /* attention scratch per thread: queries, scores, a block of keys, output */
+    ws->dkp = pad16(ds2 ? imax(kvl + nrot, hp->head_k) : hp->head_k);
+    ws->dvp = pad16(ds2 ? imax(kvl, hp->head_v) : hp->head_v);
+    ws->t_pad = pad16(m->opts.n_ctx);
+    int qmax = (int)((size_t)(1 << 20) / (size_t)ws->t_pad) & ~3;
+    ws->att_qmax = qmax < 4 ? 4 : qmax > MODEL_ATT_QMAX ? MODEL_ATT_QMAX : qmax;
+    ws->thr_stride = (size_t)ws->att_qmax * (size_t)(ws->dkp + ws->t_pad + ws->dvp) +
+                     16 * (size_t)ws->dkp;
+    ws->qn_row = head_act_row(m, true);
+    ws->att_row = head_act_row(m, false);
+    ws->jobs_cap = imax(hp->n_head, hp->n_expert + 2) + model_experts_local_max_jobs(m);
 
     ws->x = carve(c, nb * hp->n_embd * F);
     ws->xn = carve(c, nb * hp->n_embd * F);
@@ -82,22 +122,27 @@ static void ws_layout(model_t *m, carve_t *c)
     ws->v = carve(c, nb * (size_t)hp->n_head_kv * hp->head_v * F);
     ws->kvb = carve(c, ds2 ? nb * hp->n_head * (size_t)(hp->qk_nope + hp->head_v) * F : 0);
     ws->kvrow = carve(c, ds2 ? (size_t)hp->n_head * (hp->head_k + hp->head_v) * F : 0);
-    ws->qh = carve(c, nb * hp->n_head * (size_t)ws->qh_w * sizeof(ecs_fp16_t));
-    ws->att = carve(c, nb * hp->n_head * (size_t)ws->att_w * F);
+    ws->att = carve(c, ds2 ? nb * hp->n_head * (size_t)kvl * F : 0);
+    ws->ato = carve(c, ds2 ? nb * hp->n_head * (size_t)kvl * F : 0);
     ws->attv = carve(c, nb * hp->n_head * (size_t)hp->head_v * F);
-    ws->att_act = carve(c, att_act_bytes(m));
-    ws->ffa = carve(c, nb * ws->ff_w * F);
-    ws->ffb = carve(c, nb * ws->ff_w * F);
+    ws->qn_act = carve(c, nb * hp->n_head * ws->qn_row);
+    ws->att_act = carve(c, nb * hp->n_head * ws->att_row);
+    ws->ffa = carve(c, ws->ff_cap * F);
+    ws->ffb = carve(c, ws->ff_cap * F);
+    ws->ffq = carve(c, nb * ffq_row_max(m));
     ws->sh = carve(c, nb * hp->n_embd * F);
     ws->moe = carve(c, nb * hp->n_embd * F);
     ws->tmp = carve(c, nb * hp->n_embd * F);
     ws->router = carve(c, nb * hp->n_expert * F);
     ws->ids = carve(c, nb * hp->n_expert_used * sizeof(int32_t));
     ws->w = carve(c, nb * hp->n_expert_used * F);
-    ws->route_scratch = carve(c, 3 * (size_t)hp->n_expert * F);
+    ws->route_scratch = carve(c, nb * 3 * (size_t)hp->n_expert * F);
     ws->rope = carve(c, nb * nrot * F);
-    ws->act = carve(c, act_bytes_max(m));
+    ws->act = carve(c, 2 * nb * act_row_max(m));
     ws->thr = carve(c, (size_t)nth * ws->thr_stride * F);
+    ws->jobs = carve(c, (size_t)ws->jobs_cap * sizeof(par_job_t));
+    ws->plan.cap = 64 * ws->jobs_cap + 4096;
+    ws->plan.chunks = carve(c, (size_t)ws->plan.cap * sizeof(par_chunk_t));
 }
 
 static ecs_err_t ws_alloc(model_t *m)
@@ -116,14 +161,24 @@ static ecs_err_t ws_alloc(model_t *m)
 
 /* ------------------------------------------------------------------- model */
 
-static kcpu_vec_dot_fn pick_dot(ecs_type_t t)
+/* Decode streams ~1.6 GB of weights per token through the file mapping;
+ * with 4 KB pages that is a TLB miss every 4 KB. Where the kernel can fill
+ * the page cache with 2 MB folios on faults (transparent huge pages for
+ * files, large-folio file systems), this lets it map them with 2 MB pages.
+ * Advice only: pages already cached keep their size, and failure is
+ * harmless. */
+static void advise_hugepages(const gguf_file_t *f)
 {
-    for (int isa = (int)kcpu_isa(); isa >= 0; isa--) {
-        kcpu_vec_dot_fn fn = kcpu_vec_dot_for(t, (kcpu_isa_t)isa);
-        if (fn)
-            return fn;
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor_t *t = gguf_tensor_at(f, i);
+        const uintptr_t a = (uintptr_t)t->data;
+        lo = a < lo ? a : lo;
+        hi = a + t->nbytes > hi ? a + t->nbytes : hi;
     }
-    return NULL;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    if (hi > lo && page > 0)
+        madvise((void *)(lo & ~(page - 1)), hi - (lo & ~(page - 1)), MADV_HUGEPAGE);
 }
 
 ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
@@ -132,12 +187,13 @@ ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
     model_t *m = calloc(1, sizeof *m);
     if (!m)
         return ecs_error(ECS_ERR_NOMEM, "model: out of memory");
-    model_f16_init();
     ecs_err_t e = gguf_open(path, &m->file);
     if (e == ECS_OK)
         e = model_read_hparams(m);
     if (e == ECS_OK)
         e = model_load_weights(m);
+    if (e == ECS_OK)
+        advise_hugepages(m->file);
     if (e == ECS_OK) {
         m->opts = opts ? *opts : (model_opts_t){0};
         if (m->opts.n_ctx <= 0)
@@ -149,13 +205,10 @@ ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
             m->opts.n_threads = n > 0 ? (int)(n > 256 ? 256 : n) : 1;
         }
     }
-    if (e == ECS_OK) {
-        m->dot_f16 = pick_dot(ECS_TYPE_F16);
-        if (!m->dot_f16)
-            e = ecs_error(ECS_ERR_UNSUPPORTED, "model: no f16 dot product kernel");
-    }
     if (e == ECS_OK)
         e = ecs_threadpool_create(m->opts.n_threads, &m->tp);
+    if (e == ECS_OK)
+        e = model_build_ext(m);
     if (e == ECS_OK)
         e = ws_alloc(m);
     if (e == ECS_OK)
@@ -175,6 +228,8 @@ void model_free(model_t *m)
         return;
     model_experts_local_free(m->ex_local);
     free(m->ws_mem);
+    free(m->ext_mem);
+    free(m->ext);
     ecs_threadpool_destroy(m->tp);
     free(m->w.layers);
     gguf_close(m->file);
@@ -187,7 +242,10 @@ int model_n_vocab(const model_t *m) { return m->hp.n_vocab; }
 int model_n_ctx_max(const model_t *m) { return m->opts.n_ctx; }
 const gguf_file_t *model_gguf(const model_t *m) { return m->file; }
 ecs_threadpool_t *model_threadpool(const model_t *m) { return m->tp; }
-size_t model_workspace_bytes(const model_t *m) { return m->ws_bytes; }
+size_t model_workspace_bytes(const model_t *m)
+{
+    return m->ws_bytes + m->ext_bytes + model_experts_local_bytes(m->ex_local);
+}
 
 static size_t mat_bytes(const kcpu_mat_t *w) { return (size_t)w->nrows * w->row_bytes; }
 
@@ -207,6 +265,10 @@ size_t model_decode_bytes(const model_t *m)
                           mat_bytes(&l->down_exps);
         if (l->moe)
             b += ex / (size_t)hp->n_expert * (size_t)hp->n_expert_used;
+        if (hp->arch == MODEL_ARCH_DEEPSEEK2) { /* latent: W_kT replaces W_kv_b's k rows */
+            b -= (size_t)hp->n_head * (size_t)hp->qk_nope * l->wkv_b.row_bytes;
+            b += mat_bytes(&m->ext[il].wkt);
+        }
         b += 2 * E; /* attention and FFN norms */
         b += (l->q_a_norm ? (size_t)hp->q_lora_rank : 0) * sizeof(float);
         b += (l->kv_a_norm ? (size_t)hp->kv_lora_rank : 0) * sizeof(float);
@@ -215,6 +277,53 @@ size_t model_decode_bytes(const model_t *m)
     }
     return b;
 }
+
+/* ----------------------------------------------------------------- profile */
+
+static const char *const phase_names[MODEL_PH_COUNT] = {
+    "embed", "norm", "attn_in", "attn_core", "attn_out", "router",
+    "ffn_up", "ffn_down", "moe_sum", "dense", "output",
+};
+
+static double clock_s(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void prof_start(const model_t *m, prof_mark_t *mk)
+{
+    if (!m->opts.profile)
+        return;
+    mk->wall = clock_s(CLOCK_MONOTONIC);
+    mk->cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+    mk->regions = par_regions();
+}
+
+void prof_end(model_t *m, model_phase_t ph, prof_mark_t *mk)
+{
+    if (!m->opts.profile)
+        return;
+    prof_mark_t now;
+    prof_start(m, &now);
+    model_prof_t *p = &m->prof[ph];
+    p->wall_s += now.wall - mk->wall;
+    p->cpu_s += now.cpu - mk->cpu;
+    p->regions += now.regions - mk->regions;
+    p->calls++;
+    *mk = now;
+}
+
+void model_profile(const model_t *m, model_prof_t out[MODEL_PH_COUNT])
+{
+    for (int i = 0; i < MODEL_PH_COUNT; i++) {
+        out[i] = m->prof[i];
+        out[i].name = phase_names[i];
+    }
+}
+
+void model_profile_reset(model_t *m) { memset(m->prof, 0, sizeof m->prof); }
 
 kcpu_mat_t model_expert_mat(const kcpu_mat_t *stack, int e, int rows_per_expert)
 {
@@ -241,6 +350,8 @@ static void ctx_geometry(const model_t *m, unsigned flags, model_ctx_t *c)
 {
     const model_hparams_t *hp = &m->hp;
     c->flags = flags;
+    c->f32 = (flags & MODEL_CTX_KV_F32) != 0;
+    c->elt = c->f32 ? sizeof(float) : sizeof(ecs_fp16_t);
     if (hp->arch == MODEL_ARCH_DEEPSEEK2 && !(flags & MODEL_CTX_MLA_EXPANDED)) {
         c->latent = true;
         c->n_kv_head = 1;
@@ -262,7 +373,7 @@ size_t model_ctx_bytes(const model_t *m, int n_ctx, unsigned flags)
     model_ctx_t c;
     ctx_geometry(m, flags, &c);
     size_t per_tok = c.latent ? c.k_row : c.k_row + c.v_row;
-    return (size_t)m->hp.n_layer * (size_t)(n_ctx > 0 ? n_ctx : 0) * per_tok * sizeof(ecs_fp16_t);
+    return (size_t)m->hp.n_layer * (size_t)(n_ctx > 0 ? n_ctx : 0) * per_tok * c.elt;
 }
 
 ecs_err_t model_ctx_new(model_t *m, int n_ctx, unsigned flags, model_ctx_t **out)
@@ -271,7 +382,7 @@ ecs_err_t model_ctx_new(model_t *m, int n_ctx, unsigned flags, model_ctx_t **out
     if (n_ctx < 1 || n_ctx > m->opts.n_ctx)
         return ecs_error(ECS_ERR_RANGE, "model: context of %d tokens; this model was loaded for "
                          "1..%d", n_ctx, m->opts.n_ctx);
-    if (flags & ~(unsigned)MODEL_CTX_MLA_EXPANDED)
+    if (flags & ~(unsigned)(MODEL_CTX_MLA_EXPANDED | MODEL_CTX_KV_F32))
         return ecs_error(ECS_ERR_INVAL, "model: unknown context flags 0x%x", flags);
     model_ctx_t *c = calloc(1, sizeof *c);
     if (!c)
@@ -289,7 +400,7 @@ ecs_err_t model_ctx_new(model_t *m, int n_ctx, unsigned flags, model_ctx_t **out
                          model_ctx_bytes(m, n_ctx, flags), n_ctx);
     }
     c->k = c->mem;
-    c->v = c->latent ? c->k : c->k + c->k_layer * (size_t)m->hp.n_layer;
+    c->v = c->latent ? c->k : (char *)c->k + c->k_layer * (size_t)m->hp.n_layer * c->elt;
     *out = c;
     return ECS_OK;
 }

@@ -23,8 +23,10 @@
 #include "common/threadpool.h"
 #include "kernels/cpu/cpu.h"
 
-/* Rows per forward step (one kcpu_matmul batch). */
-#define MODEL_MAX_BATCH KCPU_MAX_BATCH
+/* Rows per forward step. A long prompt is evaluated in steps this big, so
+ * that each routed expert sees many rows per step (its weights are read
+ * once per step); the products run in tiles of KCPU_MAX_BATCH rows. */
+#define MODEL_MAX_BATCH 512
 /* Sanity bounds on metadata, so that a malformed file cannot ask for an
  * absurd allocation. */
 #define MODEL_MAX_LAYERS 1024
@@ -145,6 +147,7 @@ typedef struct model_ctx model_ctx_t;
 typedef struct {
     int n_ctx;      /* largest context any model_ctx may have; <= 0: min(n_ctx_train, 4096) */
     int n_threads;  /* <= 0: online CPUs */
+    bool profile;   /* time the phases of each step (model_profile) */
 } model_opts_t;
 
 /* Maps and validates path; every tensor the architecture needs must exist
@@ -159,8 +162,39 @@ int model_n_ctx_max(const model_t *m);
 /* The mapped file (tokenizer metadata lives there too). */
 const gguf_file_t *model_gguf(const model_t *m);
 ecs_threadpool_t *model_threadpool(const model_t *m);
-/* Bytes of scratch allocated at load. */
+/* Bytes of scratch and derived tensors allocated at load (workspace, the
+ * transposed W_k of deepseek2's latent attention, the local expert
+ * backend), KV caches not included. */
 size_t model_workspace_bytes(const model_t *m);
+/* Phases of a forward step, as model_profile reports them. */
+typedef enum {
+    MODEL_PH_EMBED,     /* embedding rows, rope tables */
+    MODEL_PH_NORM,      /* RMSNorms before attention and FFN */
+    MODEL_PH_ATTN_IN,   /* Q and KV projections, rope, KV cache writes */
+    MODEL_PH_ATTN_CORE, /* Q.K, softmax, P.V (and ds2 absorption / W_v) */
+    MODEL_PH_ATTN_OUT,  /* W_o and the residual add */
+    MODEL_PH_ROUTER,    /* router logits and top-k */
+    MODEL_PH_FFN_UP,    /* gate/up of routed + shared experts (SwiGLU) */
+    MODEL_PH_FFN_DOWN,  /* down of routed + shared experts */
+    MODEL_PH_MOE_SUM,   /* weighted sum of the experts, residual add */
+    MODEL_PH_DENSE,     /* dense FFN layers */
+    MODEL_PH_OUTPUT,    /* final norm and output head */
+    MODEL_PH_COUNT
+} model_phase_t;
+
+typedef struct {
+    const char *name;
+    double wall_s;     /* wall-clock time in the phase */
+    double cpu_s;      /* process CPU time in it: cpu / (wall x threads) is the pool's use */
+    uint64_t regions;  /* parallel regions (pool wake-ups) started in it */
+    uint64_t calls;
+} model_prof_t;
+
+/* Fills out[MODEL_PH_COUNT] with the totals since load or the last reset;
+ * all zero unless the model was loaded with opts.profile. */
+void model_profile(const model_t *m, model_prof_t out[MODEL_PH_COUNT]);
+void model_profile_reset(model_t *m);
+
 /* Bytes of weights one decoded token reads (default latent attention):
  * every tensor of the attention, dense and shared FFNs, the router, the
  * n_expert_used / n_expert share of each stacked expert tensor, the output
@@ -189,6 +223,7 @@ typedef struct model_experts_local model_experts_local_t;
 ecs_err_t model_experts_local_new(const model_t *m, ecs_threadpool_t *tp,
                                   model_experts_local_t **out);
 void model_experts_local_free(model_experts_local_t *l);
+size_t model_experts_local_bytes(const model_experts_local_t *l);
 extern const model_experts_ops model_experts_local_ops;
 
 /* ---- sequences ---- */

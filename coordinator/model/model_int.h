@@ -1,9 +1,109 @@
 /* model_int.h - private structures shared by the files of the model module
- * (loader, forward pass, local expert backend). Not part of the API. */
+ * (loader, forward pass, attention, parallel regions, local expert backend,
+ * SIMD helpers). Not part of the API. */
 #ifndef ECS_MODEL_INT_H
 #define ECS_MODEL_INT_H
 
+#include <stdatomic.h>
+
 #include "coordinator/model/model.h"
+
+/* ------------------------------------------------------------ par.c
+ * Parallel regions on the pool. A region is a list of matrix products
+ * (jobs); their weight rows are cut into chunks, largest first and
+ * shrinking towards the end (guided scheduling), and the pool's threads
+ * take chunks from a shared counter. One region = one pool wake-up however
+ * many matrices it holds, and the tail where one thread waits for the other
+ * is a small chunk. */
+
+typedef enum {
+    PAR_MM,     /* y = W act */
+    PAR_SWIGLU, /* y = silu(W act) * (W2 act), y2 scratch; then optionally quantized */
+} par_kind_t;
+
+typedef struct {
+    par_kind_t kind;
+    kcpu_mat_t w, w2;   /* w2: the up projection of PAR_SWIGLU */
+    const void *act;    /* nb activation rows of w's vec_dot type, act_stride bytes apart */
+    size_t act_stride;
+    const void *act2;   /* PAR_SWIGLU: w2's rows, act2_stride apart */
+    size_t act2_stride;
+    int nb;             /* any count: products run in tiles of KCPU_MAX_BATCH rows */
+    float *y, *y2;      /* [nb][ldy]; y2 only for PAR_SWIGLU */
+    int64_t ldy;
+    /* PAR_SWIGLU: when hq is set, each chunk also quantizes its columns of
+     * y to hq_vdt (rows hq_stride bytes apart); chunks are then aligned to
+     * that type's block. */
+    void *hq;
+    size_t hq_stride;
+    ecs_type_t hq_vdt;
+} par_job_t;
+
+typedef struct {
+    int job;
+    int64_t r0, r1;
+} par_chunk_t;
+
+typedef struct {
+    par_chunk_t *chunks;
+    int cap;
+} par_plan_t;
+
+/* A job for y = w act over nb rows (act as kcpu_quantize_rows makes it). */
+par_job_t par_mm(const kcpu_mat_t *w, const void *act, int nb, float *y, int64_t ldy);
+/* A SwiGLU job: y = silu(gate act) * (up act_up), y2 scratch, both
+ * [nb][ldy]; y quantized for down into hq (may be NULL) when chunks can. */
+par_job_t par_swiglu(const kcpu_mat_t *gate, const kcpu_mat_t *up, const kcpu_mat_t *down,
+                     const void *act, const void *act_up, int nb, float *y, float *y2, int64_t ldy,
+                     void *hq);
+void par_run(ecs_threadpool_t *tp, par_plan_t *plan, const par_job_t *jobs, int n);
+
+/* fn(arg, item, ith) for item in [0, n), items handed out in order. */
+typedef void (*par_item_fn)(void *arg, int item, int ith);
+void par_for(ecs_threadpool_t *tp, int n, par_item_fn fn, void *arg);
+/* Parallel regions started by this process (for profiles). */
+uint64_t par_regions(void);
+
+/* Bytes between packed activation rows for weights of type wtype. */
+size_t model_act_row(ecs_type_t wtype, int64_t ncols);
+/* x (nb rows, ldx apart) as activations for w: x itself when w takes F32
+ * rows of exactly ncols, else quantized into buf (on the pool for big
+ * batches). */
+const void *model_act(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int64_t ldx,
+                      int nb, void *buf);
+
+/* ------------------------------------------------------------ simd
+ * Hot loops with an AVX-512 version (simd_avx512.c) and a plain one
+ * (simd.c); model_simd() picks by the ISA in use (kcpu_isa()). */
+typedef struct {
+    /* g[i] = silu(g[i]) * u[i] */
+    void (*swiglu)(float *g, const float *u, int64_t n);
+    /* S[j][t] = scale * Q[j] . K[t] for j < nq (multiple of 4), t < nt;
+     * Q rows ldq floats apart, zero-padded to dkp (multiple of 16); K rows
+     * ks elements apart, F16 when kf16 else F32, dk long; S rows hold nt
+     * rounded up to 16; kbuf holds 16 * dkp floats. */
+    void (*scores)(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16, int dk,
+                   int dkp, int nt, float scale, float *S, int lds, float *kbuf);
+    /* Row j of S (nt_j = len[j] valid values, row padded to nt): softmax
+     * in place, probabilities rounded to F16 when f16, zero past len[j]. */
+    void (*softmax)(float *S, int nq, int lds, const int *len, int nt, bool f16);
+    /* O[j][d] = sum_t P[j][t] V[t][d], j < nq (multiple of 4), d < dv; V
+     * rows vs elements apart (F16 when vf16). */
+    void (*pv)(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv, int nt,
+               float *O, int ldo);
+    /* dst = src rounded to F16 and back / converted to F16 */
+    void (*round_f16)(float *dst, const float *src, int64_t n);
+    void (*to_f16)(ecs_fp16_t *dst, const float *src, int64_t n);
+} model_simd_t;
+
+const model_simd_t *model_simd(void);
+const model_simd_t *model_simd_plain(void);
+const model_simd_t *model_simd_avx512(void); /* NULL when not built */
+
+/* ------------------------------------------------------------ model */
+
+/* Queries one attention work item handles at most (S rows). */
+#define MODEL_ATT_QMAX 64
 
 /* Scratch for one forward step of up to MODEL_MAX_BATCH rows; every buffer
  * is sized at load from the hyperparameters. Row-major, one row per token. */
@@ -16,24 +116,41 @@ typedef struct {
     float *v;        /* [nb][n_head_kv*head_v] qwen V */
     float *kvb;      /* [nb][n_head*(qk_nope+head_v)] ds2 expanded K/V */
     float *kvrow;    /* [n_head*(head_k+head_v)] one expanded K and V row */
-    ecs_fp16_t *qh;  /* [nb][n_head][qh_w] queries as the attention reads them */
-    float *att;      /* [nb][n_head][att_w] absorbed query, then latent attention output */
+    float *att;      /* [nb][n_head][kv_lora] absorbed queries (ds2 latent) */
+    float *ato;      /* [nb][n_head][kv_lora] latent attention output */
     float *attv;     /* [nb][n_head*head_v] attention output per head (input of W_o) */
-    void *att_act;   /* n_head*nb quantized rows of kv_lora for W_v_b */
-    float *ffa, *ffb;/* [nb][ff_w] gate / up of dense and shared FFNs */
+    void *qn_act;    /* n_head blocks of nb rows of qk_nope quantized for W_kT */
+    void *att_act;   /* n_head blocks of nb rows of kv_lora quantized for W_v */
+    size_t qn_row, att_row; /* bytes per row of the two above */
+    float *ffa, *ffb;/* [ff_cap] gate (then h) / up of dense and shared FFNs */
+    void *ffq;       /* h quantized for the down projection */
     float *sh;       /* [nb][n_embd] shared experts output */
     float *moe;      /* [nb][n_embd] routed experts output */
     float *tmp;      /* [nb][n_embd] a block's output before the residual add */
     float *router;   /* [nb][n_expert] */
     int32_t *ids;    /* [nb][n_expert_used] */
     float *w;        /* [nb][n_expert_used] */
-    float *route_scratch; /* [3*n_expert] */
+    float *route_scratch; /* [nb][3*n_expert] */
     float *rope;     /* [nb][n_rot] cos/sin per row */
-    void *act;       /* quantized activations for kcpu_matmul */
-    float *thr;      /* per thread: scores [n_ctx_max], dequant row [kv_lora] */
+    void *act;       /* quantized activations of one matrix input, nb rows */
+    float *thr;      /* per thread attention scratch, thr_stride floats */
     size_t thr_stride;
-    int qh_w, att_w, kv_w, ff_w;
+    par_plan_t plan;
+    par_job_t *jobs; /* [jobs_cap] for regions of many products */
+    int jobs_cap;
+    int kv_w, att_w, ff_w;
+    size_t ff_cap;   /* floats in ffa / ffb */
+    int att_qmax;    /* queries per attention item (<= MODEL_ATT_QMAX) */
+    int dkp, dvp;    /* widest key / value rows, padded to 16 */
+    int t_pad;       /* n_ctx padded to 16 */
 } model_ws_t;
+
+/* deepseek2 latent attention: W_k of W_kv_b transposed per head, so that
+ * absorbing a query (W_k^T q_nope) is a plain matrix product: n_head
+ * blocks of kv_lora rows of qk_nope values. */
+typedef struct {
+    kcpu_mat_t wkt;  /* all heads stacked: n_head*kv_lora rows */
+} model_layer_ext_t;
 
 struct model {
     gguf_file_t *file;
@@ -41,7 +158,10 @@ struct model {
     model_weights_t w;
     model_opts_t opts;
     ecs_threadpool_t *tp;
-    kcpu_vec_dot_fn dot_f16;
+
+    model_layer_ext_t *ext; /* [n_layer] */
+    void *ext_mem;
+    size_t ext_bytes;
 
     model_ws_t ws;
     void *ws_mem;
@@ -50,22 +170,37 @@ struct model {
     const model_experts_ops *ex_ops;
     void *ex_ctx;
     model_experts_local_t *ex_local;
+
+    model_prof_t prof[MODEL_PH_COUNT];
 };
 
-/* KV cache geometry: per layer, token rows of k_row (and v_row) F16 values.
- * In the ds2 latent layout V aliases K (the first kv_lora values of a row). */
+/* Phase timing (opts.profile): prof_start marks now; prof_end charges the
+ * time since the mark to a phase and moves the mark. */
+typedef struct {
+    double wall, cpu;
+    uint64_t regions;
+} prof_mark_t;
+
+void prof_start(const model_t *m, prof_mark_t *mk);
+void prof_end(model_t *m, model_phase_t ph, prof_mark_t *mk);
+
+/* KV cache geometry: per layer, token rows of k_row (and v_row) values,
+ * F16 or (MODEL_CTX_KV_F32) F32. In the ds2 latent layout V aliases K (the
+ * first kv_lora values of a row). */
 struct model_ctx {
     model_t *m;
     unsigned flags;
     int n_ctx;
     int n_past;
     bool latent;
+    bool f32;
     int n_kv_head;      /* heads stored; the latent has one shared by all */
     int dk, dv;         /* per head */
     size_t k_row, v_row;      /* elements per token */
     size_t k_layer, v_layer;  /* elements per layer */
-    ecs_fp16_t *k, *v;
-    ecs_fp16_t *mem;
+    size_t elt;               /* bytes per element */
+    void *k, *v;
+    void *mem;
     size_t bytes;
 };
 
@@ -83,13 +218,38 @@ typedef struct {
             return err_;                                                                           \
     } while (0)
 
-/* load.c: hyperparameters, then tensor views (needs the former) */
+/* load.c: hyperparameters, then tensor views (needs the former), then the
+ * derived per-layer tensors (W_kT) */
 ecs_err_t model_read_hparams(model_t *m);
 ecs_err_t model_load_weights(model_t *m);
+ecs_err_t model_build_ext(model_t *m);
 
 /* forward.c */
 ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n,
                         const int *out_rows, int n_out, float *logits);
-void model_f16_init(void);
+
+/* attn.c: the attention core of one layer, after the step's K/V rows are
+ * in the caches. ds2 latent: queries in ws->q (q_pe rotated), output in
+ * ws->attv. Others: queries in ws->q, output in ws->attv. */
+void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
+                     const model_step_row_t *rows, int n, int layer);
+/* Stores row r's K (and V, unless the cache is latent) at its position. */
+void model_cache_put(const model_step_row_t *r, int layer, const float *k, const float *v);
+
+/* experts.c: the local backend, run inside the model's own regions. */
+typedef struct {
+    par_job_t *jobs;
+    int n;
+} model_jobs_t;
+/* Checks and groups a step's rows; quantizes x for the experts. */
+ecs_err_t model_experts_local_prepare(model_experts_local_t *l, int layer, int n_tok,
+                                      const float *x, int k, const int32_t *ids);
+/* Appends the gate/up (then down) jobs of every expert with rows. */
+void model_experts_local_gate_up(model_experts_local_t *l, model_jobs_t *j);
+void model_experts_local_down(model_experts_local_t *l, model_jobs_t *j);
+/* out[t] = sum over slots (in slot order) of w[t][slot] * expert output. */
+void model_experts_local_finish(model_experts_local_t *l, const float *w, float *out);
+/* Most jobs model_experts_local_gate_up / _down append. */
+int model_experts_local_max_jobs(const model_t *m);
 
 #endif

@@ -61,7 +61,9 @@ void kcpu_quantize_rows(ecs_threadpool_t *tp, ecs_type_t wtype, const float *x, 
 
 /* y[b*ldy + r] = dot(W row r, activation row b) for r in [0, w->nrows),
  * b in [0, nb), 1 <= nb <= KCPU_MAX_BATCH. act as made by kcpu_quantize_rows.
- * Output rows are split across the pool's threads. */
+ * Output rows are split across the pool's threads. A result's bits depend
+ * neither on nb (the other rows of the batch) nor on the thread count; they
+ * may differ from kcpu_vec_dot_for's in the float rounding. */
 void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, int nb,
                    float *y, int64_t ldy);
 
@@ -92,20 +94,44 @@ kcpu_kernel_t kcpu_kernel_avx512(ecs_type_t wtype);
  * scalar level always has one for a weight type). */
 kcpu_kernel_t kcpu_kernel(ecs_type_t wtype);
 
+/* Quantized products in a layout that all quant types share (AVX-512 VNNI):
+ * kcpu_matmul_q packs each activation row once per call (pack_act). With
+ * nb >= KCPU_GEMM_MIN_NB rows it unpacks each tile of weight rows once
+ * (unpack_w: int8 levels plus float scales per 16 values, in 256-value
+ * superblocks; a row whose length is no multiple of 256 gets a zero-padded
+ * last superblock) and computes every pair of the tile (tile); with fewer
+ * rows, multi unpacks each weight row in registers instead. Both do the
+ * same arithmetic: a product does not depend on the number of rows. */
+#define KCPU_GEMM_SB 256
+#define KCPU_GEMM_MIN_NB 4
+
+typedef struct {
+    size_t w_sb; /* bytes per superblock of an unpacked weight row; 0: none */
+    size_t a_sb; /* bytes per superblock of a packed activation row */
+    int mr;      /* weight rows the microkernel takes at once: tiles are multiples */
+    /* out: 64-byte aligned, ceil(ncols / 256) * w_sb (a_sb) bytes */
+    void (*unpack_w)(const void *w, int64_t ncols, void *out);
+    void (*pack_act)(const void *a, int64_t ncols, void *out);
+    /* y[j * ldy + i] = dot(weight row i, activation row j) for i < nw, j < na;
+     * w: nw unpacked rows, a: na packed rows, nsb superblocks each. */
+    void (*tile)(const void *w, int nw, const void *a, int na, int64_t nsb, float *y,
+                 int64_t ldy);
+    /* a raw weight row against na <= KCPU_MAX_NA packed activation rows */
+    kcpu_dot_multi_fn multi;
+} kcpu_gemm_t;
+
+kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype);
+/* The kernels for wtype at the ISA in use (w_sb == 0: none). */
+kcpu_gemm_t kcpu_gemm(ecs_type_t wtype);
+
 /* SIMD activation quantizers; false if vdt has none on that ISA. */
 bool kcpu_quantize_act_avx2(ecs_type_t vdt, const float *x, void *out, int64_t n);
 bool kcpu_quantize_act_avx512(ecs_type_t vdt, const float *x, void *out, int64_t n);
 
-/* Defines name##_dot (a kcpu_vec_dot_fn) and name##_multi (a
- * kcpu_dot_multi_fn) from impl(NA, n, w, a, a_stride, out), an always-inline
- * kernel whose activation-row count NA is a compile-time constant. */
-#define KCPU_DEFINE_KERNEL(name, impl)                                                        \
-    static float name##_dot(int64_t n, const void *w, const void *a)                          \
-    {                                                                                         \
-        float r;                                                                              \
-        impl(1, n, w, a, 0, &r);                                                              \
-        return r;                                                                             \
-    }                                                                                         \
+/* Defines name##_multi (a kcpu_dot_multi_fn) from impl(NA, n, w, a, a_stride,
+ * out), an always-inline kernel whose activation-row count NA is a
+ * compile-time constant. */
+#define KCPU_DEFINE_MULTI(name, impl)                                                         \
     static void name##_multi(int64_t n, const void *w, const void *a, size_t as, int na,      \
                              float *out)                                                      \
     {                                                                                         \
@@ -116,5 +142,15 @@ bool kcpu_quantize_act_avx512(ecs_type_t vdt, const float *x, void *out, int64_t
         default: impl(4, n, w, a, as, out); break;                                            \
         }                                                                                     \
     }
+
+/* Defines name##_dot (a kcpu_vec_dot_fn) and name##_multi from impl. */
+#define KCPU_DEFINE_KERNEL(name, impl)                                                        \
+    static float name##_dot(int64_t n, const void *w, const void *a)                          \
+    {                                                                                         \
+        float r;                                                                              \
+        impl(1, n, w, a, 0, &r);                                                              \
+        return r;                                                                             \
+    }                                                                                         \
+    KCPU_DEFINE_MULTI(name, impl)
 
 #endif

@@ -46,121 +46,114 @@ INLINE __m512i dpbusd(__m512i u8, __m512i s8)
 /* Legacy 32-element blocks, two per 512-bit vector                          */
 /* ------------------------------------------------------------------------ */
 
-typedef struct {
-    __m512i q;     /* levels: unsigned, or magnitudes of signed levels */
-    __mmask64 neg; /* signed levels: lanes holding a negative level */
-    float d[2], m[2];
-} wpair_t;
-
-INLINE void make_signed(wpair_t *p, __m512i levels)
-{
-    p->neg = _mm512_movepi8_mask(levels);
-    p->q = _mm512_abs_epi8(levels);
-}
-
-/* Decodes block ib (and ib+1 if two) of a weight row of type T. */
-INLINE void decode_pair(ecs_type_t T, const uint8_t *w, int64_t ib, bool two, wpair_t *p)
-{
-    p->d[1] = p->m[0] = p->m[1] = 0.0f;
-    switch (T) {
-    case ECS_TYPE_Q4_0: {
-        const ecs_block_q4_0 *b = (const ecs_block_q4_0 *)w + ib;
-        p->d[0] = h2f(b[0].d);
-        if (two)
-            p->d[1] = h2f(b[1].d);
-        __m512i q = nibbles_pair(b[0].qs, two ? b[1].qs : NULL);
-        make_signed(p, _mm512_sub_epi8(q, _mm512_set1_epi8(8)));
-        break;
-    }
-    case ECS_TYPE_Q5_0: {
-        const ecs_block_q5_0 *b = (const ecs_block_q5_0 *)w + ib;
-        p->d[0] = h2f(b[0].d);
-        if (two)
-            p->d[1] = h2f(b[1].d);
-        __m512i q = nibbles_pair(b[0].qs, two ? b[1].qs : NULL);
-        q = add_fifth_bit(q, b[0].qh, two ? b[1].qh : NULL);
-        make_signed(p, _mm512_sub_epi8(q, _mm512_set1_epi8(16)));
-        break;
-    }
-    case ECS_TYPE_Q8_0: {
-        const ecs_block_q8_0 *b = (const ecs_block_q8_0 *)w + ib;
-        p->d[0] = h2f(b[0].d);
-        __m256i hi = _mm256_setzero_si256();
-        if (two) {
-            p->d[1] = h2f(b[1].d);
-            hi = _mm256_loadu_si256((const __m256i *)b[1].qs);
-        }
-        make_signed(p, join256(_mm256_loadu_si256((const __m256i *)b[0].qs), hi));
-        break;
-    }
-    case ECS_TYPE_Q4_1: {
-        const ecs_block_q4_1 *b = (const ecs_block_q4_1 *)w + ib;
-        p->d[0] = h2f(b[0].d);
-        p->m[0] = h2f(b[0].m);
-        if (two) {
-            p->d[1] = h2f(b[1].d);
-            p->m[1] = h2f(b[1].m);
-        }
-        p->q = nibbles_pair(b[0].qs, two ? b[1].qs : NULL);
-        break;
-    }
-    case ECS_TYPE_Q5_1: {
-        const ecs_block_q5_1 *b = (const ecs_block_q5_1 *)w + ib;
-        p->d[0] = h2f(b[0].d);
-        p->m[0] = h2f(b[0].m);
-        if (two) {
-            p->d[1] = h2f(b[1].d);
-            p->m[1] = h2f(b[1].m);
-        }
-        __m512i q = nibbles_pair(b[0].qs, two ? b[1].qs : NULL);
-        p->q = add_fifth_bit(q, b[0].qh, two ? b[1].qh : NULL);
-        break;
-    }
-    default: break;
-    }
-}
-
 INLINE bool has_min(ecs_type_t T)
 {
     return T == ECS_TYPE_Q4_1 || T == ECS_TYPE_Q5_1;
 }
 
-/* One pair of blocks against NA activation rows (Q8_0, or Q8_1 for the
- * types with a min). A missing second block reads as zeros. */
-INLINE void legacy_pair(ecs_type_t T, int NA, const uint8_t *w, const uint8_t *a, size_t as,
-                        int64_t ib, bool two, __m512 *acc, float *msum)
+INLINE size_t legacy_bytes(ecs_type_t T)
 {
-    wpair_t p;
-    decode_pair(T, w, ib, two, &p);
-    FOR_ROWS(r) {
-        const int8_t *q0, *q1 = NULL;
-        float da[2] = {0.0f, 0.0f};
-        if (has_min(T)) {
-            const ecs_block_q8_1 *b = (const ecs_block_q8_1 *)(a + (size_t)r * as) + ib;
-            q0 = b[0].qs;
-            da[0] = h2f(b[0].d);
-            msum[r] += p.m[0] * h2f(b[0].s);
-            if (two) {
-                q1 = b[1].qs;
-                da[1] = h2f(b[1].d);
-                msum[r] += p.m[1] * h2f(b[1].s);
-            }
-        } else {
-            const ecs_block_q8_0 *b = (const ecs_block_q8_0 *)(a + (size_t)r * as) + ib;
-            q0 = b[0].qs;
-            da[0] = h2f(b[0].d);
-            if (two) {
-                q1 = b[1].qs;
-                da[1] = h2f(b[1].d);
-            }
+    switch (T) {
+    case ECS_TYPE_Q4_0: return sizeof(ecs_block_q4_0);
+    case ECS_TYPE_Q4_1: return sizeof(ecs_block_q4_1);
+    case ECS_TYPE_Q5_0: return sizeof(ecs_block_q5_0);
+    case ECS_TYPE_Q5_1: return sizeof(ecs_block_q5_1);
+    default: return sizeof(ecs_block_q8_0);
+    }
+}
+
+/* Weight levels are taken unsigned (Q8_0: w + 128); the offset comes off in
+ * integers as offset * (sum of the activations), which vpdpbusd gives too.
+ * Cheaper than making the levels signed (abs, sign mask, negating the
+ * activations) once a row has few activation rows. */
+INLINE int legacy_offset(ecs_type_t T)
+{
+    return T == ECS_TYPE_Q4_0 ? 8 : T == ECS_TYPE_Q5_0 ? 16 : T == ECS_TYPE_Q8_0 ? 128 : 0;
+}
+
+INLINE uint16_t ld16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* The fp16 at p, p + stride, p + 2 stride, p + 3 stride as floats */
+INLINE __m128 f16x4(const uint8_t *p, size_t stride)
+{
+    return _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, (short)ld16(p + 3 * stride),
+                                      (short)ld16(p + 2 * stride), (short)ld16(p + stride),
+                                      (short)ld16(p)));
+}
+
+typedef struct {
+    __m512i q[2]; /* unsigned levels of blocks (0, 1) and (2, 3) */
+    __m128 d, m;  /* per block */
+} wquad_t;
+
+/* Decodes four consecutive blocks of type T starting at blk. */
+INLINE void decode_quad(ecs_type_t T, const uint8_t *blk, wquad_t *w)
+{
+    const size_t bs = legacy_bytes(T);
+    w->d = f16x4(blk, bs);
+    w->m = has_min(T) ? f16x4(blk + sizeof(ecs_fp16_t), bs) : _mm_setzero_ps();
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *b0 = blk + 2 * h * bs, *b1 = b0 + bs;
+        switch (T) {
+        case ECS_TYPE_Q8_0: {
+            const size_t o = offsetof(ecs_block_q8_0, qs);
+            w->q[h] = _mm512_xor_si512(join256(_mm256_loadu_si256((const __m256i *)(b0 + o)),
+                                               _mm256_loadu_si256((const __m256i *)(b1 + o))),
+                                       _mm512_set1_epi8(-128));
+            break;
         }
-        __m512i av = join256(_mm256_loadu_si256((const __m256i *)q0),
-                             q1 ? _mm256_loadu_si256((const __m256i *)q1) : _mm256_setzero_si256());
-        if (!has_min(T))
-            av = _mm512_mask_sub_epi8(av, p.neg, _mm512_setzero_si512(), av);
-        const __m512i s = dpbusd(p.q, av);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), halves_ps(p.d[0] * da[0], p.d[1] * da[1]),
-                                 acc[r]);
+        case ECS_TYPE_Q4_0:
+        case ECS_TYPE_Q4_1: {
+            const size_t o = T == ECS_TYPE_Q4_0 ? offsetof(ecs_block_q4_0, qs)
+                                                : offsetof(ecs_block_q4_1, qs);
+            w->q[h] = nibbles_pair(b0 + o, b1 + o);
+            break;
+        }
+        default: { /* Q5_0, Q5_1 */
+            const size_t o = T == ECS_TYPE_Q5_0 ? offsetof(ecs_block_q5_0, qs)
+                                                : offsetof(ecs_block_q5_1, qs);
+            const size_t oh = T == ECS_TYPE_Q5_0 ? offsetof(ecs_block_q5_0, qh)
+                                                 : offsetof(ecs_block_q5_1, qh);
+            w->q[h] = add_fifth_bit(nibbles_pair(b0 + o, b1 + o), b0 + oh, b1 + oh);
+            break;
+        }
+        }
+    }
+}
+
+/* Four blocks (weights from blk, activations from block ib of each row: Q8_0,
+ * or Q8_1 for the types with a min) against NA activation rows. */
+INLINE void legacy_quad(ecs_type_t T, int NA, const uint8_t *blk, const uint8_t *a, size_t as,
+                        int64_t ib, __m512 *acc, __m128 *macc)
+{
+    const __m512i lo = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(2));
+    const size_t abs_ = has_min(T) ? sizeof(ecs_block_q8_1) : sizeof(ecs_block_q8_0);
+    const size_t qo = has_min(T) ? offsetof(ecs_block_q8_1, qs) : offsetof(ecs_block_q8_0, qs);
+    const int off = legacy_offset(T);
+    wquad_t w;
+    decode_quad(T, blk, &w);
+    FOR_ROWS(r) {
+        const uint8_t *ab = a + (size_t)r * as + (size_t)ib * abs_;
+        const __m512 sc = _mm512_castps128_ps512(_mm_mul_ps(w.d, f16x4(ab, abs_)));
+        if (has_min(T))
+            macc[r] = _mm_fmadd_ps(w.m, f16x4(ab + offsetof(ecs_block_q8_1, s), abs_), macc[r]);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *q0 = ab + 2 * h * abs_ + qo;
+            const __m512i av = join256(_mm256_loadu_si256((const __m256i *)q0),
+                                       _mm256_loadu_si256((const __m256i *)(q0 + abs_)));
+            __m512i s = dpbusd(w.q[h], av);
+            if (off)
+                s = _mm512_sub_epi32(s, dpbusd(_mm512_set1_epi8((char)off), av));
+            acc[2 * r + h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
+                                             _mm512_permutexvar_ps(h ? hi : lo, sc),
+                                             acc[2 * r + h]);
+        }
     }
 }
 
@@ -168,19 +161,32 @@ INLINE void legacy_dot(ecs_type_t T, int NA, int64_t n, const void *w, const voi
                        float *out)
 {
     const int64_t nb = n / QK;
-    __m512 acc[KCPU_MAX_NA];
-    float msum[KCPU_MAX_NA];
+    const size_t bs = legacy_bytes(T);
+    const size_t abs_ = has_min(T) ? sizeof(ecs_block_q8_1) : sizeof(ecs_block_q8_0);
+    __m512 acc[2 * KCPU_MAX_NA]; /* two chains per row: blocks (0, 1) and (2, 3) */
+    __m128 macc[KCPU_MAX_NA];
     FOR_ROWS(r) {
-        acc[r] = _mm512_setzero_ps();
-        msum[r] = 0.0f;
+        acc[2 * r] = acc[2 * r + 1] = _mm512_setzero_ps();
+        macc[r] = _mm_setzero_ps();
     }
     int64_t ib = 0;
-    for (; ib + 1 < nb; ib += 2)
-        legacy_pair(T, NA, w, a, as, ib, true, acc, msum);
-    if (ib < nb)
-        legacy_pair(T, NA, w, a, as, ib, false, acc, msum);
-    FOR_ROWS(r)
-        out[r] = _mm512_reduce_add_ps(acc[r]) + msum[r];
+    for (; ib + 4 <= nb; ib += 4)
+        legacy_quad(T, NA, (const uint8_t *)w + (size_t)ib * bs, a, as, ib, acc, macc);
+    if (ib < nb) { /* 1..3 blocks left: padded with zero blocks (scale 0) */
+        _Alignas(64) uint8_t wt[4 * sizeof(ecs_block_q8_1)] = {0}; /* >= 4 of any */
+        const size_t left = (size_t)(nb - ib);
+        memcpy(wt, (const uint8_t *)w + (size_t)ib * bs, left * bs);
+        _Alignas(64) uint8_t at[KCPU_MAX_NA][4 * sizeof(ecs_block_q8_1)] = {{0}};
+        FOR_ROWS(r)
+            memcpy(at[r], (const uint8_t *)a + (size_t)r * as + (size_t)ib * abs_, left * abs_);
+        legacy_quad(T, NA, wt, at[0], sizeof(at[0]), 0, acc, macc);
+    }
+    FOR_ROWS(r) {
+        __m128 m = macc[r];
+        m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[2 * r], acc[2 * r + 1])) +
+                 _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+    }
 }
 
 #define LEGACY_IMPL(name, T)                                                                  \

@@ -5,9 +5,19 @@
  * a chunk each weight row is read from memory once and decoded once per group
  * of up to KCPU_MAX_NA activation rows; with nb activation rows the weights
  * still stream from memory only once per call, which is what makes batched
- * prompt processing cheaper per token than decode. */
+ * prompt processing cheaper per token than decode.
+ *
+ * Where the ISA has the shared-layout kernels (kcpu_gemm_t: AVX-512), the
+ * activation rows are packed once per call; from KCPU_GEMM_MIN_NB rows on
+ * every tile of weight rows is unpacked once and reused for all of them,
+ * below that each weight row is unpacked in registers. Both compute the same
+ * way, so a row's result does not depend on the batch it came in. The
+ * buffers are per-thread scratch that grows to the largest call seen and is
+ * freed when the thread exits; without it the raw row kernels do the work. */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
@@ -18,6 +28,12 @@
 #define CHUNKS_PER_THREAD 4
 /* Weight rows decoded together against each group of activation rows. */
 #define TILE_BYTES (128 * 1024)
+
+/* Weight bytes (unpacked) per tile in the batched path: with the packed
+ * activations it stays in L2. */
+#define GEMM_TILE_BYTES (96 * 1024)
+/* Scratch larger than this is not worth having: the row kernels take over. */
+#define SCRATCH_MAX ((size_t)256 << 20)
 
 typedef struct {
     const kcpu_mat_t *w;
@@ -30,7 +46,58 @@ typedef struct {
     int64_t chunk_rows;
     int64_t nchunks;
     _Atomic int64_t next; /* next chunk to hand out after each thread's first */
+    /* tiled path (gemm.w_sb != 0; act is packed then) */
+    kcpu_gemm_t gemm;
+    int64_t nsb;
+    int64_t tile_rows;
 } mm_task_t;
+
+/* ---- per-thread scratch ---- */
+
+enum { SCRATCH_ACT, SCRATCH_TILE, SCRATCH_SLOTS };
+
+typedef struct {
+    void *p[SCRATCH_SLOTS];
+    size_t cap[SCRATCH_SLOTS];
+} scratch_t;
+
+static _Thread_local scratch_t tls_scratch;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static bool scratch_key_ok;
+
+static void scratch_release(void *v)
+{
+    scratch_t *s = v;
+    for (int i = 0; i < SCRATCH_SLOTS; i++) {
+        free(s->p[i]);
+        s->p[i] = NULL;
+        s->cap[i] = 0;
+    }
+}
+
+static void scratch_key_init(void)
+{
+    scratch_key_ok = pthread_key_create(&scratch_key, scratch_release) == 0;
+}
+
+/* A 64-byte aligned buffer of at least bytes for this thread, or NULL. */
+static void *scratch(int slot, size_t bytes)
+{
+    scratch_t *s = &tls_scratch;
+    if (s->cap[slot] >= bytes)
+        return s->p[slot];
+    pthread_once(&scratch_once, scratch_key_init);
+    if (!scratch_key_ok || bytes > SCRATCH_MAX)
+        return NULL;
+    /* the key only makes the thread's exit free the buffers */
+    if (!pthread_getspecific(scratch_key) && pthread_setspecific(scratch_key, s) != 0)
+        return NULL;
+    free(s->p[slot]);
+    s->p[slot] = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    s->cap[slot] = s->p[slot] ? bytes : 0;
+    return s->p[slot];
+}
 
 /* Rows [r0, r1) in tiles that stay in L2: for each group of activation rows
  * (which stays in L1) the tile's weight rows are decoded again from L2. The
@@ -62,11 +129,34 @@ static void mm_rows(const mm_task_t *t, int64_t r0, int64_t r1)
     }
 }
 
+/* Rows [r0, r1) with the batched kernels, one unpacked tile at a time. */
+static bool gemm_rows(const mm_task_t *t, int64_t r0, int64_t r1)
+{
+    const kcpu_mat_t *w = t->w;
+    const size_t wrow = (size_t)t->nsb * t->gemm.w_sb;
+    uint8_t *buf = scratch(SCRATCH_TILE, wrow * (size_t)t->tile_rows);
+    if (!buf)
+        return false;
+    for (int64_t t0 = r0; t0 < r1; t0 += t->tile_rows) {
+        const int nw = (int)(t0 + t->tile_rows < r1 ? t->tile_rows : r1 - t0);
+        for (int i = 0; i < nw; i++)
+            t->gemm.unpack_w((const uint8_t *)w->data + (size_t)(t0 + i) * w->row_bytes,
+                             w->ncols, buf + (size_t)i * wrow);
+        t->gemm.tile(buf, nw, t->act, t->nb, t->nsb, t->y + t0, t->ldy);
+    }
+    return true;
+}
+
+static void mm_range(const mm_task_t *t, int64_t r0, int64_t r1)
+{
+    if (!t->gemm.w_sb || !gemm_rows(t, r0, r1))
+        mm_rows(t, r0, r1);
+}
+
 static void mm_chunk(const mm_task_t *t, int64_t c)
 {
     const int64_t r0 = c * t->chunk_rows;
-    const int64_t r1 = r0 + t->chunk_rows < t->w->nrows ? r0 + t->chunk_rows : t->w->nrows;
-    mm_rows(t, r0, r1);
+    mm_range(t, r0, r0 + t->chunk_rows < t->w->nrows ? r0 + t->chunk_rows : t->w->nrows);
 }
 
 static void mm_worker(void *arg, int ith, int nth)
@@ -82,6 +172,33 @@ static void mm_worker(void *arg, int ith, int nth)
         mm_chunk(t, c);
     }
     (void)nth;
+}
+
+/* Where the ISA has the shared-layout kernels for the type (kcpu_gemm_t),
+ * packs the activations and switches the row kernels to them; from
+ * KCPU_GEMM_MIN_NB rows on, also the tiled path. Without scratch the raw
+ * row kernels stay. */
+static void gemm_prepare(mm_task_t *t)
+{
+    const kcpu_gemm_t g = kcpu_gemm(t->w->type);
+    if (!g.w_sb)
+        return;
+    const int64_t nsb = (t->w->ncols + KCPU_GEMM_SB - 1) / KCPU_GEMM_SB;
+    const size_t arow = (size_t)nsb * g.a_sb, wrow = (size_t)nsb * g.w_sb;
+    uint8_t *packed = scratch(SCRATCH_ACT, arow * (size_t)t->nb);
+    if (!packed)
+        return;
+    for (int b = 0; b < t->nb; b++)
+        g.pack_act(t->act + (size_t)b * t->act_stride, t->w->ncols, packed + (size_t)b * arow);
+    t->act = packed;
+    t->act_stride = arow;
+    t->k.multi = g.multi;
+    if (t->nb < KCPU_GEMM_MIN_NB)
+        return;
+    t->gemm = g;
+    t->nsb = nsb;
+    const int64_t rows = (int64_t)(GEMM_TILE_BYTES / wrow) / g.mr * g.mr;
+    t->tile_rows = rows > g.mr ? rows : g.mr;
 }
 
 static void fill_nan(float *y, int64_t ldy, int nb, int64_t nrows)
@@ -104,6 +221,7 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
         return;
     }
     t.act_stride = ecs_row_size(tr->vec_dot_type, w->ncols);
+    gemm_prepare(&t);
 
     const int nth = ecs_threadpool_size(tp);
     int64_t rows = (w->nrows + (int64_t)nth * CHUNKS_PER_THREAD - 1) /
@@ -111,11 +229,13 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
     const int64_t min_rows = (int64_t)(MIN_CHUNK_BYTES / (w->row_bytes * (size_t)nb + 1)) + 1;
     if (rows < min_rows)
         rows = min_rows;
+    if (t.gemm.w_sb) /* whole microkernels (not whole tiles: that unbalances the threads) */
+        rows = (rows + t.gemm.mr - 1) / t.gemm.mr * t.gemm.mr;
     t.chunk_rows = rows;
     t.nchunks = (w->nrows + rows - 1) / rows;
     atomic_init(&t.next, nth < t.nchunks ? nth : t.nchunks);
     if (nth == 1 || t.nchunks == 1)
-        mm_rows(&t, 0, w->nrows);
+        mm_range(&t, 0, w->nrows);
     else
         ecs_threadpool_run(tp, mm_worker, &t);
 }

@@ -27,10 +27,10 @@ INLINE __m512i join256(__m256i lo, __m256i hi)
 INLINE __m512i nibbles_pair(const uint8_t *qs0, const uint8_t *qs1)
 {
     const __m128i x0 = _mm_loadu_si128((const __m128i *)qs0);
-    const __m128i x1 = qs1 ? _mm_loadu_si128((const __m128i *)qs1) : _mm_setzero_si128();
-    const __m256i y = _mm256_set_m128i(x1, x0);
-    __m512i z = join256(y, _mm256_srli_epi16(y, 4));
-    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+    __m512i z = qs1 ? _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(x0), 0xFF00,
+                                                  _mm_loadu_si128((const __m128i *)qs1))
+                    : _mm512_maskz_broadcast_i32x4(0x00FF, x0);
+    z = _mm512_mask_srli_epi16(z, 0xFF00FF00, z, 4); /* 128-bit lanes 1 and 3 */
     return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
 }
 

@@ -10,10 +10,11 @@
  *    experts use: operations per second and the cost per activation row
  *    relative to nb = 1.
  * 4. Each kernel's compute ceiling: one thread, weights in L2.
- * 5. The thread pool's cost per ecs_threadpool_run (decode makes hundreds of
- *    calls per token).
+ * 5. Prefill: the shapes of DeepSeek-V2-Lite's experts for nb = 1 .. 64.
+ * 6. The thread pool's cost per ecs_threadpool_run (decode makes hundreds of
+ *    calls per token), back to back, after serial gaps, and with work.
  *
- * usage: bench_matvec [--quick] [--only triad|matvec|batch|kernel|pool]
+ * usage: bench_matvec [--quick] [--only triad|matvec|batch|kernel|prefill|pool]
  *   --quick: small sizes (a smoke run; the arrays then fit in the caches)
  *   --only:  one section (matvec still measures the triad it compares to) */
 #include <stdbool.h>
@@ -39,23 +40,30 @@ static double clock_s(clockid_t id)
 
 typedef struct {
     double wall;  /* best wall-clock seconds of one call */
-    double share; /* CPU time of that call / (wall * threads): < 1 if preempted */
+    double share; /* CPU time / (wall * threads) over all calls: < 1 if preempted */
 } timing_t;
 
-/* Best of reps calls after one warm-up call. */
+/* Best of reps calls after one warm-up call. The share is taken over all the
+ * calls together: the kernel updates the CPU time of a thread running on the
+ * other core only every few milliseconds, so one short call's share would
+ * read low for no reason. */
 static timing_t best_of(void (*fn)(void *), void *ctx, int reps, int nth)
 {
     timing_t best = {1e30, 0};
+    double wall = 0, cpu = 0;
     for (int r = 0; r < reps + 1; r++) {
         const double w0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
         fn(ctx);
         const double dw = clock_s(CLOCK_MONOTONIC) - w0;
         const double dc = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
-        if (r > 0 && dw < best.wall) {
-            best.wall = dw;
-            best.share = dc / (dw * nth);
+        if (r > 0) {
+            wall += dw;
+            cpu += dc;
+            if (dw < best.wall)
+                best.wall = dw;
         }
     }
+    best.share = cpu / (wall * nth);
     return best;
 }
 
@@ -299,6 +307,50 @@ static void bench_kernels(void)
     }
 }
 
+/* Prompt-processing shapes of DeepSeek-V2-Lite Q4_K_M (n_embd 2048, expert
+ * n_ff 1408, two shared experts = 2816) for nb = 1 .. 64 activation rows
+ * (an expert gets ~6 rows of a 64-token chunk): GOP/s at 1 thread (per
+ * core) and 2. The matrices (1-3 MB) live in L2/L3, as an expert's weights
+ * do while the rows of a prefill chunk go through it. */
+static void bench_prefill(ecs_threadpool_t *const *pools, const int *nths, int npools, int reps)
+{
+    static const struct {
+        ecs_type_t type;
+        int64_t nrows, ncols;
+        const char *what;
+    } shapes[] = {
+        {ECS_TYPE_Q4_K, 1408, 2048, "expert gate/up"},
+        {ECS_TYPE_Q5_0, 2048, 1408, "expert down"},
+        {ECS_TYPE_Q8_0, 2048, 1408, "expert down"},
+        {ECS_TYPE_Q6_K, 2048, 2816, "shared down"},
+    };
+    static const int nbs[] = {1, 4, 6, 8, 16, 32, 64};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        const ecs_type_t t = shapes[si].type;
+        const int64_t nrows = shapes[si].nrows, ncols = shapes[si].ncols;
+        const kcpu_mat_t w = make_matrix(t, ncols, ecs_row_size(t, ncols) * (size_t)nrows);
+        void *act = make_act(t, ncols, 64);
+        float *y = xmalloc(sizeof(float) * (size_t)(nrows * 64));
+        for (int p = 0; p < npools; p++) {
+            printf("prefill %-5s %4lld x %4lld %-14s threads=%d  GOP/s:", ecs_type_name(t),
+                   (long long)nrows, (long long)ncols, shapes[si].what, nths[p]);
+            double worst_share = 1.0;
+            for (size_t bi = 0; bi < sizeof(nbs) / sizeof(nbs[0]); bi++) {
+                const timing_t tm = time_matmul(pools[p], &w, act, nbs[bi], y, reps);
+                printf(" nb=%d %.0f", nbs[bi],
+                       2.0 * (double)nrows * (double)ncols * nbs[bi] / tm.wall * 1e-9);
+                if (tm.share < worst_share)
+                    worst_share = tm.share;
+            }
+            printf("%s\n", busy_note((timing_t){0, worst_share}));
+            fflush(stdout);
+        }
+        free((void *)w.data);
+        free(act);
+        free(y);
+    }
+}
+
 /* ---- thread pool overhead ---- */
 
 static void empty_task(void *arg, int ith, int nth)
@@ -306,25 +358,65 @@ static void empty_task(void *arg, int ith, int nth)
     (void)arg, (void)ith, (void)nth;
 }
 
+/* Spins for about us microseconds (serial work between two pool calls, or
+ * a share's work). */
+static void busy_us(double us)
+{
+    const double end = clock_s(CLOCK_MONOTONIC) + us * 1e-6;
+    while (clock_s(CLOCK_MONOTONIC) < end)
+        ;
+}
+
+static void work_task(void *arg, int ith, int nth)
+{
+    busy_us(*(const double *)arg);
+    (void)ith, (void)nth;
+}
+
 typedef struct {
     ecs_threadpool_t *tp;
     int calls;
+    double gap_us;  /* serial work between calls */
+    double work_us; /* each share's work */
 } pool_run_t;
 
 static void pool_run(void *p)
 {
     pool_run_t *r = p;
-    for (int i = 0; i < r->calls; i++)
-        ecs_threadpool_run(r->tp, empty_task, NULL);
+    for (int i = 0; i < r->calls; i++) {
+        if (r->gap_us > 0)
+            busy_us(r->gap_us);
+        if (r->work_us > 0)
+            ecs_threadpool_run(r->tp, work_task, &r->work_us);
+        else
+            ecs_threadpool_run(r->tp, empty_task, NULL);
+    }
 }
 
+/* What one ecs_threadpool_run costs beyond its shares' work: back to back;
+ * after a short serial gap (workers still spinning, as between the kernel
+ * calls of a decode step); after a gap longer than the spin window
+ * (workers asleep: a futex wake); and with 2 us of work per share. */
 static void bench_pool(ecs_threadpool_t *const *pools, const int *nths, int npools)
 {
+    static const struct {
+        const char *what;
+        double gap_us, work_us;
+        int calls;
+    } cases[] = {
+        {"back to back    ", 0, 0, 20000},
+        {"after 20 us gap ", 20, 0, 2000},
+        {"after 500 us gap", 500, 0, 100},
+        {"2 us per share  ", 0, 2, 5000},
+    };
     for (int p = 0; p < npools; p++) {
-        pool_run_t run = {pools[p], 2000};
-        const timing_t tm = best_of(pool_run, &run, 5, nths[p]);
-        printf("pool    empty run  threads=%d  %7.2f us/call%s\n", nths[p],
-               tm.wall / run.calls * 1e6, busy_note(tm));
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+            pool_run_t run = {pools[p], cases[c].calls, cases[c].gap_us, cases[c].work_us};
+            const timing_t tm = best_of(pool_run, &run, 5, 1);
+            printf("pool    %s threads=%d  %7.2f us/call overhead\n", cases[c].what, nths[p],
+                   (tm.wall / run.calls - (cases[c].gap_us + cases[c].work_us) * 1e-6) * 1e6);
+        }
+        fflush(stdout);
     }
 }
 
@@ -345,14 +437,22 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             only = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--only triad|matvec|batch|kernel|pool]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--only triad|matvec|batch|kernel|prefill|pool]\n", argv[0]);
             return 2;
         }
     }
     char model[256];
     cpu_model(model, sizeof model);
-    printf("bench_matvec: cpu \"%s\", isa %s, triad 3 x %zu MB, weights %zu MB per matrix\n",
-           model, kcpu_isa_name(kcpu_isa()), cfg.triad_bytes >> 20, cfg.weight_bytes >> 20);
+    double load = -1;
+    FILE *lf = fopen("/proc/loadavg", "r");
+    if (lf) {
+        if (fscanf(lf, "%lf", &load) != 1)
+            load = -1;
+        fclose(lf);
+    }
+    printf("bench_matvec: cpu \"%s\", isa %s, triad 3 x %zu MB, weights %zu MB per matrix, "
+           "load average %.2f\n",
+           model, kcpu_isa_name(kcpu_isa()), cfg.triad_bytes >> 20, cfg.weight_bytes >> 20, load);
 
     enum { NPOOLS = 2 };
     const int nths[NPOOLS] = {1, 2};
@@ -378,6 +478,8 @@ int main(int argc, char **argv)
         bench_batch(pools, nths, NPOOLS, &cfg);
     if (wanted(only, "kernel"))
         bench_kernels();
+    if (wanted(only, "prefill"))
+        bench_prefill(pools, nths, NPOOLS, cfg.reps * 4);
     if (wanted(only, "pool"))
         bench_pool(pools, nths, NPOOLS);
     for (int p = 0; p < NPOOLS; p++)

@@ -12,18 +12,21 @@
 #                     that file exists
 #   ECS_BENCH_THREADS threads (default 2)   ECS_BENCH_PP / ECS_BENCH_TG (512 / 64)
 #   ECS_BENCH_REPS    repetitions (default 1)
+#   ECS_BENCH_PROFILE=1 adds the time per phase of the forward pass
 # --quick: a smoke run on a tiny model made in a temporary folder.
 # Timed runs hold /tmp/ecs-bench.lock (flock) so that benchmarks of different
 # people do not overlap; the load average before and after is printed.
 set -euo pipefail
 build=${1:?usage: tests/bench/bench_model.sh BUILD_DIR [--quick]}
 quick=${2:-}
+root=$(cd "$(dirname "$0")/../.." && pwd)
 run="$build/bin/ecs-run"
 mk="$build/bin/ecs-mkmodel"
 for b in "$run" "$mk"; do
     [ -x "$b" ] || { echo "bench_model: $b is not built" >&2; exit 1; }
 done
 
+echo "== bench_model: end-to-end prompt processing and decoding (ecs-run --bench) =="
 threads=${ECS_BENCH_THREADS:-2}
 pp=${ECS_BENCH_PP:-512}
 tg=${ECS_BENCH_TG:-64}
@@ -33,16 +36,25 @@ if [ "$quick" = "--quick" ]; then
     tmp=$(mktemp -d "${TMPDIR:-/tmp}/ecs-bench-model.XXXXXX")
     trap 'rm -rf "$tmp"' EXIT
     model="$tmp/tiny-ds2-q8_0.gguf"
-    "$mk" --arch deepseek2 --preset tiny --types q8_0 --seed 1 -o "$model" >/dev/null
+    if ! "$mk" --arch deepseek2 --preset tiny --types q8_0 --seed 1 -o "$model" >"$tmp/mk.log" 2>&1; then
+        cat "$tmp/mk.log" >&2
+        exit 1
+    fi
     pp=64 tg=16 ctx=256
 else
-    model=${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}
+    model=${ECS_BENCH_MODEL:-$root/models/ds2-lite-q4_k_m.gguf}
     cache=${ECS_BENCH_MODEL_CACHE:-/work/models-cache/ds2-lite-q4_k_m.gguf}
     if [ ! -f "$model" ]; then
         mkdir -p "$(dirname "$model")"
+        [ -L "$model" ] && rm -f "$model" # a link to a model that is gone
         if [ -f "$cache" ]; then
             ln -s "$cache" "$model"
         else
+            avail=$(df -Pk "$(dirname "$model")" | awk 'NR == 2 {print $4}')
+            if [ "${avail:-0}" -lt $((11 * 1024 * 1024)) ]; then
+                echo "bench_model: $model needs ~10 GB of disk, $((avail / 1024)) MB free" >&2
+                exit 1
+            fi
             echo "bench_model: making $model (DeepSeek-V2-Lite shapes, Q4_K_M, ~10 GB)"
             "$mk" --arch deepseek2 --preset ds2-lite --types q4_k_m --seed 1 -o "$model.part"
             mv "$model.part" "$model"
@@ -50,11 +62,12 @@ else
     fi
 fi
 
-echo "== bench_model: end-to-end prompt processing and decoding (ecs-run --bench) =="
 lock() {
     if command -v flock >/dev/null; then flock /tmp/ecs-bench.lock "$@"; else "$@"; fi
 }
 echo "load before: $(uptime)"
+profile=()
+[ "${ECS_BENCH_PROFILE:-0}" = 1 ] && profile=(--profile)
 lock "$run" -m "$model" --bench --pp "$pp" --tg "$tg" --reps "$reps" --threads "$threads" \
-    --ctx "$ctx"
+    --ctx "$ctx" "${profile[@]}"
 echo "load after:  $(uptime)"

@@ -7,7 +7,12 @@
  *    magnitude of the accumulated terms (only the float order differs);
  *  - activation quantizers: byte-identical to ecs_quantize_row, ties and
  *    special values included;
- *  - kcpu_matmul_q / kcpu_matmul for nb in {1,2,3,7,64}, 1 and 2 threads. */
+ *  - kcpu_matmul_q / kcpu_matmul for nb in {1,2,3,7,64}, 1 and 2 threads;
+ *  - the batched (gemm) kernels that kcpu_matmul_q uses from KCPU_GEMM_MIN_NB
+ *    rows on: integer sums exact for every nb from 1 to 64 and odd shapes
+ *    (rows not a multiple of the microkernel, legacy rows that end inside a
+ *    256-value superblock), realistic data within the float tolerance, the
+ *    same bits for any thread count and tiling. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <math.h>
@@ -446,6 +451,31 @@ typedef struct {
     int64_t nrows, ncols;
 } shape_t;
 
+/* What kcpu_matmul_q computes where the ISA in use has the shared-layout
+ * kernels (for any nb: the row kernel and the tiles compute alike), done as
+ * one tile of all rows; false if it has none for the type (then the row
+ * kernels are the expectation). y: nb x nrows. */
+static bool gemm_direct(const kcpu_mat_t *w, const void *act, int nb, float *y)
+{
+    const kcpu_gemm_t g = kcpu_gemm(w->type);
+    if (!g.w_sb)
+        return false;
+    const int64_t nsb = (w->ncols + KCPU_GEMM_SB - 1) / KCPU_GEMM_SB;
+    const size_t as = ecs_row_size(vdt_of(w->type), w->ncols);
+    uint8_t *wu = xalloc((size_t)nsb * g.w_sb * (size_t)w->nrows);
+    uint8_t *ap = xalloc((size_t)nsb * g.a_sb * (size_t)nb);
+    for (int64_t i = 0; i < w->nrows; i++)
+        g.unpack_w((const uint8_t *)w->data + (size_t)i * w->row_bytes, w->ncols,
+                   wu + (size_t)i * (size_t)nsb * g.w_sb);
+    for (int b = 0; b < nb; b++)
+        g.pack_act((const uint8_t *)act + (size_t)b * as, w->ncols,
+                   ap + (size_t)b * (size_t)nsb * g.a_sb);
+    g.tile(wu, (int)w->nrows, ap, nb, nsb, y, w->nrows);
+    free(wu);
+    free(ap);
+    return true;
+}
+
 static void check_matmul(rng_t *r, ecs_type_t t, shape_t s, ecs_threadpool_t *tp, kcpu_isa_t isa)
 {
     static const int nbs[] = {1, 2, 3, 7, 64};
@@ -461,6 +491,7 @@ static void check_matmul(rng_t *r, ecs_type_t t, shape_t s, ecs_threadpool_t *tp
     const kcpu_mat_t w = {t, s.ncols, s.nrows, rb, wdata};
     const kcpu_vec_dot_fn dot = kcpu_vec_dot_for(t, isa);
     cr_assert_not_null(dot);
+    float *yg = xalloc(sizeof(float) * (size_t)(s.nrows * 64));
     uint8_t *act = xalloc(kcpu_act_bytes(t, s.ncols, 64)), *rowq = xalloc(as);
     void *scratch = xalloc(kcpu_act_bytes(t, s.ncols, 64));
     float *y = xalloc(sizeof(float) * (size_t)(ldy * 64));
@@ -478,12 +509,14 @@ static void check_matmul(rng_t *r, ecs_type_t t, shape_t s, ecs_threadpool_t *tp
             y[i] = y2[i] = -12345.0f; /* sentinel: the gaps must stay untouched */
         kcpu_matmul_q(tp, &w, act, nb, y, ldy);
         kcpu_matmul(tp, &w, x, ldx, nb, y2, ldy, scratch);
+        const bool gemm = gemm_direct(&w, act, nb, yg);
         for (int b = 0; b < nb; b++) {
             const uint8_t *ab = act + (size_t)b * as;
             for (int64_t i = 0; i < s.nrows; i++) {
                 const void *wr = wdata + (size_t)i * rb;
                 const float got = y[b * ldy + i];
-                const float same_isa = dot(s.ncols, wr, ab);
+                /* the batched path: the same bits as one tile of all rows */
+                const float same_isa = gemm ? yg[b * s.nrows + i] : dot(s.ncols, wr, ab);
                 const float ref = ecs_vec_dot_ref(t, s.ncols, wr, ab);
                 cr_assert_eq(got, same_isa, "%s %s nb=%d threads=%d y[%d][%lld]=%.9g, dot %.9g",
                              ecs_type_name(t), kcpu_isa_name(isa), nb, ecs_threadpool_size(tp), b,
@@ -506,6 +539,7 @@ static void check_matmul(rng_t *r, ecs_type_t t, shape_t s, ecs_threadpool_t *tp
     free(scratch);
     free(y);
     free(y2);
+    free(yg);
 }
 
 static int64_t cols_for(ecs_type_t t, int blocks)
@@ -566,6 +600,194 @@ Test(kernels, matmul_wide_rows)
         check_matmul(&r, ECS_TYPE_F16, (shape_t){301, 2048}, tp, kcpu_isa());
         ecs_threadpool_destroy(tp);
     }
+}
+
+/* ---- batched products: every nb ---- */
+
+static const ecs_type_t QTYPES[] = {
+    ECS_TYPE_Q4_0, ECS_TYPE_Q4_1, ECS_TYPE_Q5_0, ECS_TYPE_Q5_1, ECS_TYPE_Q8_0,
+    ECS_TYPE_Q2_K, ECS_TYPE_Q3_K, ECS_TYPE_Q4_K, ECS_TYPE_Q5_K, ECS_TYPE_Q6_K,
+};
+#define NQTYPES (sizeof(QTYPES) / sizeof(QTYPES[0]))
+
+/* Row lengths: k-quants whole superblocks; legacy rows that end inside a
+ * 256-value superblock (1408 = 5.5 x 256, the experts' down projection). */
+static int test_cols(ecs_type_t t, int64_t *out)
+{
+    if (traits(t)->blck_size == ECS_QK_K) {
+        out[0] = 256, out[1] = 768;
+        return 2;
+    }
+    out[0] = 32, out[1] = 288, out[2] = 1408;
+    return 3;
+}
+
+/* A weight matrix and 64 activation rows of exact data (as in
+ * vec_dot_integer_sums_exact) and the reference dot of every pair. */
+typedef struct {
+    kcpu_mat_t w;
+    uint8_t *act;
+    size_t as;
+    float *ref; /* [64][nrows] */
+} exact_case_t;
+
+static bool exact_case(rng_t *r, ecs_type_t t, int64_t nrows, int64_t ncols, exact_case_t *c)
+{
+    int64_t amp = ((1 << 24) - 1) / (2 * ncols * level_bound(t));
+    if (amp > 64)
+        amp = 64;
+    if (amp < 1)
+        return false;
+    const size_t rb = ecs_row_size(t, ncols);
+    c->as = ecs_row_size(vdt_of(t), ncols);
+    uint8_t *wd = xalloc(rb * (size_t)nrows);
+    for (int64_t i = 0; i < nrows; i++)
+        exact_weights(r, t, wd + (size_t)i * rb, ncols);
+    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd};
+    c->act = xalloc(c->as * KCPU_MAX_BATCH);
+    c->ref = xalloc(sizeof(float) * (size_t)(nrows * KCPU_MAX_BATCH));
+    for (int b = 0; b < KCPU_MAX_BATCH; b++) {
+        exact_act(r, vdt_of(t), c->act + (size_t)b * c->as, ncols, (int)amp);
+        for (int64_t i = 0; i < nrows; i++)
+            c->ref[b * nrows + i] =
+                ecs_vec_dot_ref(t, ncols, wd + (size_t)i * rb, c->act + (size_t)b * c->as);
+    }
+    return true;
+}
+
+static void exact_case_free(exact_case_t *c)
+{
+    free((void *)c->w.data);
+    free(c->act);
+    free(c->ref);
+}
+
+Test(kernels, matmul_every_nb_integer_sums_exact)
+{
+    static const int64_t nrows[] = {1, 5, 13};
+    rng_t r = {41};
+    ecs_threadpool_t *tp = NULL;
+    cr_assert_eq(ecs_threadpool_create(2, &tp), ECS_OK);
+    int checked = 0;
+    for (size_t ti = 0; ti < NQTYPES; ti++) {
+        const ecs_type_t t = QTYPES[ti];
+        int64_t cols[4];
+        const int nc = test_cols(t, cols);
+        for (int ci = 0; ci < nc; ci++) {
+            for (size_t ri = 0; ri < sizeof(nrows) / sizeof(nrows[0]); ri++) {
+                exact_case_t c;
+                if (!exact_case(&r, t, nrows[ri], cols[ci], &c))
+                    continue;
+                const int64_t ldy = nrows[ri] + 1;
+                float *y = xalloc(sizeof(float) * (size_t)(ldy * KCPU_MAX_BATCH));
+                for (int nb = 1; nb <= KCPU_MAX_BATCH; nb++) {
+                    kcpu_matmul_q(tp, &c.w, c.act, nb, y, ldy);
+                    for (int b = 0; b < nb; b++)
+                        for (int64_t i = 0; i < nrows[ri]; i++)
+                            cr_assert_eq(y[b * ldy + i], c.ref[b * nrows[ri] + i],
+                                         "%s %lld x %lld nb=%d y[%d][%lld] = %.9g, ref %.9g",
+                                         ecs_type_name(t), (long long)nrows[ri],
+                                         (long long)cols[ci], nb, b, (long long)i,
+                                         y[b * ldy + i], c.ref[b * nrows[ri] + i]);
+                    checked++;
+                }
+                free(y);
+                exact_case_free(&c);
+            }
+        }
+    }
+    ecs_threadpool_destroy(tp);
+    cr_assert_gt(checked, 0);
+    cr_log_info("every nb exact: %d products, isa %s, batched kernels for q4_K: %s", checked,
+                kcpu_isa_name(kcpu_isa()), kcpu_gemm(ECS_TYPE_Q4_K).w_sb ? "yes" : "no");
+}
+
+/* Realistic data, every nb: close to the reference, and bit for bit the
+ * same with 1 and 2 threads and in every batch (a row's value depends
+ * neither on the chunking nor on the other rows it came with), on every
+ * SIMD level. */
+static void every_nb_realistic(kcpu_isa_t isa)
+{
+    rng_t r = {43};
+    cr_assert_eq(kcpu_set_isa(isa), isa);
+    ecs_threadpool_t *tp1 = NULL, *tp2 = NULL;
+    cr_assert_eq(ecs_threadpool_create(1, &tp1), ECS_OK);
+    cr_assert_eq(ecs_threadpool_create(2, &tp2), ECS_OK);
+    static const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q8_0, ECS_TYPE_Q5_0, ECS_TYPE_Q6_K,
+                                       ECS_TYPE_Q4_1};
+    double worst = 0;
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        const ecs_type_t t = types[ti], vdt = vdt_of(t);
+        const int64_t nrows = 301, ncols = traits(t)->blck_size == ECS_QK ? 1408 : 768;
+        const int64_t ldy = nrows + 2;
+        const size_t rb = ecs_row_size(t, ncols), as = ecs_row_size(vdt, ncols);
+        float *x = xalloc(sizeof(float) * (size_t)ncols);
+        uint8_t *wd = xalloc(rb * (size_t)nrows), *act = xalloc(as * KCPU_MAX_BATCH);
+        for (int64_t i = 0; i < nrows; i++) {
+            random_floats(&r, x, ncols, 0.05f);
+            quantize_floats(t, x, wd + (size_t)i * rb, ncols);
+        }
+        for (int b = 0; b < KCPU_MAX_BATCH; b++) {
+            random_floats(&r, x, ncols, 2.0f);
+            quantize_floats(vdt, x, act + (size_t)b * as, ncols);
+        }
+        const kcpu_mat_t w = {t, ncols, nrows, rb, wd};
+        /* reference and tolerance scale of every pair, once */
+        float *ref = xalloc(sizeof(float) * (size_t)(nrows * KCPU_MAX_BATCH));
+        double *mag = xalloc(sizeof(double) * (size_t)(nrows * KCPU_MAX_BATCH));
+        for (int b = 0; b < KCPU_MAX_BATCH; b++)
+            for (int64_t i = 0; i < nrows; i++) {
+                const void *wr = wd + (size_t)i * rb, *ab = act + (size_t)b * as;
+                ref[b * nrows + i] = ecs_vec_dot_ref(t, ncols, wr, ab);
+                mag[b * nrows + i] = magnitude(t, wr, ab, ncols) + 1e-30;
+            }
+        float *y1 = xalloc(sizeof(float) * (size_t)(ldy * KCPU_MAX_BATCH));
+        float *y2 = xalloc(sizeof(float) * (size_t)(ldy * KCPU_MAX_BATCH));
+        float *all = xalloc(sizeof(float) * (size_t)(ldy * KCPU_MAX_BATCH));
+        kcpu_matmul_q(tp2, &w, act, KCPU_MAX_BATCH, all, ldy);
+        for (int nb = 1; nb <= KCPU_MAX_BATCH; nb++) {
+            for (int64_t i = 0; i < ldy * nb; i++)
+                y1[i] = y2[i] = -12345.0f;
+            kcpu_matmul_q(tp1, &w, act, nb, y1, ldy);
+            kcpu_matmul_q(tp2, &w, act, nb, y2, ldy);
+            for (int b = 0; b < nb; b++) {
+                for (int64_t i = 0; i < nrows; i++) {
+                    const float got = y2[b * ldy + i];
+                    cr_assert_eq(got, y1[b * ldy + i], "%s %s nb=%d y[%d][%lld]: 2 threads %.9g, "
+                                 "1 thread %.9g", ecs_type_name(t), kcpu_isa_name(isa), nb, b,
+                                 (long long)i, got, y1[b * ldy + i]);
+                    cr_assert_eq(got, all[b * ldy + i], "%s %s nb=%d y[%d][%lld] = %.9g, in a "
+                                 "batch of 64: %.9g", ecs_type_name(t), kcpu_isa_name(isa), nb, b,
+                                 (long long)i, got, all[b * ldy + i]);
+                    const double rel = fabs((double)got - ref[b * nrows + i]) / mag[b * nrows + i];
+                    cr_assert(rel <= 1e-6, "%s %s nb=%d y[%d][%lld] = %.9g, ref %.9g (rel %.3g)",
+                              ecs_type_name(t), kcpu_isa_name(isa), nb, b, (long long)i, got,
+                              ref[b * nrows + i], rel);
+                    if (rel > worst)
+                        worst = rel;
+                }
+                cr_assert_eq(y2[b * ldy + nrows], -12345.0f, "gap written");
+                cr_assert_eq(y2[b * ldy + nrows + 1], -12345.0f, "gap written");
+            }
+        }
+        free(x), free(wd), free(act), free(y1), free(y2), free(all), free(ref), free(mag);
+    }
+    ecs_threadpool_destroy(tp1);
+    ecs_threadpool_destroy(tp2);
+    cr_log_info("every nb realistic, %s: worst relative difference %.3g", kcpu_isa_name(isa),
+                worst);
+}
+
+Test(kernels, matmul_every_nb_realistic_and_invariant)
+{
+    every_nb_realistic(best_isa());
+}
+
+Test(kernels, matmul_every_nb_realistic_and_invariant_avx2)
+{
+    if (best_isa() < KCPU_ISA_AVX2)
+        cr_skip_test("no AVX2 on this CPU");
+    every_nb_realistic(KCPU_ISA_AVX2);
 }
 
 /* ---- dispatch ---- */

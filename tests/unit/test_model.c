@@ -1,7 +1,9 @@
 /* test_model.c - the model module: rope/YaRN and routing on known values,
  * the local expert backend against a naive per-token loop, the absorbed MLA
- * path against the expanded one, batched against token-by-token evaluation,
- * multi-sequence steps, the KV budget, and load errors.
+ * path against the expanded one, batched against token-by-token evaluation
+ * (also across the 512-row step), multi-sequence steps, F32 KV caches, the
+ * AVX-512 attention/SwiGLU kernels against the plain ones, thread-count
+ * independence, the phase profile, the KV budget, and load errors.
  *
  * Besides the shared tiny Q8_0 models, the tests write small random F32
  * models (every architecture variant: q-LoRA or not, tied head, sigmoid
@@ -26,6 +28,14 @@ static const int32_t PROMPT[] = {100000, 549, 3399, 10176, 32431, 33747, 855, 25
 #define N_PROMPT ((int)(sizeof PROMPT / sizeof PROMPT[0]))
 
 /* ------------------------------------------------------------- helpers */
+
+static model_t *load_opts(const char *path, model_opts_t o)
+{
+    model_t *m = NULL;
+    ecs_err_t e = model_load(path, &o, &m);
+    cr_assert_eq(e, ECS_OK, "model_load(%s): %s", path, ecs_errmsg());
+    return m;
+}
 
 static model_t *load(const char *path, int n_ctx)
 {
@@ -663,12 +673,18 @@ Test(batch, prefill_equals_token_by_token_qwen3moe)
 
 Test(batch, longer_than_one_step)
 {
-    /* 150 tokens: three steps of up to MODEL_MAX_BATCH rows */
-    int32_t toks[150];
+    /* two steps: MODEL_MAX_BATCH rows, then the rest */
+    enum { N = MODEL_MAX_BATCH + 88 };
+    static int32_t toks[N];
     spec_t s = qwen_spec();
-    random_tokens(toks, 150, s.n_vocab, 11);
-    model_t *m = load_spec(&s, 256);
-    check_batched(m, 0, toks, 150, 1e-4);
+    random_tokens(toks, N, s.n_vocab, 11);
+    model_t *m = load_spec(&s, N + 8);
+    check_batched(m, 0, toks, N, 1e-4);
+    model_free(m);
+    s = ds2_spec(); /* latent attention over a whole step, F32 cache */
+    random_tokens(toks, N, s.n_vocab, 12);
+    m = load_spec(&s, N + 8);
+    check_batched(m, MODEL_CTX_KV_F32, toks, N, 1e-4);
     model_free(m);
 }
 
@@ -745,6 +761,153 @@ Test(batch, truncate_and_continue)
     free(l);
     free(ref);
     model_ctx_free(c);
+    model_free(m);
+}
+
+/* ----------------------------------------------------------- F32 caches */
+
+Test(kv_f32, absorbed_equals_expanded_exactly)
+{
+    int32_t toks[40];
+    spec_t s = ds2_spec();
+    random_tokens(toks, 40, s.n_vocab, 3);
+    model_t *m = load_spec(&s, 128);
+    const size_t cnt = (size_t)40 * model_n_vocab(m);
+    float *a = eval_all(m, MODEL_CTX_KV_F32, toks, 40);
+    float *b = eval_all(m, MODEL_CTX_KV_F32 | MODEL_CTX_MLA_EXPANDED, toks, 40);
+    float *c = eval_all(m, 0, toks, 40);
+    const double scale = max_abs(b, cnt);
+    /* F32 weights and cache: the two forms differ by float rounding only
+     * (the F16 cache alone moves logits ~1e3 times more) */
+    cr_assert(max_diff(a, b, cnt) <= 2e-6 * scale, "absorbed vs expanded, f32: %g (scale %g)",
+              max_diff(a, b, cnt), scale);
+    cr_assert(max_diff(a, c, cnt) > 0, "the F16 cache must round something");
+    cr_assert_eq(model_ctx_bytes(m, 16, MODEL_CTX_KV_F32), 2 * model_ctx_bytes(m, 16, 0));
+    free(a), free(b), free(c);
+    model_free(m);
+}
+
+/* ------------------------------------------------- SIMD and thread counts */
+
+/* Logits of every position with the kernels of one ISA. */
+static float *eval_isa(const spec_t *s, kcpu_isa_t isa, unsigned flags, const int32_t *toks, int n)
+{
+    kcpu_set_isa(isa);
+    model_t *m = load_spec(s, 64);
+    float *l = eval_all(m, flags, toks, n);
+    model_free(m);
+    kcpu_set_isa(kcpu_isa_detect());
+    return l;
+}
+
+static void check_isa_paths(const spec_t *s, unsigned flags)
+{
+    int32_t toks[37]; /* not a multiple of any block: every tail runs */
+    random_tokens(toks, 37, s->n_vocab, 21);
+    float *a = eval_isa(s, kcpu_isa_detect(), flags, toks, 37);
+    float *b = eval_isa(s, KCPU_ISA_SCALAR, flags, toks, 37);
+    const size_t cnt = (size_t)37 * s->n_vocab;
+    /* F32 caches: summation order only. F16: a query or probability that
+     * lands on the other side of an F16 rounding boundary moves by 5e-4
+     * relative, so the bound is that of the F16 tests above. */
+    const double tol = flags & MODEL_CTX_KV_F32 ? 1e-5 : 2e-3;
+    cr_assert(max_diff(a, b, cnt) <= tol * fmax(1.0, max_abs(b, cnt)),
+              "%s flags %u: detected ISA vs scalar: %g", s->arch, flags, max_diff(a, b, cnt));
+    free(a), free(b);
+}
+
+Test(simd, detected_isa_equals_plain_loops)
+{
+    if (kcpu_isa_detect() < KCPU_ISA_AVX512)
+        cr_log_warn("no AVX-512 on this CPU: the comparison covers %s only",
+                    kcpu_isa_name(kcpu_isa_detect()));
+    spec_t s = ds2_spec();
+    check_isa_paths(&s, 0);
+    check_isa_paths(&s, MODEL_CTX_KV_F32);
+    check_isa_paths(&s, MODEL_CTX_MLA_EXPANDED);
+    check_isa_paths(&s, MODEL_CTX_MLA_EXPANDED | MODEL_CTX_KV_F32);
+    s = qwen_spec();
+    check_isa_paths(&s, 0);
+    check_isa_paths(&s, MODEL_CTX_KV_F32);
+}
+
+Test(threads, logits_do_not_depend_on_the_thread_count)
+{
+    const int n = N_PROMPT;
+    float *l[3];
+    const int threads[3] = {1, 2, 3};
+    for (int i = 0; i < 3; i++) {
+        model_t *m = load_opts(DS2_Q8, (model_opts_t){.n_ctx = 64, .n_threads = threads[i]});
+        l[i] = eval_all(m, 0, PROMPT, n);
+        model_free(m);
+    }
+    const size_t cnt = (size_t)n * 102400;
+    cr_assert_eq(max_diff(l[0], l[1], cnt), 0.0, "1 vs 2 threads");
+    cr_assert_eq(max_diff(l[0], l[2], cnt), 0.0, "1 vs 3 threads");
+    for (int i = 0; i < 3; i++)
+        free(l[i]);
+}
+
+/* -------------------------------------------------------------- profile */
+
+Test(profile, phases_are_timed_only_when_asked)
+{
+    model_t *m = load_opts(DS2_Q8, (model_opts_t){.n_ctx = 64, .n_threads = 2, .profile = true});
+    float *l = eval_all(m, 0, PROMPT, 8);
+    model_prof_t p[MODEL_PH_COUNT];
+    model_profile(m, p);
+    const model_phase_t used[] = {MODEL_PH_EMBED, MODEL_PH_NORM, MODEL_PH_ATTN_IN,
+                                  MODEL_PH_ATTN_CORE, MODEL_PH_ATTN_OUT, MODEL_PH_ROUTER,
+                                  MODEL_PH_FFN_UP, MODEL_PH_FFN_DOWN, MODEL_PH_MOE_SUM,
+                                  MODEL_PH_DENSE, MODEL_PH_OUTPUT};
+    for (size_t i = 0; i < sizeof used / sizeof used[0]; i++) {
+        cr_assert(p[used[i]].calls > 0 && p[used[i]].wall_s > 0, "phase %s", p[used[i]].name);
+        cr_assert_not_null(p[used[i]].name);
+    }
+    /* one step of 8 rows: every layer's attention core is one call */
+    cr_assert_eq(p[MODEL_PH_ATTN_CORE].calls, 4);
+    cr_assert_eq(p[MODEL_PH_DENSE].calls, 1);
+    cr_assert_eq(p[MODEL_PH_ROUTER].calls, 3);
+    model_profile_reset(m);
+    model_profile(m, p);
+    for (int i = 0; i < MODEL_PH_COUNT; i++)
+        cr_assert_eq(p[i].calls, 0);
+    free(l);
+    model_free(m);
+
+    m = load(DS2_Q8, 64);
+    l = eval_all(m, 0, PROMPT, 8);
+    model_profile(m, p);
+    for (int i = 0; i < MODEL_PH_COUNT; i++)
+        cr_assert(p[i].calls == 0 && p[i].wall_s == 0, "not asked for: %s", p[i].name);
+    free(l);
+    model_free(m);
+}
+
+/* Weights a decoded token reads: attention, dense and shared FFNs, router
+ * and head whole, 1/4 of the expert tensors (4 of 16), one embedding row;
+ * the latent path reads W_kT (Q8_0) instead of W_kv_b's k rows. */
+Test(budget, decode_bytes_of_the_tiny_model)
+{
+    model_t *m = load(DS2_Q8, 32);
+    const model_hparams_t *hp = model_hparams(m);
+    const model_weights_t *w = model_weights(m);
+    const gguf_file_t *f = model_gguf(m);
+    size_t all = 0, experts = 0;
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor_t *t = gguf_tensor_at(f, i);
+        all += t->nbytes;
+        if (strstr(t->name, "_exps."))
+            experts += t->nbytes;
+    }
+    const size_t embd = (size_t)hp->n_vocab * w->token_embd.row_bytes;
+    const size_t heads = (size_t)hp->n_layer * hp->n_head;
+    const size_t kb_rows = heads * hp->qk_nope * w->layers[0].wkv_b.row_bytes;
+    /* W_kT: per layer n_head * kv_lora rows of qk_nope values in Q8_0 */
+    const size_t wkt = heads * hp->kv_lora_rank * (hp->qk_nope / 32) * 34;
+    const size_t want =
+        all - embd + w->token_embd.row_bytes - experts + experts / 4 - kb_rows + wkt;
+    cr_assert_eq(model_decode_bytes(m), want);
     model_free(m);
 }
 

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +23,7 @@
 typedef struct {
     const char *model, *prompt, *tokens, *dump, *logits_of;
     int n_predict, threads, ctx, top, pp, tg, reps;
-    bool chat, tokenize, ignore_eos, expanded, kv_f32, bench, seed_given;
+    bool chat, tokenize, ignore_eos, expanded, kv_f32, bench, seed_given, profile;
     sampler_params_t sp;
 } args_t;
 
@@ -49,7 +50,9 @@ static void usage(FILE *f)
             "  --bench            time prompt processing of --pp random tokens (default 512)\n"
             "                     and decoding of --tg tokens (default 64) from an empty\n"
             "                     context and after the prompt; --reps R runs (default 1);\n"
-            "                     prints tok/s, weight GB/s per decoded token and RSS\n");
+            "                     prints tok/s, GB/s of weights per decoded token against\n"
+            "                     the measured read bandwidth of the mapping, and RSS\n"
+            "  --profile          with --bench: time per phase of the forward pass\n");
 }
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -156,6 +159,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         if (!strcmp(o, "--mla-expanded")) { a->expanded = true; continue; }
         if (!strcmp(o, "--kv-f32")) { a->kv_f32 = true; continue; }
         if (!strcmp(o, "--bench")) { a->bench = true; continue; }
+        if (!strcmp(o, "--profile")) { a->profile = true; continue; }
         if (!takes_value(o))
             return fail("unknown option %s (see --help)", o);
         if (i + 1 >= argc)
@@ -452,26 +456,36 @@ static int cmd_generate(model_t *m, model_ctx_t *c, const args_t *a, const tok_t
 
 /* ------------------------------------------------------------------ bench */
 
-/* kB values of /proc/self/status lines, -1 where absent. */
+/* kB values of /proc/self/status and smaps_rollup lines, -1 where absent. */
 typedef struct {
-    long hwm, rss, anon, file;
+    long hwm, rss, anon, file, file_pmd;
 } mem_kb_t;
 
 static void read_mem(mem_kb_t *m)
 {
-    *m = (mem_kb_t){-1, -1, -1, -1};
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f)
-        return;
+    *m = (mem_kb_t){-1, -1, -1, -1, -1};
     char line[256];
-    while (fgets(line, sizeof line, f)) {
-        long v;
-        if (sscanf(line, "VmHWM: %ld", &v) == 1) m->hwm = v;
-        else if (sscanf(line, "VmRSS: %ld", &v) == 1) m->rss = v;
-        else if (sscanf(line, "RssAnon: %ld", &v) == 1) m->anon = v;
-        else if (sscanf(line, "RssFile: %ld", &v) == 1) m->file = v;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f) {
+        while (fgets(line, sizeof line, f)) {
+            long v;
+            if (sscanf(line, "VmHWM: %ld", &v) == 1) m->hwm = v;
+            else if (sscanf(line, "VmRSS: %ld", &v) == 1) m->rss = v;
+            else if (sscanf(line, "RssAnon: %ld", &v) == 1) m->anon = v;
+            else if (sscanf(line, "RssFile: %ld", &v) == 1) m->file = v;
+        }
+        fclose(f);
     }
-    fclose(f);
+    /* how much of the mapping the kernel maps with 2 MB pages (fewer TLB
+     * misses while streaming the weights) */
+    f = fopen("/proc/self/smaps_rollup", "r");
+    if (f) {
+        while (fgets(line, sizeof line, f)) {
+            long v;
+            if (sscanf(line, "FilePmdMapped: %ld", &v) == 1) m->file_pmd = v;
+        }
+        fclose(f);
+    }
 }
 
 /* Touches every page of every tensor, so that timed runs measure the
@@ -494,6 +508,67 @@ static double prefault(const model_t *m)
     return now_s() - t0;
 }
 
+/* ---- read bandwidth of the mapped weights: the decode roofline ---- */
+
+#define BW_BYTES ((size_t)2 << 30) /* streamed per pass, split over the threads */
+
+typedef struct {
+    const uint64_t *p;
+    size_t n; /* words */
+    uint64_t sum;
+} bw_slice_t;
+
+static void *bw_read(void *arg)
+{
+    bw_slice_t *s = arg;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i + 4 <= s->n; i += 4) {
+        a ^= s->p[i];
+        b ^= s->p[i + 1];
+        c ^= s->p[i + 2];
+        d ^= s->p[i + 3];
+    }
+    s->sum = a ^ b ^ c ^ d;
+    return NULL;
+}
+
+/* GB/s of nth threads streaming disjoint slices of the weights (no
+ * arithmetic), best of 3 passes: what decode could reach if it only read. */
+static double read_bandwidth(const model_t *m, int nth)
+{
+    const gguf_file_t *f = model_gguf(m);
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor_t *t = gguf_tensor_at(f, i);
+        lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
+        hi = (uintptr_t)t->data + t->nbytes > hi ? (uintptr_t)t->data + t->nbytes : hi;
+    }
+    lo = (lo + 63) & ~(uintptr_t)63;
+    const size_t bytes = hi - lo < BW_BYTES ? (hi - lo) & ~(size_t)63 : BW_BYTES;
+    bw_slice_t sl[64];
+    pthread_t th[64];
+    nth = nth < 1 ? 1 : nth > 64 ? 64 : nth;
+    double best = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        double t0 = now_s();
+        int started = 0;
+        for (int i = 0; i < nth; i++) {
+            const size_t per = bytes / (size_t)nth / 64 * 64;
+            sl[i] = (bw_slice_t){(const uint64_t *)(lo + (size_t)i * per), per / 8, 0};
+            if (i > 0 && pthread_create(&th[i], NULL, bw_read, &sl[i]) != 0)
+                break;
+            started = i + 1;
+        }
+        bw_read(&sl[0]);
+        for (int i = 1; i < started; i++)
+            pthread_join(th[i], NULL);
+        const double secs = now_s() - t0;
+        if (started == nth && secs > 0 && bytes / secs / 1e9 > best)
+            best = bytes / secs / 1e9;
+    }
+    return best;
+}
+
 static int32_t argmax(const float *l, int V)
 {
     int32_t best = 0;
@@ -503,25 +578,86 @@ static int32_t argmax(const float *l, int V)
     return best;
 }
 
-/* Decodes n tokens greedily after whatever c holds, starting from first. */
-static int bench_decode(model_ctx_t *c, int32_t first, int n, float *logits, int V, double *secs)
+static double cpu_s(void)
 {
-    double t0 = now_s();
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Wall and process CPU time of a timed phase: the share of the cores the
+ * run got tells a quiet machine from one where other jobs took turns. */
+typedef struct {
+    double wall0, cpu0, wall, cpu;
+} stopwatch_t;
+
+static void sw_start(stopwatch_t *w)
+{
+    w->wall0 = now_s();
+    w->cpu0 = cpu_s();
+}
+
+static void sw_stop(stopwatch_t *w)
+{
+    w->wall = now_s() - w->wall0;
+    w->cpu = cpu_s() - w->cpu0;
+}
+
+/* "  [busy machine: got N% of the cores]" when under 90 %, else "". */
+static const char *busy_note(const stopwatch_t *w, int nth, char *buf, size_t cap)
+{
+    const double share = w->cpu / (w->wall * nth > 0 ? w->wall * nth : 1e-9);
+    buf[0] = 0;
+    if (share < 0.9)
+        snprintf(buf, cap, "  [busy machine: got %.0f%% of the cores]", 100 * share);
+    return buf;
+}
+
+/* Decodes n tokens greedily after whatever c holds, starting from first. */
+static int bench_decode(model_ctx_t *c, int32_t first, int n, float *logits, int V,
+                        stopwatch_t *sw)
+{
+    sw_start(sw);
     int32_t id = first;
     for (int i = 0; i < n; i++) {
         if (model_eval(c, &id, 1, logits, false) != ECS_OK)
             return fail("eval: %s", ecs_errmsg());
         id = argmax(logits, V);
     }
-    *secs = now_s() - t0;
+    sw_stop(sw);
     return 0;
 }
 
-static void print_tg(const char *what, int n, double secs, double gb_tok)
+static void print_speed(const char *what, int n, const stopwatch_t *sw, double gb_tok, double roof,
+                        int nth)
 {
-    const double tps = n / (secs > 0 ? secs : 1e-9);
-    printf("%-22s %8.2f tok/s  (%d tokens in %.3f s)  %6.2f GB/s of weights\n", what, tps, n, secs,
-           gb_tok * tps);
+    char busy[64], bw[96] = "";
+    const double tps = n / (sw->wall > 0 ? sw->wall : 1e-9);
+    if (gb_tok > 0)
+        snprintf(bw, sizeof bw, "  %6.2f GB/s of weights, %5.1f %% of the roofline", gb_tok * tps,
+                 100 * gb_tok * tps / (roof > 0 ? roof : 1e-9));
+    printf("%-22s %8.2f tok/s  (%d tokens in %.3f s)%s%s\n", what, tps, n, sw->wall, bw,
+           busy_note(sw, nth, busy, sizeof busy));
+}
+
+/* The phase table of the last timed run, per token. */
+static void print_profile(model_t *m, const char *what, int n_tok, int nth)
+{
+    model_prof_t p[MODEL_PH_COUNT];
+    model_profile(m, p);
+    double tot = 0;
+    for (int i = 0; i < MODEL_PH_COUNT; i++)
+        tot += p[i].wall_s;
+    printf("  profile of %s (per token; cpu = CPU time / (wall x %d threads)):\n", what, nth);
+    for (int i = 0; i < MODEL_PH_COUNT; i++) {
+        if (p[i].calls == 0)
+            continue;
+        printf("    %-10s %8.3f ms  %5.1f %%  cpu %5.1f %%  %6.1f regions\n", p[i].name,
+               1e3 * p[i].wall_s / n_tok, 100 * p[i].wall_s / (tot > 0 ? tot : 1),
+               100 * p[i].cpu_s / (p[i].wall_s * nth > 0 ? p[i].wall_s * nth : 1),
+               (double)p[i].regions / n_tok);
+    }
+    model_profile_reset(m);
 }
 
 static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
@@ -548,57 +684,71 @@ static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
         toks[i] = (int32_t)(s % (uint64_t)V);
     }
     const double gb_tok = (double)model_decode_bytes(m) / 1e9;
+    const int nth = ecs_threadpool_size(model_threadpool(m));
     printf("bench: %s  arch %s  layers %d  threads %d  ctx %d  kv %s  attention %s\n", a->model,
            hp->arch == MODEL_ARCH_DEEPSEEK2 ? "deepseek2" : "qwen3moe", hp->n_layer,
-           ecs_threadpool_size(model_threadpool(m)), n_ctx, a->kv_f32 ? "f32" : "f16",
+           nth, n_ctx, a->kv_f32 ? "f32" : "f16",
            hp->arch != MODEL_ARCH_DEEPSEEK2 ? "gqa" : a->expanded ? "mla-expanded" : "mla-latent");
     printf("weights read per decoded token: %.4f GB (attention, dense, router, shared, %d of %d "
            "routed experts per MoE layer, output head)\n", gb_tok, hp->n_expert_used, hp->n_expert);
     printf("prefault: %.2f s\n", prefault(m));
+    const double bw = read_bandwidth(m, nth);
+    printf("read bandwidth of the mapped weights, %d threads: %.2f GB/s = decode roofline %.2f "
+           "tok/s\n", nth, bw, bw / gb_tok);
     /* warm-up: a short prompt and a few decode steps (threads, caches) */
     int rc = 0;
-    double secs;
+    stopwatch_t sw;
     int warm = n_tok < 16 ? n_tok : 16;
     if (model_eval(c, toks, warm, logits, false) != ECS_OK)
         rc = fail("eval: %s", ecs_errmsg());
     if (rc == 0)
-        rc = bench_decode(c, argmax(logits, V), 4, logits, V, &secs);
+        rc = bench_decode(c, argmax(logits, V), 4, logits, V, &sw);
+    model_profile_reset(m);
     for (int r = 0; r < a->reps && rc == 0; r++) {
         char what[64];
         model_ctx_reset(c);
         if (a->pp > 0) {
-            double t0 = now_s();
+            sw_start(&sw);
             if (model_eval(c, toks, a->pp, logits, false) != ECS_OK) {
                 rc = fail("eval: %s", ecs_errmsg());
                 break;
             }
-            secs = now_s() - t0;
+            sw_stop(&sw);
             snprintf(what, sizeof what, "pp%d", a->pp);
-            printf("%-22s %8.2f tok/s  (%d tokens in %.3f s)\n", what, a->pp / secs, a->pp, secs);
+            print_speed(what, a->pp, &sw, 0, bw, nth);
+            if (a->profile)
+                print_profile(m, what, a->pp, nth);
             if (a->tg > 0) {
-                if ((rc = bench_decode(c, argmax(logits, V), a->tg, logits, V, &secs)))
+                if ((rc = bench_decode(c, argmax(logits, V), a->tg, logits, V, &sw)))
                     break;
                 snprintf(what, sizeof what, "tg%d @ depth %d", a->tg, a->pp);
-                print_tg(what, a->tg, secs, gb_tok);
+                print_speed(what, a->tg, &sw, gb_tok, bw, nth);
+                if (a->profile)
+                    print_profile(m, what, a->tg, nth);
             }
         }
         if (a->tg > 0) {
             model_ctx_reset(c);
-            if ((rc = bench_decode(c, toks[0], a->tg, logits, V, &secs)))
+            if ((rc = bench_decode(c, toks[0], a->tg, logits, V, &sw)))
                 break;
             snprintf(what, sizeof what, "tg%d", a->tg);
-            print_tg(what, a->tg, secs, gb_tok);
+            print_speed(what, a->tg, &sw, gb_tok, bw, nth);
+            if (a->profile)
+                print_profile(m, what, a->tg, nth);
         }
         fflush(stdout);
     }
     mem_kb_t mk;
     read_mem(&mk);
     const double MiB = 1024.0 * 1024.0;
-    const unsigned flags = (a->expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a->kv_f32 ? MODEL_CTX_KV_F32 : 0);
-    printf("memory: VmHWM %.0f MiB, VmRSS %.0f MiB = RssFile %.0f MiB (mapped weights) + RssAnon "
-           "%.0f MiB; budgeted at start-up: workspace %.1f MiB + KV %.1f MiB for %d tokens\n",
-           mk.hwm / 1024.0, mk.rss / 1024.0, mk.file / 1024.0, mk.anon / 1024.0,
-           model_workspace_bytes(m) / MiB, model_ctx_bytes(m, n_ctx, flags) / MiB, n_ctx);
+    const unsigned flags =
+        (a->expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a->kv_f32 ? MODEL_CTX_KV_F32 : 0);
+    printf("memory: VmHWM %.0f MiB, VmRSS %.0f MiB = RssFile %.0f MiB (mapped weights, %.0f MiB "
+           "of it in 2 MB pages) + RssAnon %.0f MiB; budgeted at start-up: workspace %.1f MiB + KV "
+           "%.1f MiB for %d tokens\n",
+           mk.hwm / 1024.0, mk.rss / 1024.0, mk.file / 1024.0, mk.file_pmd / 1024.0,
+           mk.anon / 1024.0, model_workspace_bytes(m) / MiB, model_ctx_bytes(m, n_ctx, flags) / MiB,
+           n_ctx);
     free(toks);
     free(logits);
     return rc;
@@ -612,10 +762,11 @@ int main(int argc, char **argv)
     if (a.tokenize)
         return cmd_tokenize(&a);
     model_t *m;
-    model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads};
+    model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads, .profile = a.profile};
     if (model_load(a.model, &opts, &m) != ECS_OK)
         return fail("%s", ecs_errmsg());
-    const unsigned flags = (a.expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a.kv_f32 ? MODEL_CTX_KV_F32 : 0);
+    const unsigned flags =
+        (a.expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a.kv_f32 ? MODEL_CTX_KV_F32 : 0);
     if (a.bench) {
         model_ctx_t *c = NULL;
         int rc = model_ctx_new(m, model_n_ctx_max(m), flags, &c) != ECS_OK

@@ -1,0 +1,312 @@
+/* attn.c - the attention core of a layer over the KV caches, after the
+ * step's own K/V rows are stored.
+ *
+ * Work items are (tile of consecutive rows of one sequence) x (group of
+ * query heads sharing one cached head): the item's queries (at most
+ * MODEL_ATT_QMAX) attend together, so each cached K/V row is loaded once
+ * per item. Per item: S = Q K^T (scaled), softmax per query over its own
+ * causal length, O = P V (simd.c / simd_avx512.c).
+ *
+ * deepseek2 latent (absorbed) attention: the cache holds [c | k_pe] per
+ * token, one head shared by all queries. Before the items, each head's
+ * q_nope is absorbed into the latent space with the transposed W_k
+ * (q_abs = W_k^T q_nope, one matrix product per head, load.c builds W_kT);
+ * after them, each head's latent output goes through its W_v rows of W_kv_b.
+ * Numerics as llama.cpp's F16 cache: the query is rounded to F16 before
+ * Q.K and the probabilities before P.V (ggml converts the F32 operand of an
+ * F16 product); with an F32 cache nothing is rounded. */
+#include <string.h>
+
+#include "coordinator/model/model_int.h"
+
+typedef struct {
+    int row0, nrows;
+} tile_t;
+
+typedef struct {
+    model_t *m;
+    const model_step_row_t *rows;
+    int layer;
+    const tile_t *tiles;
+    int n_tiles;
+    int hg, n_hg;   /* query heads per item; groups per tile */
+    int group;      /* query heads per cached head */
+    int dk, dv;     /* per cached head */
+    bool latent;
+    float *out;     /* row r, head h: out + r * out_ld + h * dv */
+    int64_t out_ld;
+} attn_run_t;
+
+static float *thr(model_t *m, int ith) { return m->ws.thr + (size_t)ith * m->ws.thr_stride; }
+
+/* dst = src, rounded to F16 unless the cache is exact. */
+static void put_query(const model_simd_t *sd, float *dst, const float *src, int n, bool round)
+{
+    if (round)
+        sd->round_f16(dst, src, n);
+    else
+        memcpy(dst, src, (size_t)n * sizeof *dst);
+}
+
+/* Queries of tile tl x heads [h0, h0 + hg) against the tile's cache. */
+static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
+{
+    model_t *m = a->m;
+    const model_hparams_t *hp = &m->hp;
+    const model_ws_t *ws = &m->ws;
+    const model_ctx_t *c = a->rows[tl->row0].ctx;
+    const bool f16 = !c->f32;
+    const int nh = hp->n_head, hk = hp->head_k, kvl = hp->kv_lora_rank, dkp = ws->dkp;
+    const int nq = tl->nrows * a->hg, nqp = (nq + 3) & ~3;
+    float *Q = thr(m, ith);
+    float *S = Q + (size_t)ws->att_qmax * dkp;
+    float *kbuf = S + (size_t)ws->att_qmax * ws->t_pad;
+    float *O = kbuf + (size_t)16 * dkp;
+    int len[MODEL_ATT_QMAX];
+    const model_simd_t *sd = model_simd();
+    for (int j = 0; j < nqp; j++) {
+        float *q = Q + (size_t)j * dkp;
+        memset(q, 0, (size_t)dkp * sizeof *q);
+        len[j] = 0;
+        if (j >= nq)
+            continue;
+        const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
+        const float *src = ws->q + (size_t)r * nh * hk + (size_t)h * hk;
+        if (a->latent) {
+            put_query(sd, q, ws->att + ((size_t)r * nh + h) * kvl, kvl, f16);
+            put_query(sd, q + kvl, src + hp->qk_nope, hp->rope.n_rot, f16);
+        } else {
+            put_query(sd, q, src, hk, f16);
+        }
+        len[j] = a->rows[r].pos + 1;
+    }
+    const int nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1;
+    const int kvh = h0 / a->group;
+    const size_t ko = (size_t)a->layer * c->k_layer + (size_t)kvh * a->dk;
+    const size_t vo = (size_t)a->layer * c->v_layer + (size_t)kvh * a->dv;
+    const char *K = (const char *)c->k + ko * c->elt, *V = (const char *)c->v + vo * c->elt;
+    sd->scores(Q, nqp, dkp, K, c->k_row, f16, a->dk, dkp, nt, hp->kq_scale, S, ws->t_pad, kbuf);
+    sd->softmax(S, nqp, ws->t_pad, len, nt, f16);
+    sd->pv(S, nqp, ws->t_pad, V, c->v_row, f16, a->dv, nt, O, ws->dvp);
+    for (int j = 0; j < nq; j++) {
+        const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
+        memcpy(a->out + (size_t)r * a->out_ld + (size_t)h * a->dv, O + (size_t)j * ws->dvp,
+               (size_t)a->dv * sizeof(float));
+    }
+}
+
+static void attn_item(void *arg, int item, int ith)
+{
+    const attn_run_t *a = arg;
+    /* the last tiles attend to the most keys: hand them out first */
+    attend(a, &a->tiles[a->n_tiles - 1 - item / a->n_hg], (item % a->n_hg) * a->hg, ith);
+}
+
+/* Largest divisor of g that is at most cap. */
+static int divisor_at_most(int g, int cap)
+{
+    for (int d = cap < g ? cap : g; d > 1; d--)
+        if (g % d == 0)
+            return d;
+    return 1;
+}
+
+/* Runs of consecutive rows of one sequence at consecutive positions, at
+ * most max_rows each; returns the count. */
+static int make_tiles(const model_step_row_t *rows, int n, int max_rows, tile_t *t)
+{
+    int nt = 0;
+    for (int i = 0; i < n; i++) {
+        tile_t *last = nt ? &t[nt - 1] : NULL;
+        if (last && last->nrows < max_rows && rows[i].ctx == rows[i - 1].ctx &&
+            rows[i].pos == rows[i - 1].pos + 1)
+            last->nrows++;
+        else
+            t[nt++] = (tile_t){i, 1};
+    }
+    return nt;
+}
+
+/* Sets up a run: heads per item as many as share a cached head (each K
+ * block is converted once for all of them), but at least one item per
+ * thread. */
+static void plan_run(attn_run_t *a, model_t *m, const model_step_row_t *rows, int n, int layer,
+                     int group, int dk, int dv, bool latent, float *out, int64_t out_ld,
+                     tile_t *tiles)
+{
+    const int nh = m->hp.n_head, qmax = m->ws.att_qmax, nth = ecs_threadpool_size(m->tp);
+    int hg = divisor_at_most(group, qmax);
+    while (hg > 1 && (int64_t)n * (nh / hg) < nth)
+        hg = divisor_at_most(group, hg - 1);
+    const int n_tiles = make_tiles(rows, n, qmax / hg, tiles);
+    *a = (attn_run_t){.m = m, .rows = rows, .layer = layer, .tiles = tiles, .n_tiles = n_tiles,
+                      .hg = hg, .n_hg = nh / hg, .group = group, .dk = dk, .dv = dv,
+                      .latent = latent, .out = out, .out_ld = out_ld};
+}
+
+/* ------------------------------------------------------------ latent MLA */
+
+typedef struct {
+    ecs_type_t wtype;
+    const float *x;
+    int64_t ldx, hstride, ncols;
+    int n;
+    char *dst;
+    size_t dst_hstride;
+} qheads_t;
+
+static void qheads_item(void *arg, int h, int ith)
+{
+    const qheads_t *q = arg;
+    (void)ith;
+    kcpu_quantize_rows(NULL, q->wtype, q->x + (size_t)h * q->hstride, q->ldx, q->n, q->ncols,
+                       q->dst + (size_t)h * q->dst_hstride);
+}
+
+/* Each head's rows (n rows of ncols, ldx apart, head h at h * hstride)
+ * quantized for wtype into its own block of dst. */
+static void quantize_heads(model_t *m, const qheads_t *q)
+{
+    if (q->n * m->hp.n_head >= 64)
+        par_for(m->tp, m->hp.n_head, qheads_item, (void *)q);
+    else
+        for (int h = 0; h < m->hp.n_head; h++)
+            qheads_item((void *)q, h, 0);
+}
+
+/* Head h of the latent path: q_abs = W_kT q_nope, and the values W_v o. */
+static void absorb_head(model_t *m, const model_layer_ext_t *ex, int h, int n)
+{
+    const model_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const int nh = hp->n_head, kvl = hp->kv_lora_rank;
+    char *act = (char *)ws->qn_act + (size_t)h * MODEL_MAX_BATCH * ws->qn_row;
+    kcpu_quantize_rows(NULL, ex->wkt.type, ws->q + (size_t)h * hp->head_k, (int64_t)nh * hp->head_k,
+                       n, hp->qk_nope, act);
+    const kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
+    kcpu_matmul_q(NULL, &w, act, n, ws->att + (size_t)h * kvl, (int64_t)nh * kvl);
+}
+
+static kcpu_mat_t wv_head(const model_hparams_t *hp, const kcpu_mat_t *wb, int h)
+{
+    kcpu_mat_t wv = *wb;
+    wv.nrows = hp->head_v;
+    wv.data = (const char *)wb->data +
+              ((size_t)h * (hp->qk_nope + hp->head_v) + (size_t)hp->qk_nope) * wb->row_bytes;
+    return wv;
+}
+
+static void values_head(model_t *m, const model_layer_t *ly, int h, int n)
+{
+    const model_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const int nh = hp->n_head, kvl = hp->kv_lora_rank;
+    char *act = (char *)ws->att_act + (size_t)h * MODEL_MAX_BATCH * ws->att_row;
+    kcpu_quantize_rows(NULL, ly->wkv_b.type, ws->ato + (size_t)h * kvl, (int64_t)nh * kvl, n, kvl,
+                       act);
+    const kcpu_mat_t wv = wv_head(hp, &ly->wkv_b, h);
+    kcpu_matmul_q(NULL, &wv, act, n, ws->attv + (size_t)h * hp->head_v, (int64_t)nh * hp->head_v);
+}
+
+typedef struct {
+    attn_run_t a;
+    const model_layer_t *ly;
+    const model_layer_ext_t *ex;
+    int n;
+} fused_t;
+
+/* Decode: one item = a group of heads through absorption, attention and
+ * values, so the whole attention core is one parallel region. */
+static void fused_item(void *arg, int item, int ith)
+{
+    const fused_t *f = arg;
+    const int h0 = item * f->a.hg;
+    for (int h = h0; h < h0 + f->a.hg; h++)
+        absorb_head(f->a.m, f->ex, h, f->n);
+    for (int t = 0; t < f->a.n_tiles; t++)
+        attend(&f->a, &f->a.tiles[t], h0, ith);
+    for (int h = h0; h < h0 + f->a.hg; h++)
+        values_head(f->a.m, f->ly, h, f->n);
+}
+
+/* Steps up to this many rows run the latent core as one region. */
+#define FUSED_ROWS 4
+
+static void attn_latent(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
+                        const model_step_row_t *rows, int n, int layer)
+{
+    const model_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const int nh = hp->n_head, hk = hp->head_k, nope = hp->qk_nope, kvl = hp->kv_lora_rank;
+    const int hv = hp->head_v;
+    par_job_t *jobs = ws->jobs;
+    tile_t tiles[MODEL_MAX_BATCH];
+    if (n <= FUSED_ROWS) {
+        fused_t f = {.ly = ly, .ex = ex, .n = n};
+        plan_run(&f.a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato,
+                 (int64_t)nh * kvl, tiles);
+        par_for(m->tp, f.a.n_hg, fused_item, &f);
+        return;
+    }
+
+    /* q_abs = W_kT q_nope per head */
+    const qheads_t qn = {ex->wkt.type, ws->q, (int64_t)nh * hk, hk, nope, n, (char *)ws->qn_act,
+                         MODEL_MAX_BATCH * ws->qn_row};
+    quantize_heads(m, &qn);
+    for (int h = 0; h < nh; h++) {
+        kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
+        jobs[h] = par_mm(&w, qn.dst + (size_t)h * qn.dst_hstride, n, ws->att + (size_t)h * kvl,
+                         (int64_t)nh * kvl);
+    }
+    par_run(m->tp, &ws->plan, jobs, nh);
+
+    attn_run_t a;
+    plan_run(&a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato, (int64_t)nh * kvl,
+             tiles);
+    par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
+
+    /* values = W_v (sum_t p_t c_t) per head */
+    const kcpu_mat_t *wb = &ly->wkv_b;
+    const qheads_t ao = {wb->type, ws->ato, (int64_t)nh * kvl, kvl, kvl, n, (char *)ws->att_act,
+                         MODEL_MAX_BATCH * ws->att_row};
+    quantize_heads(m, &ao);
+    for (int h = 0; h < nh; h++) {
+        const kcpu_mat_t wv = wv_head(hp, wb, h);
+        jobs[h] = par_mm(&wv, ao.dst + (size_t)h * ao.dst_hstride, n,
+                         ws->attv + (size_t)h * hv, (int64_t)nh * hv);
+    }
+    par_run(m->tp, &ws->plan, jobs, nh);
+}
+
+void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
+                     const model_step_row_t *rows, int n, int layer)
+{
+    const model_ctx_t *c = rows[0].ctx;
+    if (c->latent) {
+        attn_latent(m, ly, ex, rows, n, layer);
+        return;
+    }
+    const int nh = m->hp.n_head;
+    tile_t tiles[MODEL_MAX_BATCH];
+    attn_run_t a;
+    plan_run(&a, m, rows, n, layer, nh / c->n_kv_head, c->dk, c->dv, false, m->ws.attv,
+             (int64_t)nh * c->dv, tiles);
+    par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
+}
+
+void model_cache_put(const model_step_row_t *r, int layer, const float *k, const float *v)
+{
+    model_ctx_t *c = r->ctx;
+    const size_t ko = (size_t)layer * c->k_layer + (size_t)r->pos * c->k_row;
+    const size_t vo = (size_t)layer * c->v_layer + (size_t)r->pos * c->v_row;
+    if (c->f32) {
+        memcpy((float *)c->k + ko, k, c->k_row * sizeof(float));
+        if (v)
+            memcpy((float *)c->v + vo, v, c->v_row * sizeof(float));
+        return;
+    }
+    const model_simd_t *sd = model_simd();
+    sd->to_f16((ecs_fp16_t *)c->k + ko, k, (int64_t)c->k_row);
+    if (v)
+        sd->to_f16((ecs_fp16_t *)c->v + vo, v, (int64_t)c->v_row);
+}

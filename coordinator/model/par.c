@@ -1,0 +1,227 @@
+/* par.c - parallel regions of the forward pass: several matrix products
+ * (and their SwiGLU epilogues) in one pool run, cut into guided chunks;
+ * and a plain parallel loop over work items.
+ *
+ * Decode reads ~1.6 GB of weights per token through a few hundred small
+ * products. Running each as its own pool call costs a wake-up and, worse,
+ * a tail where one thread idles while the other finishes its last chunk.
+ * Grouping the products that share an input (wq + wkv_a, router + shared
+ * gate/up, every routed expert's gate/up) into one region, with chunks that
+ * shrink towards the end, keeps both threads streaming. */
+#include <math.h>
+#include <string.h>
+
+#include "coordinator/model/model_int.h"
+
+/* Smallest chunk, in weight bytes: big enough that handing it out (an
+ * atomic on a shared line) is noise, small enough to even out the tail. */
+#define PAR_MIN_BYTES (64 * 1024)
+
+static _Atomic uint64_t n_regions;
+
+uint64_t par_regions(void) { return atomic_load_explicit(&n_regions, memory_order_relaxed); }
+
+static void count_region(void) { atomic_fetch_add_explicit(&n_regions, 1, memory_order_relaxed); }
+
+par_job_t par_mm(const kcpu_mat_t *w, const void *act, int nb, float *y, int64_t ldy)
+{
+    return (par_job_t){.kind = PAR_MM, .w = *w, .act = act,
+                       .act_stride = model_act_row(w->type, w->ncols), .nb = nb, .y = y,
+                       .ldy = ldy};
+}
+
+par_job_t par_swiglu(const kcpu_mat_t *gate, const kcpu_mat_t *up, const kcpu_mat_t *down,
+                     const void *act, const void *act_up, int nb, float *y, float *y2, int64_t ldy,
+                     void *hq)
+{
+    par_job_t j = par_mm(gate, act, nb, y, ldy);
+    j.kind = PAR_SWIGLU;
+    j.w2 = *up;
+    j.act2 = act_up;
+    j.act2_stride = model_act_row(up->type, up->ncols);
+    j.y2 = y2;
+    /* chunks quantize their own columns only for small blocks: 256-value
+     * blocks would make the chunks too coarse to balance */
+    const ecs_type_t vdt = ecs_type_traits(down->type)->vec_dot_type;
+    if (hq && vdt != ECS_TYPE_F32 && ecs_type_traits(vdt)->blck_size <= 32) {
+        j.hq = hq;
+        j.hq_stride = model_act_row(down->type, down->ncols);
+        j.hq_vdt = vdt;
+    }
+    return j;
+}
+
+size_t model_act_row(ecs_type_t wtype, int64_t ncols)
+{
+    const ecs_type_traits_t *tr = ecs_type_traits(wtype);
+    return tr ? ecs_row_size(tr->vec_dot_type, ncols) : 0;
+}
+
+const void *model_act(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int64_t ldx,
+                      int nb, void *buf)
+{
+    const ecs_type_traits_t *tr = ecs_type_traits(w->type);
+    if (tr && tr->vec_dot_type == ECS_TYPE_F32 && ldx == w->ncols)
+        return x;
+    kcpu_quantize_rows(nb >= 8 ? tp : NULL, w->type, x, ldx, nb, w->ncols, buf);
+    return buf;
+}
+
+/* ---------------------------------------------------------------- chunks */
+
+static int64_t job_mats(const par_job_t *j) { return j->kind == PAR_SWIGLU ? 2 : 1; }
+
+/* Relative cost of one weight row: its bytes stream once, and each
+ * activation row adds compute. */
+static double row_cost(const par_job_t *j)
+{
+    return (double)j->w.row_bytes * (double)job_mats(j) * (double)(j->nb + 3);
+}
+
+static int64_t job_align(const par_job_t *j)
+{
+    if (j->kind == PAR_SWIGLU && j->hq)
+        return ecs_type_traits(j->hq_vdt)->blck_size;
+    return 1;
+}
+
+static int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+/* Cuts the jobs into chunks of decreasing size (remaining / (2 nth), at
+ * least PAR_MIN_BYTES of weights); returns the count. */
+static int plan_chunks(par_plan_t *p, const par_job_t *jobs, int n, int nth)
+{
+    double rem = 0;
+    for (int j = 0; j < n; j++)
+        if (jobs[j].nb > 0)
+            rem += row_cost(&jobs[j]) * (double)jobs[j].w.nrows;
+    int nc = 0;
+    for (int j = 0; j < n; j++) {
+        const par_job_t *jb = &jobs[j];
+        if (jb->nb <= 0 || jb->w.nrows <= 0)
+            continue;
+        const double rc = row_cost(jb);
+        const int64_t align = job_align(jb), rows = jb->w.nrows;
+        const int64_t min_rows = round_up(
+            (int64_t)(PAR_MIN_BYTES / ((double)jb->w.row_bytes * (double)job_mats(jb))) + 1, align);
+        for (int64_t r = 0; r < rows;) {
+            int64_t want = (int64_t)ceil(rem / (2.0 * nth) / rc);
+            want = round_up(want > min_rows ? want : min_rows, align);
+            /* the last chunks of a plan that is full take what is left */
+            if (nc >= p->cap - (n - j) || r + want + min_rows / 2 > rows)
+                want = rows - r;
+            p->chunks[nc++] = (par_chunk_t){j, r, r + want};
+            rem -= rc * (double)want;
+            r += want;
+        }
+    }
+    return nc;
+}
+
+/* ---------------------------------------------------------------- running */
+
+typedef struct {
+    const par_job_t *jobs;
+    const par_chunk_t *chunks;
+    int n;
+    const model_simd_t *simd;
+    _Atomic int next;
+} par_task_t;
+
+/* y[., r0:r1) = w[r0:r1) act over every activation row, in tiles of
+ * KCPU_MAX_BATCH rows (the chunk's weights stay in cache between tiles). */
+static void mm_part(const kcpu_mat_t *w, const par_job_t *j, const void *act, size_t stride,
+                    float *y, int64_t r0, int64_t r1)
+{
+    kcpu_mat_t sub = *w;
+    sub.nrows = r1 - r0;
+    sub.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    for (int b = 0; b < j->nb; b += KCPU_MAX_BATCH) {
+        const int nb = j->nb - b < KCPU_MAX_BATCH ? j->nb - b : KCPU_MAX_BATCH;
+        kcpu_matmul_q(NULL, &sub, (const char *)act + (size_t)b * stride, nb,
+                      y + (int64_t)b * j->ldy + r0, j->ldy);
+    }
+}
+
+static void run_chunk(const par_task_t *t, const par_chunk_t *c)
+{
+    const par_job_t *j = &t->jobs[c->job];
+    mm_part(&j->w, j, j->act, j->act_stride, j->y, c->r0, c->r1);
+    if (j->kind != PAR_SWIGLU)
+        return;
+    mm_part(&j->w2, j, j->act2, j->act2_stride, j->y2, c->r0, c->r1);
+    const int64_t w = c->r1 - c->r0;
+    const ecs_type_traits_t *qt = j->hq ? ecs_type_traits(j->hq_vdt) : NULL;
+    for (int b = 0; b < j->nb; b++) {
+        float *g = j->y + (int64_t)b * j->ldy + c->r0;
+        t->simd->swiglu(g, j->y2 + (int64_t)b * j->ldy + c->r0, w);
+        if (qt)
+            kcpu_quantize_act(j->hq_vdt, g,
+                              (char *)j->hq + (size_t)b * j->hq_stride +
+                                  (size_t)(c->r0 / qt->blck_size) * qt->type_size,
+                              w);
+    }
+}
+
+static void par_worker(void *arg, int ith, int nth)
+{
+    par_task_t *t = arg;
+    (void)ith, (void)nth;
+    for (;;) {
+        const int c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (c >= t->n)
+            break;
+        run_chunk(t, &t->chunks[c]);
+    }
+}
+
+void par_run(ecs_threadpool_t *tp, par_plan_t *plan, const par_job_t *jobs, int n)
+{
+    const int nth = ecs_threadpool_size(tp);
+    par_task_t t = {.jobs = jobs, .chunks = plan->chunks, .simd = model_simd()};
+    t.n = plan_chunks(plan, jobs, n, nth);
+    atomic_init(&t.next, 0);
+    if (t.n == 0)
+        return;
+    if (nth == 1 || t.n == 1) {
+        par_worker(&t, 0, 1);
+    } else {
+        count_region();
+        ecs_threadpool_run(tp, par_worker, &t);
+    }
+}
+
+/* ---------------------------------------------------------------- par_for */
+
+typedef struct {
+    par_item_fn fn;
+    void *arg;
+    int n;
+    _Atomic int next;
+} for_task_t;
+
+static void for_worker(void *arg, int ith, int nth)
+{
+    for_task_t *t = arg;
+    (void)nth;
+    for (;;) {
+        const int i = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (i >= t->n)
+            break;
+        t->fn(t->arg, i, ith);
+    }
+}
+
+void par_for(ecs_threadpool_t *tp, int n, par_item_fn fn, void *arg)
+{
+    if (n <= 0)
+        return;
+    for_task_t t = {.fn = fn, .arg = arg, .n = n};
+    atomic_init(&t.next, 0);
+    if (n == 1 || ecs_threadpool_size(tp) == 1) {
+        for_worker(&t, 0, 1);
+    } else {
+        count_region();
+        ecs_threadpool_run(tp, for_worker, &t);
+    }
+}

@@ -1,0 +1,99 @@
+/* simd.c - the model's hot loops outside the matrix products (SwiGLU,
+ * attention scores, softmax, probabilities x values) in plain C, and the
+ * choice between them and the AVX-512 versions (simd_avx512.c) by the ISA
+ * in use. The plain versions define the results; the SIMD ones may differ
+ * only by float summation order and a last-place exp rounding. */
+#include <math.h>
+#include <string.h>
+
+#include "coordinator/model/model_int.h"
+
+static void swiglu_plain(float *g, const float *u, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static float elt(const void *p, size_t i, bool f16)
+{
+    return f16 ? ecs_fp16_to_f32(((const ecs_fp16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static void scores_plain(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16,
+                         int dk, int dkp, int nt, float scale, float *S, int lds, float *kbuf)
+{
+    (void)dkp;
+    for (int t = 0; t < nt; t++) {
+        for (int d = 0; d < dk; d++)
+            kbuf[d] = elt(K, (size_t)t * ks + (size_t)d, kf16);
+        for (int j = 0; j < nq; j++) {
+            const float *q = Q + (size_t)j * ldq;
+            float s = 0.0f;
+            for (int d = 0; d < dk; d++)
+                s += q[d] * kbuf[d];
+            S[(size_t)j * lds + t] = s * scale;
+        }
+    }
+}
+
+/* ggml's soft_max: subtract the max, exponentiate, sum in double, scale. */
+static void softmax_plain(float *S, int nq, int lds, const int *len, int nt, bool f16)
+{
+    for (int j = 0; j < nq; j++) {
+        float *s = S + (size_t)j * lds;
+        const int n = len[j];
+        float mx = -INFINITY;
+        for (int t = 0; t < n; t++)
+            mx = s[t] > mx ? s[t] : mx;
+        double sum = 0.0;
+        for (int t = 0; t < n; t++) {
+            s[t] = expf(s[t] - mx);
+            sum += (double)s[t];
+        }
+        const float inv = n > 0 ? (float)(1.0 / sum) : 0.0f;
+        for (int t = 0; t < n; t++) {
+            s[t] *= inv;
+            if (f16)
+                s[t] = ecs_fp16_to_f32(ecs_f32_to_fp16(s[t]));
+        }
+        for (int t = n; t < nt; t++)
+            s[t] = 0.0f;
+    }
+}
+
+static void pv_plain(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
+                     int nt, float *O, int ldo)
+{
+    for (int j = 0; j < nq; j++) {
+        float *o = O + (size_t)j * ldo;
+        memset(o, 0, (size_t)dv * sizeof *o);
+        for (int t = 0; t < nt; t++) {
+            const float p = P[(size_t)j * ldp + t];
+            for (int d = 0; d < dv; d++)
+                o[d] += p * elt(V, (size_t)t * vs + (size_t)d, vf16);
+        }
+    }
+}
+
+static void round_f16_plain(float *dst, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = ecs_fp16_to_f32(ecs_f32_to_fp16(src[i]));
+}
+
+static void to_f16_plain(ecs_fp16_t *dst, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = ecs_f32_to_fp16(src[i]);
+}
+
+static const model_simd_t plain = {swiglu_plain, scores_plain, softmax_plain, pv_plain,
+                                   round_f16_plain, to_f16_plain};
+
+const model_simd_t *model_simd_plain(void) { return &plain; }
+
+const model_simd_t *model_simd(void)
+{
+    const model_simd_t *s = kcpu_isa() >= KCPU_ISA_AVX512 ? model_simd_avx512() : NULL;
+    return s ? s : &plain;
+}

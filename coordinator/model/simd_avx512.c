@@ -1,0 +1,293 @@
+/* simd_avx512.c - AVX-512 versions of the model's hot loops (see simd.c
+ * for what each computes): a vector exp for SwiGLU and softmax, and
+ * register-blocked attention products over an F16 or F32 KV cache: Q.K on
+ * blocks of 16 keys transposed once (8 queries x 16 keys per kernel), P.V
+ * with 6 (or 4) queries x 64 values of accumulators. Every output element
+ * is a sequential sum whatever the blocking, so results do not depend on
+ * how many queries or rows a call holds. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "coordinator/model/model_int.h"
+
+/* Round to nearest even, no exceptions (F16 conversions). */
+#define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+/* e^x, 1-2 ulp: x = n ln2 + r with |r| <= ln2/2, e^r by Cephes' expf
+ * polynomial, then scaled by 2^n (scalef also gives 0 for tiny results). */
+static inline __m512 exp_ps(__m512 x)
+{
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.72283935546875f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y =
+        _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* Lanes of the next 16 values when n remain (none when n <= 0). */
+static inline __mmask16 tail_mask(int64_t n)
+{
+    return n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
+
+static void swiglu_avx512(float *g, const float *u, int64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail_mask(n - i);
+        const __m512 x = _mm512_maskz_loadu_ps(k, g + i);
+        const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(g + i, k, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(k, u + i)));
+    }
+}
+
+/* r[i] becomes column i of the 16 x 16 block whose rows were r[0..15]. */
+static inline void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int k = 0; k < 4; k++) {
+        t[k] = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);
+        t[4 + k] = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
+        t[8 + k] = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
+        t[12 + k] = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+    }
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
+        r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);
+    }
+}
+
+/* Keys t0 .. t0+16 transposed: kt[d * 16 + i] = K[t0 + i][d], zero past dk
+ * and past nt. */
+static void load_kt(float *kt, const void *K, size_t ks, bool f16, int dk, int dkp, int t0, int nt)
+{
+    const int tb = nt - t0 < 16 ? nt - t0 : 16;
+    for (int d = 0; d < dkp; d += 16) {
+        const __mmask16 k = tail_mask(dk - d);
+        __m512 r[16];
+        for (int i = 0; i < 16; i++) {
+            const size_t off = (size_t)(t0 + i) * ks + (size_t)d;
+            if (i >= tb)
+                r[i] = _mm512_setzero_ps();
+            else if (f16)
+                r[i] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const ecs_fp16_t *)K + off));
+            else
+                r[i] = _mm512_maskz_loadu_ps(k, (const float *)K + off);
+        }
+        transpose16(r);
+        for (int i = 0; i < 16; i++)
+            _mm512_store_ps(kt + (size_t)(d + i) * 16, r[i]);
+    }
+}
+
+#define QK_ROW(a, j) a = _mm512_fmadd_ps(_mm512_set1_ps(Q[(size_t)(j) * ldq + d]), k, a)
+
+/* S[j][t0 .. t0+16) = scale * Q[j] . keys, for 8 queries (or 4 when four). */
+static inline __attribute__((always_inline)) void qk_block(const float *Q, int ldq, const float *kt,
+                                                           int dkp, float scale, float *S, int lds,
+                                                           bool four)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int d = 0; d < dkp; d++) {
+        const __m512 k = _mm512_load_ps(kt + (size_t)d * 16);
+        QK_ROW(a0, 0), QK_ROW(a1, 1), QK_ROW(a2, 2), QK_ROW(a3, 3);
+        if (!four)
+            QK_ROW(a4, 4), QK_ROW(a5, 5), QK_ROW(a6, 6), QK_ROW(a7, 7);
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+    const __m512 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int j = 0; j < (four ? 4 : 8); j++)
+        _mm512_storeu_ps(S + (size_t)j * lds, _mm512_mul_ps(acc[j], sc));
+}
+
+static void qk_block8(const float *Q, int ldq, const float *kt, int dkp, float scale, float *S,
+                      int lds)
+{
+    qk_block(Q, ldq, kt, dkp, scale, S, lds, false);
+}
+
+static void qk_block4(const float *Q, int ldq, const float *kt, int dkp, float scale, float *S,
+                      int lds)
+{
+    qk_block(Q, ldq, kt, dkp, scale, S, lds, true);
+}
+
+/* Each block of 16 keys is transposed once, then every query takes one
+ * broadcast FMA per dimension and no reductions. A score is the same
+ * sequential sum over dimensions however many queries an item holds, so
+ * batched and one-by-one evaluation agree bit for bit. */
+static void scores_avx512(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16,
+                          int dk, int dkp, int nt, float scale, float *S, int lds, float *kbuf)
+{
+    for (int t0 = 0; t0 < nt; t0 += 16) {
+        load_kt(kbuf, K, ks, kf16, dk, dkp, t0, nt);
+        int j = 0;
+        for (; j + 8 <= nq; j += 8)
+            qk_block8(Q + (size_t)j * ldq, ldq, kbuf, dkp, scale, S + (size_t)j * lds + t0, lds);
+        if (j < nq)
+            qk_block4(Q + (size_t)j * ldq, ldq, kbuf, dkp, scale, S + (size_t)j * lds + t0, lds);
+    }
+}
+
+static void softmax_avx512(float *S, int nq, int lds, const int *len, int nt, bool f16)
+{
+    for (int j = 0; j < nq; j++) {
+        float *s = S + (size_t)j * lds;
+        const int n = len[j];
+        __m512 vmx = _mm512_set1_ps(-INFINITY);
+        for (int t = 0; t < n; t += 16)
+            vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(vmx, tail_mask(n - t), s + t));
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+        __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+        for (int t = 0; t < n; t += 16) {
+            const __mmask16 k = tail_mask(n - t);
+            const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), mx);
+            const __m512 e = _mm512_maskz_mov_ps(k, exp_ps(x));
+            _mm512_mask_storeu_ps(s + t, k, e);
+            const __m256 e_hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1));
+            lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+            hi = _mm512_add_pd(hi, _mm512_cvtps_pd(e_hi));
+        }
+        const double sum = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+        const __m512 inv = _mm512_set1_ps(n > 0 ? (float)(1.0 / sum) : 0.0f);
+        for (int t = 0; t < nt; t += 16) {
+            const __mmask16 k = tail_mask(nt - t);
+            __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail_mask(n - t), s + t), inv);
+            if (f16)
+                p = _mm512_cvtph_ps(_mm512_cvtps_ph(p, RNE));
+            _mm512_mask_storeu_ps(s + t, k, p);
+        }
+    }
+}
+
+/* 16 values of V row t at column d (F16 or F32), zero where m is clear. */
+static inline __attribute__((always_inline)) __m512 load_v(const void *V, size_t off, __mmask16 m,
+                                                           bool f16)
+{
+    return f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const ecs_fp16_t *)V + off))
+               : _mm512_maskz_loadu_ps(m, (const float *)V + off);
+}
+
+#define PV_ROW(a0, a1, a2, a3, prow)                                                               \
+    do {                                                                                           \
+        const __m512 p = _mm512_set1_ps((prow)[t]);                                                \
+        a0 = _mm512_fmadd_ps(p, v0, a0);                                                           \
+        a1 = _mm512_fmadd_ps(p, v1, a1);                                                           \
+        a2 = _mm512_fmadd_ps(p, v2, a2);                                                           \
+        a3 = _mm512_fmadd_ps(p, v3, a3);                                                           \
+    } while (0)
+
+/* Four (or six) output rows of 64 values: O[a][d0 .. d0+64) = sum_t P[a][t]
+ * V[t][..], the accumulators in registers and each V row converted once
+ * for all of them. */
+static inline __attribute__((always_inline)) void
+pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, int d0, int nt,
+         float *O, int ldo, bool six)
+{
+    const __mmask16 m0 = tail_mask(dv - d0), m1 = tail_mask(dv - d0 - 16);
+    const __mmask16 m2 = tail_mask(dv - d0 - 32), m3 = tail_mask(dv - d0 - 48);
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    __m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+    __m512 a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+    __m512 a40 = a00, a41 = a00, a42 = a00, a43 = a00;
+    __m512 a50 = a00, a51 = a00, a52 = a00, a53 = a00;
+    const float *p0 = P, *p1 = P + ldp, *p2 = P + 2 * (size_t)ldp, *p3 = P + 3 * (size_t)ldp;
+    const float *p4 = P + 4 * (size_t)ldp, *p5 = P + 5 * (size_t)ldp;
+    for (int t = 0; t < nt; t++) {
+        const size_t off = (size_t)t * vs + (size_t)d0;
+        const __m512 v0 = load_v(V, off, m0, vf16), v1 = load_v(V, off + 16, m1, vf16);
+        const __m512 v2 = load_v(V, off + 32, m2, vf16), v3 = load_v(V, off + 48, m3, vf16);
+        PV_ROW(a00, a01, a02, a03, p0);
+        PV_ROW(a10, a11, a12, a13, p1);
+        PV_ROW(a20, a21, a22, a23, p2);
+        PV_ROW(a30, a31, a32, a33, p3);
+        if (six) {
+            PV_ROW(a40, a41, a42, a43, p4);
+            PV_ROW(a50, a51, a52, a53, p5);
+        }
+    }
+#define PV_STORE(a, r, c) _mm512_mask_storeu_ps(O + (size_t)(r) * ldo + d0 + 16 * (c), m##c, a)
+    PV_STORE(a00, 0, 0), PV_STORE(a01, 0, 1), PV_STORE(a02, 0, 2), PV_STORE(a03, 0, 3);
+    PV_STORE(a10, 1, 0), PV_STORE(a11, 1, 1), PV_STORE(a12, 1, 2), PV_STORE(a13, 1, 3);
+    PV_STORE(a20, 2, 0), PV_STORE(a21, 2, 1), PV_STORE(a22, 2, 2), PV_STORE(a23, 2, 3);
+    PV_STORE(a30, 3, 0), PV_STORE(a31, 3, 1), PV_STORE(a32, 3, 2), PV_STORE(a33, 3, 3);
+    if (six) {
+        PV_STORE(a40, 4, 0), PV_STORE(a41, 4, 1), PV_STORE(a42, 4, 2), PV_STORE(a43, 4, 3);
+        PV_STORE(a50, 5, 0), PV_STORE(a51, 5, 1), PV_STORE(a52, 5, 2), PV_STORE(a53, 5, 3);
+    }
+#undef PV_STORE
+}
+
+typedef void (*pv_fn)(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,
+                      float *O, int ldo);
+
+#define PV_VARIANT(name, f16, six)                                                                 \
+    static void name(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,    \
+                     float *O, int ldo)                                                            \
+    {                                                                                              \
+        pv_block(P, ldp, V, vs, f16, dv, d0, nt, O, ldo, six);                                     \
+    }
+PV_VARIANT(pv4_f16, true, false)
+PV_VARIANT(pv6_f16, true, true)
+PV_VARIANT(pv4_f32, false, false)
+PV_VARIANT(pv6_f32, false, true)
+
+static void pv_avx512(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
+                      int nt, float *O, int ldo)
+{
+    /* blocks of six rows where what is left still splits into sixes and
+     * fours (nq is a multiple of 4) */
+    for (int j = 0; j < nq;) {
+        const int left = nq - j, rows = left >= 6 && left != 8 ? 6 : 4;
+        const pv_fn fn = rows == 6 ? (vf16 ? pv6_f16 : pv6_f32) : (vf16 ? pv4_f16 : pv4_f32);
+        for (int d0 = 0; d0 < dv; d0 += 64)
+            fn(P + (size_t)j * ldp, ldp, V, vs, dv, d0, nt, O + (size_t)j * ldo, ldo);
+        j += rows;
+    }
+}
+
+static void round_f16_avx512(float *dst, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail_mask(n - i);
+        const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i), RNE);
+        _mm512_mask_storeu_ps(dst + i, k, _mm512_cvtph_ps(h));
+    }
+}
+
+static void to_f16_avx512(ecs_fp16_t *dst, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail_mask(n - i);
+        const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i), RNE);
+        _mm256_mask_storeu_epi16(dst + i, k, h);
+    }
+}
+
+static const model_simd_t avx512 = {swiglu_avx512, scores_avx512, softmax_avx512, pv_avx512,
+                                    round_f16_avx512, to_f16_avx512};
+
+const model_simd_t *model_simd_avx512(void) { return &avx512; }
