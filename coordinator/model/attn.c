@@ -12,6 +12,9 @@
  * q_nope is absorbed into the latent space with the transposed W_k
  * (q_abs = W_k^T q_nope, one matrix product per head, load.c builds W_kT);
  * after them, each head's latent output goes through its W_v rows of W_kv_b.
+ * Prompt steps run these as three regions (per-head products batched over
+ * the rows); decode steps run each group of heads through all three in one
+ * item, so the layer's attention core is a single region.
  * Numerics as llama.cpp's F16 cache: the query is rounded to F16 before
  * Q.K and the probabilities before P.V (ggml converts the F32 operand of an
  * F16 product); with an F32 cache nothing is rounded. */
@@ -174,19 +177,26 @@ static void quantize_heads(model_t *m, const qheads_t *q)
             qheads_item((void *)q, h, 0);
 }
 
+/* Head h's block of quantized rows in a per-head activation buffer. */
+static char *head_act(void *base, size_t row, int h)
+{
+    return (char *)base + (size_t)h * MODEL_MAX_BATCH * row;
+}
+
 /* Head h of the latent path: q_abs = W_kT q_nope, and the values W_v o. */
 static void absorb_head(model_t *m, const model_layer_ext_t *ex, int h, int n)
 {
     const model_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, kvl = hp->kv_lora_rank;
-    char *act = (char *)ws->qn_act + (size_t)h * MODEL_MAX_BATCH * ws->qn_row;
+    char *act = head_act(ws->qn_act, ws->qn_row, h);
     kcpu_quantize_rows(NULL, ex->wkt.type, ws->q + (size_t)h * hp->head_k, (int64_t)nh * hp->head_k,
                        n, hp->qk_nope, act);
     const kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
     kcpu_matmul_q(NULL, &w, act, n, ws->att + (size_t)h * kvl, (int64_t)nh * kvl);
 }
 
+/* Head h's W_v: the head_v rows after its qk_nope W_k rows in W_kv_b. */
 static kcpu_mat_t wv_head(const model_hparams_t *hp, const kcpu_mat_t *wb, int h)
 {
     kcpu_mat_t wv = *wb;
@@ -201,7 +211,7 @@ static void values_head(model_t *m, const model_layer_t *ly, int h, int n)
     const model_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, kvl = hp->kv_lora_rank;
-    char *act = (char *)ws->att_act + (size_t)h * MODEL_MAX_BATCH * ws->att_row;
+    char *act = head_act(ws->att_act, ws->att_row, h);
     kcpu_quantize_rows(NULL, ly->wkv_b.type, ws->ato + (size_t)h * kvl, (int64_t)nh * kvl, n, kvl,
                        act);
     const kcpu_mat_t wv = wv_head(hp, &ly->wkv_b, h);
@@ -254,8 +264,8 @@ static void attn_latent(model_t *m, const model_layer_t *ly, const model_layer_e
                          MODEL_MAX_BATCH * ws->qn_row};
     quantize_heads(m, &qn);
     for (int h = 0; h < nh; h++) {
-        kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
-        jobs[h] = par_mm(&w, qn.dst + (size_t)h * qn.dst_hstride, n, ws->att + (size_t)h * kvl,
+        const kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
+        jobs[h] = par_mm(&w, head_act(ws->qn_act, ws->qn_row, h), n, ws->att + (size_t)h * kvl,
                          (int64_t)nh * kvl);
     }
     par_run(m->tp, &ws->plan, jobs, nh);
@@ -272,7 +282,7 @@ static void attn_latent(model_t *m, const model_layer_t *ly, const model_layer_e
     quantize_heads(m, &ao);
     for (int h = 0; h < nh; h++) {
         const kcpu_mat_t wv = wv_head(hp, wb, h);
-        jobs[h] = par_mm(&wv, ao.dst + (size_t)h * ao.dst_hstride, n,
+        jobs[h] = par_mm(&wv, head_act(ws->att_act, ws->att_row, h), n,
                          ws->attv + (size_t)h * hv, (int64_t)nh * hv);
     }
     par_run(m->tp, &ws->plan, jobs, nh);

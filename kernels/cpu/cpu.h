@@ -94,14 +94,16 @@ kcpu_kernel_t kcpu_kernel_avx512(ecs_type_t wtype);
  * scalar level always has one for a weight type). */
 kcpu_kernel_t kcpu_kernel(ecs_type_t wtype);
 
-/* Quantized products in a layout that all quant types share (AVX-512 VNNI):
- * kcpu_matmul_q packs each activation row once per call (pack_act). With
- * nb >= KCPU_GEMM_MIN_NB rows it unpacks each tile of weight rows once
- * (unpack_w: int8 levels plus float scales per 16 values, in 256-value
- * superblocks; a row whose length is no multiple of 256 gets a zero-padded
- * last superblock) and computes every pair of the tile (tile); with fewer
- * rows, multi unpacks each weight row in registers instead. Both do the
- * same arithmetic: a product does not depend on the number of rows. */
+/* Quantized products in a layout that all quant types share (AVX-512 VNNI),
+ * which kcpu_matmul_q takes for rows of at least KCPU_GEMM_SB values (the
+ * row kernels below that). Each thread packs the activation rows once per
+ * call (pack_act). With nb >= KCPU_GEMM_MIN_NB rows, each tile of weight
+ * rows is unpacked once (unpack_w: int8 levels plus float scales per 16
+ * values, in 256-value superblocks; a row whose length is no multiple of
+ * 256 gets a zero-padded last superblock) and every pair of the tile
+ * computed (tile); with fewer rows, multi unpacks each weight row in
+ * registers instead. Both do the same arithmetic: a product does not depend
+ * on the number of rows. */
 #define KCPU_GEMM_SB 256
 #define KCPU_GEMM_MIN_NB 4
 

@@ -237,23 +237,56 @@ INLINE void unpack_k16(k16_kind_t K, const void *blk, __m512i lg, wsb_t *u)
 }
 
 /* Legacy types: a superblock is 8 blocks of 32 values. */
+/* One superblock of a legacy type: its first nblk blocks exist. The last
+ * superblock of a row may be short: loads from its missing blocks are not
+ * made (zeros: zero scales and levels), nothing past the row is touched.
+ * For whole superblocks nblk is the constant 8 and the checks fold away. */
+typedef struct {
+    const uint8_t *p;
+    int nblk;
+} sbsrc_t;
+
+INLINE __mmask64 first_bytes(int64_t n) /* the first n of 64 */
+{
+    return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : ((__mmask64)1 << n) - 1;
+}
+
+/* 16 / 32 / 4 bytes at offset off of block b */
+INLINE __m128i ld128(sbsrc_t s, int b, size_t bsize, size_t off)
+{
+    return b < s.nblk ? _mm_loadu_si128((const __m128i *)(s.p + (size_t)b * bsize + off))
+                      : _mm_setzero_si128();
+}
+
+INLINE __m256i ld256(sbsrc_t s, int b, size_t bsize, size_t off)
+{
+    return b < s.nblk ? _mm256_loadu_si256((const __m256i *)(s.p + (size_t)b * bsize + off))
+                      : _mm256_setzero_si256();
+}
+
+INLINE uint32_t ld_u32(sbsrc_t s, int b, size_t bsize, size_t off)
+{
+    uint32_t v = 0;
+    if (b < s.nblk)
+        memcpy(&v, s.p + (size_t)b * bsize + off, 4);
+    return v;
+}
+
 /* The fp16 at offset off of eight consecutive blocks (a superblock), as
  * floats: two word permutes over the superblock's bytes, loaded masked so
  * that nothing past its end is touched. */
-INLINE __m256 legacy_f16x8(const uint8_t *blk, size_t bsize, size_t off)
+INLINE __m256 legacy_f16x8(sbsrc_t s, size_t bsize, size_t off)
 {
-    const int words = (int)(4 * bsize); /* 8 blocks of bsize bytes */
+    const int64_t bytes = s.nblk * (int64_t)bsize;
     __m512i z[4];
-    for (int i = 0; i < 4; i++) {
-        const int left = words - 32 * i;
-        const __mmask32 m = left >= 32 ? 0xFFFFFFFFu : left <= 0 ? 0 : (1u << left) - 1;
-        z[i] = _mm512_maskz_loadu_epi16(m, blk + 64 * i);
-    }
+    for (int i = 0; i < 4; i++)
+        z[i] = _mm512_maskz_loadu_epi8(first_bytes(bytes - 64 * i), s.p + 64 * i);
     /* word j: (off + j bsize) / 2 */
     const __m512i j = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                        0, 0, 0, 0, 0, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i idx = _mm512_add_epi16(_mm512_mullo_epi16(j, _mm512_set1_epi16((short)(bsize / 2))),
-                                         _mm512_set1_epi16((short)(off / 2)));
+    const __m512i idx = _mm512_add_epi16(
+        _mm512_mullo_epi16(j, _mm512_set1_epi16((short)(bsize / 2))),
+        _mm512_set1_epi16((short)(off / 2)));
     const __m512i lo = _mm512_permutex2var_epi16(z[0], idx, z[1]);
     const __m512i hi =
         _mm512_permutex2var_epi16(z[2], _mm512_sub_epi16(idx, _mm512_set1_epi16(64)), z[3]);
@@ -261,28 +294,27 @@ INLINE __m256 legacy_f16x8(const uint8_t *blk, size_t bsize, size_t off)
     return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_mask_mov_epi16(lo, use_hi, hi)));
 }
 
-/* 16 bytes at the same offset of four consecutive blocks */
-INLINE __m512i legacy_x4(const uint8_t *blk, size_t bsize, size_t off)
+/* 16 bytes at the same offset of four consecutive blocks, the first b */
+INLINE __m512i legacy_x4(sbsrc_t s, int b, size_t bsize, size_t off)
 {
-    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk + off)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(blk + bsize + off)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(blk + 2 * bsize + off)), 2);
-    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(blk + 3 * bsize + off)), 3);
+    __m512i v = _mm512_castsi128_si512(ld128(s, b, bsize, off));
+    v = _mm512_inserti32x4(v, ld128(s, b + 1, bsize, off), 1);
+    v = _mm512_inserti32x4(v, ld128(s, b + 2, bsize, off), 2);
+    return _mm512_inserti32x4(v, ld128(s, b + 3, bsize, off), 3);
 }
 
-INLINE void unpack_legacy(ecs_type_t T, const uint8_t *blk, __m512i lg, wsb_t *u)
+INLINE void unpack_legacy(ecs_type_t T, sbsrc_t s, __m512i lg, wsb_t *u)
 {
     const size_t bsize = block_bytes(T);
     const __m512i per_block = _mm512_srli_epi32(lg, 1);
-    const __m512 d = _mm512_castps256_ps512(legacy_f16x8(blk, bsize, 0));
+    const __m512 d = _mm512_castps256_ps512(legacy_f16x8(s, bsize, 0));
     u->sc = _mm512_permutexvar_ps(per_block, d);
     u->mn = _mm512_setzero_ps();
     if (T == ECS_TYPE_Q8_0) {
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
-            const uint8_t *b0 = blk + 2 * v * bsize + offsetof(ecs_block_q8_0, qs);
-            const __m512i q = join256(_mm256_loadu_si256((const __m256i *)b0),
-                                      _mm256_loadu_si256((const __m256i *)(b0 + bsize)));
+            const size_t o = offsetof(ecs_block_q8_0, qs);
+            const __m512i q = join256(ld256(s, 2 * v, bsize, o), ld256(s, 2 * v + 1, bsize, o));
             u->q[v] = _mm512_xor_si512(q, _mm512_set1_epi8(-128)); /* w + 128 */
         }
         return;
@@ -298,27 +330,29 @@ INLINE void unpack_legacy(ecs_type_t T, const uint8_t *blk, __m512i lg, wsb_t *u
     }
     if (T == ECS_TYPE_Q4_1 || T == ECS_TYPE_Q5_1) /* m follows d in both */
         u->mn = _mm512_permutexvar_ps(
-            per_block, _mm512_castps256_ps512(legacy_f16x8(blk, bsize, sizeof(ecs_fp16_t))));
+            per_block, _mm512_castps256_ps512(legacy_f16x8(s, bsize, sizeof(ecs_fp16_t))));
     if (T == ECS_TYPE_Q5_0 || T == ECS_TYPE_Q5_1) {
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
-            const uint8_t *b0 = blk + 2 * v * bsize;
-            u->q[v] = add_fifth_bit(nibbles_pair(b0 + qs_off, b0 + bsize + qs_off), b0 + qh_off,
-                                    b0 + bsize + qh_off);
+            u->q[v] = add_fifth_bit_v(nibbles_pair_v(ld128(s, 2 * v, bsize, qs_off),
+                                                     ld128(s, 2 * v + 1, bsize, qs_off)),
+                                      ld_u32(s, 2 * v, bsize, qh_off),
+                                      ld_u32(s, 2 * v + 1, bsize, qh_off));
         }
         return;
     }
     const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
-        const __m512i q = legacy_x4(blk + 4 * h * bsize, bsize, qs_off);
+        const __m512i q = legacy_x4(s, 4 * h, bsize, qs_off);
         u->q[2 * h] = _mm512_and_si512(q, m4);
         u->q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
     }
 }
 
-/* One superblock; blk is its first (k-quants: only) block. */
-INLINE void unpack_sb(ecs_type_t T, const uint8_t *blk, __m512i lg, wsb_t *u)
+/* One superblock; blk is its first (k-quants: only) block, nblk the legacy
+ * blocks of it that exist (less than 8 at a row's end). */
+INLINE void unpack_sb(ecs_type_t T, const uint8_t *blk, int nblk, __m512i lg, wsb_t *u)
 {
     switch (T) {
     case ECS_TYPE_Q4_K: unpack_k4(false, blk, lg, u); break;
@@ -326,7 +360,7 @@ INLINE void unpack_sb(ecs_type_t T, const uint8_t *blk, __m512i lg, wsb_t *u)
     case ECS_TYPE_Q6_K: unpack_k16(K_Q6, blk, lg, u); break;
     case ECS_TYPE_Q3_K: unpack_k16(K_Q3, blk, lg, u); break;
     case ECS_TYPE_Q2_K: unpack_k16(K_Q2, blk, lg, u); break;
-    default: unpack_legacy(T, blk, lg, u); break;
+    default: unpack_legacy(T, (sbsrc_t){blk, nblk}, lg, u); break;
     }
 }
 
@@ -341,16 +375,21 @@ INLINE void store_wsb(bool min, const wsb_t *u, uint8_t *o)
         _mm512_store_ps((void *)(o + W_MN), u->mn);
 }
 
-/* The blocks of a row's last, short superblock (legacy types), followed by
- * zero blocks: zero scales and levels. */
+/* The blocks of an activation row's last, short superblock (legacy types),
+ * followed by zero blocks: zero scales and values (once per call; the
+ * weights read their short superblocks with masked loads instead). */
 typedef struct {
-    _Alignas(64) uint8_t b[8 * sizeof(ecs_block_q8_1)];
+    _Alignas(64) uint8_t b[5 * 64]; /* >= 8 blocks of any legacy type */
 } tail_t;
 
 INLINE const uint8_t *short_sb(const uint8_t *blk, size_t bsize, int64_t nblk, tail_t *t)
 {
-    memset(t->b, 0, sizeof(t->b));
-    memcpy(t->b, blk, (size_t)nblk * bsize);
+    const int64_t bytes = nblk * (int64_t)bsize;
+    for (int i = 0; i < 5; i++) {
+        const int64_t left = bytes - 64 * i;
+        const __mmask64 m = left >= 64 ? ~(__mmask64)0 : left <= 0 ? 0 : ((__mmask64)1 << left) - 1;
+        _mm512_store_si512((void *)(t->b + 64 * i), _mm512_maskz_loadu_epi8(m, blk + 64 * i));
+    }
     return t->b;
 }
 
@@ -364,13 +403,12 @@ INLINE void unpack_row(ecs_type_t T, const void *row, int64_t ncols, void *out)
     const uint8_t *in = row;
     for (int64_t sb = 0; sb < full; sb++, o += w_sb_bytes(min), in += sbb) {
         wsb_t u;
-        unpack_sb(T, in, lg, &u);
+        unpack_sb(T, in, 8, lg, &u);
         store_wsb(min, &u, o);
     }
     if (ncols % SB) {
-        tail_t t;
         wsb_t u;
-        unpack_sb(T, short_sb(in, bsize, (ncols % SB) / ECS_QK, &t), lg, &u);
+        unpack_sb(T, in, (int)((ncols % SB) / ECS_QK), lg, &u);
         store_wsb(min, &u, o);
     }
 }
@@ -470,11 +508,12 @@ INLINE void pack_legacy_sb(ecs_type_t T, const uint8_t *blk, __m512i lg, uint8_t
     act_vectors(type_groups(T), type_groups(T) != GROUPS_NIB, blk, bsize, qs_off, v);
     const __m512i init =
         _mm512_mullo_epi32(group_sums(v), _mm512_set1_epi32(-level_offset(T)));
-    const __m512 d = _mm512_castps256_ps512(legacy_f16x8(blk, bsize, 0));
+    const sbsrc_t src = {blk, 8};
+    const __m512 d = _mm512_castps256_ps512(legacy_f16x8(src, bsize, 0));
     store_act(o, v, init, _mm512_permutexvar_ps(per_block, d));
     if (q8_1) { /* s = d * sum(qs) of a block: to its even group, 0 to the odd */
         const __m512 s = _mm512_castps256_ps512(
-            legacy_f16x8(blk, bsize, offsetof(ecs_block_q8_1, s)));
+            legacy_f16x8(src, bsize, offsetof(ecs_block_q8_1, s)));
         const __mmask16 even = _mm512_testn_epi32_mask(lg, _mm512_set1_epi32(1));
         _mm512_store_ps((void *)(o + A_MN), _mm512_maskz_permutexvar_ps(even, per_block, s));
     }
@@ -601,12 +640,12 @@ static void tile_min(const void *w, int nw, const void *a, int na, int64_t nsb, 
 /* One superblock of a weight row, unpacked and transposed in registers,
  * against NA packed activation rows: the microkernel's arithmetic exactly,
  * so that a product does not depend on how many rows came with it. */
-INLINE void rows_sb(ecs_type_t T, int NA, const uint8_t *blk, __m512i lg, const uint8_t *a,
-                    size_t as, __m512 *acc)
+INLINE void rows_sb(ecs_type_t T, int NA, const uint8_t *blk, int nblk, __m512i lg,
+                    const uint8_t *a, size_t as, __m512 *acc)
 {
     const bool min = type_has_min(T);
     wsb_t u;
-    unpack_sb(T, blk, lg, &u);
+    unpack_sb(T, blk, nblk, lg, &u);
     transpose_groups(u.q);
     FOR_ROWS(r) {
         const uint8_t *ap = a + (size_t)r * as;
@@ -638,12 +677,10 @@ INLINE void rows_impl(ecs_type_t T, int NA, int64_t n, const void *w, const void
         acc[r] = _mm512_setzero_ps();
     const uint8_t *in = w;
     for (int64_t sb = 0; sb < full; sb++, in += sbb)
-        rows_sb(T, NA, in, lg, (const uint8_t *)a + (size_t)sb * asb, as, acc);
-    if (n % SB) {
-        tail_t t;
-        rows_sb(T, NA, short_sb(in, bsize, (n % SB) / ECS_QK, &t), lg,
+        rows_sb(T, NA, in, 8, lg, (const uint8_t *)a + (size_t)sb * asb, as, acc);
+    if (n % SB)
+        rows_sb(T, NA, in, (int)((n % SB) / ECS_QK), lg,
                 (const uint8_t *)a + (size_t)full * asb, as, acc);
-    }
     FOR_ROWS(r)
         out[r] = _mm512_reduce_add_ps(acc[r]);
 }

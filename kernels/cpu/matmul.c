@@ -7,13 +7,14 @@
  * still stream from memory only once per call, which is what makes batched
  * prompt processing cheaper per token than decode.
  *
- * Where the ISA has the shared-layout kernels (kcpu_gemm_t: AVX-512), the
- * activation rows are packed once per call; from KCPU_GEMM_MIN_NB rows on
- * every tile of weight rows is unpacked once and reused for all of them,
- * below that each weight row is unpacked in registers. Both compute the same
- * way, so a row's result does not depend on the batch it came in. The
- * buffers are per-thread scratch that grows to the largest call seen and is
- * freed when the thread exits; without it the raw row kernels do the work. */
+ * Where the ISA has the shared-layout kernels (kcpu_gemm_t: AVX-512) and
+ * rows are at least one superblock long, each thread packs the activation
+ * rows once per call; from KCPU_GEMM_MIN_NB rows on every tile of weight
+ * rows is unpacked once and reused for all of them, below that each weight
+ * row is unpacked in registers. Both compute the same way, so a row's result
+ * does not depend on the batch it came in. The buffers are per-thread
+ * scratch that grows to the largest call seen and is freed when the thread
+ * exits; without it the raw row kernels do the work. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -37,7 +38,7 @@
 
 typedef struct {
     const kcpu_mat_t *w;
-    const uint8_t *act;
+    const uint8_t *act; /* as the caller gave it */
     size_t act_stride;
     int nb;
     float *y;
@@ -46,11 +47,21 @@ typedef struct {
     int64_t chunk_rows;
     int64_t nchunks;
     _Atomic int64_t next; /* next chunk to hand out after each thread's first */
-    /* tiled path (gemm.w_sb != 0; act is packed then) */
+    /* shared-layout kernels (gemm.w_sb != 0 where the ISA has them) */
     kcpu_gemm_t gemm;
     int64_t nsb;
+    size_t packed_row; /* bytes of a packed activation row */
     int64_t tile_rows;
 } mm_task_t;
+
+/* What one thread computes with: the raw activations and row kernels, or
+ * its own packed copy of the activations and the shared-layout kernels. */
+typedef struct {
+    const uint8_t *act;
+    size_t stride;
+    kcpu_kernel_t k;
+    bool tiled; /* nb >= KCPU_GEMM_MIN_NB: unpacked weight tiles */
+} mm_view_t;
 
 /* ---- per-thread scratch ---- */
 
@@ -103,7 +114,7 @@ static void *scratch(int slot, size_t bytes)
  * (which stays in L1) the tile's weight rows are decoded again from L2. The
  * other order (all groups per weight row) would stream every activation row
  * from L2 once per weight row, several times the traffic for big batches. */
-static void mm_rows(const mm_task_t *t, int64_t r0, int64_t r1)
+static void mm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
 {
     const kcpu_mat_t *w = t->w;
     const int64_t tile = w->row_bytes < TILE_BYTES ? (int64_t)(TILE_BYTES / w->row_bytes) : 1;
@@ -112,15 +123,15 @@ static void mm_rows(const mm_task_t *t, int64_t r0, int64_t r1)
         const int64_t t1 = t0 + tile < r1 ? t0 + tile : r1;
         for (int b = 0; b < t->nb; b += KCPU_MAX_NA) {
             const int na = t->nb - b < KCPU_MAX_NA ? t->nb - b : KCPU_MAX_NA;
-            const uint8_t *a = t->act + (size_t)b * t->act_stride;
+            const uint8_t *a = v->act + (size_t)b * v->stride;
             float *y = t->y + (int64_t)b * t->ldy;
             for (int64_t r = t0; r < t1; r++) {
                 const void *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-                if (t->k.multi) {
-                    t->k.multi(w->ncols, wr, a, t->act_stride, na, out);
+                if (v->k.multi) {
+                    v->k.multi(w->ncols, wr, a, v->stride, na, out);
                 } else {
                     for (int j = 0; j < na; j++)
-                        out[j] = t->k.dot(w->ncols, wr, a + (size_t)j * t->act_stride);
+                        out[j] = v->k.dot(w->ncols, wr, a + (size_t)j * v->stride);
                 }
                 for (int j = 0; j < na; j++)
                     y[(int64_t)j * t->ldy + r] = out[j];
@@ -130,7 +141,7 @@ static void mm_rows(const mm_task_t *t, int64_t r0, int64_t r1)
 }
 
 /* Rows [r0, r1) with the batched kernels, one unpacked tile at a time. */
-static bool gemm_rows(const mm_task_t *t, int64_t r0, int64_t r1)
+static bool gemm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
 {
     const kcpu_mat_t *w = t->w;
     const size_t wrow = (size_t)t->nsb * t->gemm.w_sb;
@@ -142,61 +153,76 @@ static bool gemm_rows(const mm_task_t *t, int64_t r0, int64_t r1)
         for (int i = 0; i < nw; i++)
             t->gemm.unpack_w((const uint8_t *)w->data + (size_t)(t0 + i) * w->row_bytes,
                              w->ncols, buf + (size_t)i * wrow);
-        t->gemm.tile(buf, nw, t->act, t->nb, t->nsb, t->y + t0, t->ldy);
+        t->gemm.tile(buf, nw, v->act, t->nb, t->nsb, t->y + t0, t->ldy);
     }
     return true;
 }
 
-static void mm_range(const mm_task_t *t, int64_t r0, int64_t r1)
+static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
 {
-    if (!t->gemm.w_sb || !gemm_rows(t, r0, r1))
-        mm_rows(t, r0, r1);
+    if (!v->tiled || !gemm_rows(t, v, r0, r1)) /* the row kernel computes alike */
+        mm_rows(t, v, r0, r1);
 }
 
-static void mm_chunk(const mm_task_t *t, int64_t c)
+/* Each thread packs the activations into its own scratch: a copy that one
+ * thread wrote and the other read would cross between the cores' caches on
+ * every call, which costs more than packing (~25 cycles per 256 values). */
+static mm_view_t mm_view(const mm_task_t *t)
+{
+    mm_view_t v = {t->act, t->act_stride, t->k, false};
+    if (!t->gemm.w_sb)
+        return v;
+    uint8_t *packed = scratch(SCRATCH_ACT, t->packed_row * (size_t)t->nb);
+    if (!packed)
+        return v;
+    for (int b = 0; b < t->nb; b++)
+        t->gemm.pack_act(t->act + (size_t)b * t->act_stride, t->w->ncols,
+                         packed + (size_t)b * t->packed_row);
+    v.act = packed;
+    v.stride = t->packed_row;
+    v.k.multi = t->gemm.multi;
+    v.tiled = t->nb >= KCPU_GEMM_MIN_NB;
+    return v;
+}
+
+static void mm_chunk(const mm_task_t *t, const mm_view_t *v, int64_t c)
 {
     const int64_t r0 = c * t->chunk_rows;
-    mm_range(t, r0, r0 + t->chunk_rows < t->w->nrows ? r0 + t->chunk_rows : t->w->nrows);
+    mm_range(t, v, r0, r0 + t->chunk_rows < t->w->nrows ? r0 + t->chunk_rows : t->w->nrows);
 }
 
 static void mm_worker(void *arg, int ith, int nth)
 {
     mm_task_t *t = arg;
-    /* first chunk by thread index: no contention on the counter at start */
-    if (ith < t->nchunks)
-        mm_chunk(t, ith);
+    /* a thread that comes late (shared cores) finds the work done and
+     * packs nothing */
+    int64_t c = ith < t->nchunks ? ith /* first chunk by index: no contention */
+                                 : atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+    if (c >= t->nchunks)
+        return;
+    const mm_view_t v = mm_view(t);
     for (;;) {
-        const int64_t c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        mm_chunk(t, &v, c);
+        c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (c >= t->nchunks)
             break;
-        mm_chunk(t, c);
     }
     (void)nth;
 }
 
-/* Where the ISA has the shared-layout kernels for the type (kcpu_gemm_t),
- * packs the activations and switches the row kernels to them; from
- * KCPU_GEMM_MIN_NB rows on, also the tiled path. Without scratch the raw
- * row kernels stay. */
+/* The shared-layout kernels for the type, where the ISA has them and rows
+ * are at least one superblock long: a shorter row (a legacy type) would pay
+ * a whole superblock's work, twice what the row kernels cost at 128 values
+ * (whichever kernels a matrix gets, it gets them for every nb). */
 static void gemm_prepare(mm_task_t *t)
 {
     const kcpu_gemm_t g = kcpu_gemm(t->w->type);
-    if (!g.w_sb)
-        return;
-    const int64_t nsb = (t->w->ncols + KCPU_GEMM_SB - 1) / KCPU_GEMM_SB;
-    const size_t arow = (size_t)nsb * g.a_sb, wrow = (size_t)nsb * g.w_sb;
-    uint8_t *packed = scratch(SCRATCH_ACT, arow * (size_t)t->nb);
-    if (!packed)
-        return;
-    for (int b = 0; b < t->nb; b++)
-        g.pack_act(t->act + (size_t)b * t->act_stride, t->w->ncols, packed + (size_t)b * arow);
-    t->act = packed;
-    t->act_stride = arow;
-    t->k.multi = g.multi;
-    if (t->nb < KCPU_GEMM_MIN_NB)
+    if (!g.w_sb || t->w->ncols < KCPU_GEMM_SB)
         return;
     t->gemm = g;
-    t->nsb = nsb;
+    t->nsb = (t->w->ncols + KCPU_GEMM_SB - 1) / KCPU_GEMM_SB;
+    t->packed_row = (size_t)t->nsb * g.a_sb;
+    const size_t wrow = (size_t)t->nsb * g.w_sb;
     const int64_t rows = (int64_t)(GEMM_TILE_BYTES / wrow) / g.mr * g.mr;
     t->tile_rows = rows > g.mr ? rows : g.mr;
 }
@@ -234,10 +260,12 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
     t.chunk_rows = rows;
     t.nchunks = (w->nrows + rows - 1) / rows;
     atomic_init(&t.next, nth < t.nchunks ? nth : t.nchunks);
-    if (nth == 1 || t.nchunks == 1)
-        mm_range(&t, 0, w->nrows);
-    else
+    if (nth == 1 || t.nchunks == 1) {
+        const mm_view_t v = mm_view(&t);
+        mm_range(&t, &v, 0, w->nrows);
+    } else {
         ecs_threadpool_run(tp, mm_worker, &t);
+    }
 }
 
 typedef struct {

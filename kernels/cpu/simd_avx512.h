@@ -23,27 +23,39 @@ INLINE __m512i join256(__m256i lo, __m256i hi)
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-/* [qs0 & 15, qs0 >> 4, qs1 & 15, qs1 >> 4]: element order of each block */
-INLINE __m512i nibbles_pair(const uint8_t *qs0, const uint8_t *qs1)
+/* [x0 & 15, x0 >> 4, x1 & 15, x1 >> 4] for the 16 qs bytes x0, x1 of two
+ * blocks: the element order of each block */
+INLINE __m512i nibbles_pair_v(__m128i x0, __m128i x1)
 {
-    const __m128i x0 = _mm_loadu_si128((const __m128i *)qs0);
-    __m512i z = qs1 ? _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(x0), 0xFF00,
-                                                  _mm_loadu_si128((const __m128i *)qs1))
-                    : _mm512_maskz_broadcast_i32x4(0x00FF, x0);
+    __m512i z = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(x0), 0xFF00, x1);
     z = _mm512_mask_srli_epi16(z, 0xFF00FF00, z, 4); /* 128-bit lanes 1 and 3 */
     return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
 }
 
+/* qs1 NULL: a missing second block (zeros) */
+INLINE __m512i nibbles_pair(const uint8_t *qs0, const uint8_t *qs1)
+{
+    return nibbles_pair_v(_mm_loadu_si128((const __m128i *)qs0),
+                          qs1 ? _mm_loadu_si128((const __m128i *)qs1) : _mm_setzero_si128());
+}
+
+/* Adds 16 to the levels whose bit in the fifth-bit words h0 (first block)
+ * and h1 (second) is set. */
+INLINE __m512i add_fifth_bit_v(__m512i q, uint32_t h0, uint32_t h1)
+{
+    const __mmask64 k = ((uint64_t)h1 << 32) | h0;
+    return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
+}
+
+/* qh1 NULL: a missing second block */
 INLINE __m512i add_fifth_bit(__m512i q, const uint8_t *qh0, const uint8_t *qh1)
 {
     uint32_t h0, h1 = 0;
     memcpy(&h0, qh0, 4);
     if (qh1)
         memcpy(&h1, qh1, 4);
-    const __mmask64 k = ((uint64_t)h1 << 32) | h0;
-    return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
+    return add_fifth_bit_v(q, h0, h1);
 }
-
 
 /* Moves bit `from` of every byte to bit `to` (from, to even, |to - from| <= 6);
  * callers mask out the other bits, and the kept bit always comes from the

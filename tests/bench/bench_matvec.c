@@ -41,15 +41,16 @@ static double clock_s(clockid_t id)
 typedef struct {
     double wall;  /* best wall-clock seconds of one call */
     double share; /* CPU time / (wall * threads) over all calls: < 1 if preempted */
+    double total; /* wall-clock seconds of all calls */
 } timing_t;
 
 /* Best of reps calls after one warm-up call. The share is taken over all the
  * calls together: the kernel updates the CPU time of a thread running on the
- * other core only every few milliseconds, so one short call's share would
- * read low for no reason. */
+ * other core only every few milliseconds, so a short run's share reads low
+ * for no reason (busy_note ignores runs under 50 ms). */
 static timing_t best_of(void (*fn)(void *), void *ctx, int reps, int nth)
 {
-    timing_t best = {1e30, 0};
+    timing_t best = {1e30, 0, 0};
     double wall = 0, cpu = 0;
     for (int r = 0; r < reps + 1; r++) {
         const double w0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
@@ -64,6 +65,7 @@ static timing_t best_of(void (*fn)(void *), void *ctx, int reps, int nth)
         }
     }
     best.share = cpu / (wall * nth);
+    best.total = wall;
     return best;
 }
 
@@ -71,7 +73,7 @@ static timing_t best_of(void (*fn)(void *), void *ctx, int reps, int nth)
 static const char *busy_note(timing_t t)
 {
     static char buf[64];
-    if (t.share >= 0.9)
+    if (t.share >= 0.9 || t.total < 0.05)
         return "";
     snprintf(buf, sizeof buf, "  [busy machine: got %.0f%% of the cores]", 100.0 * t.share);
     return buf;
@@ -334,15 +336,16 @@ static void bench_prefill(ecs_threadpool_t *const *pools, const int *nths, int n
         for (int p = 0; p < npools; p++) {
             printf("prefill %-5s %4lld x %4lld %-14s threads=%d  GOP/s:", ecs_type_name(t),
                    (long long)nrows, (long long)ncols, shapes[si].what, nths[p]);
-            double worst_share = 1.0;
+            timing_t all = {0, 0, 0}; /* CPU share over the whole line */
             for (size_t bi = 0; bi < sizeof(nbs) / sizeof(nbs[0]); bi++) {
                 const timing_t tm = time_matmul(pools[p], &w, act, nbs[bi], y, reps);
                 printf(" nb=%d %.0f", nbs[bi],
                        2.0 * (double)nrows * (double)ncols * nbs[bi] / tm.wall * 1e-9);
-                if (tm.share < worst_share)
-                    worst_share = tm.share;
+                all.share += tm.share * tm.total;
+                all.total += tm.total;
             }
-            printf("%s\n", busy_note((timing_t){0, worst_share}));
+            all.share /= all.total;
+            printf("%s\n", busy_note(all));
             fflush(stdout);
         }
         free((void *)w.data);
@@ -437,7 +440,9 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
             only = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--only triad|matvec|batch|kernel|prefill|pool]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--quick] [--only triad|matvec|batch|kernel|prefill|pool]\n",
+                    argv[0]);
             return 2;
         }
     }

@@ -452,13 +452,13 @@ typedef struct {
 } shape_t;
 
 /* What kcpu_matmul_q computes where the ISA in use has the shared-layout
- * kernels (for any nb: the row kernel and the tiles compute alike), done as
- * one tile of all rows; false if it has none for the type (then the row
- * kernels are the expectation). y: nb x nrows. */
+ * kernels and rows are at least a superblock long (for any nb: the row
+ * kernel and the tiles compute alike), done as one tile of all rows; false
+ * otherwise (then the row kernels are the expectation). y: nb x nrows. */
 static bool gemm_direct(const kcpu_mat_t *w, const void *act, int nb, float *y)
 {
     const kcpu_gemm_t g = kcpu_gemm(w->type);
-    if (!g.w_sb)
+    if (!g.w_sb || w->ncols < KCPU_GEMM_SB)
         return false;
     const int64_t nsb = (w->ncols + KCPU_GEMM_SB - 1) / KCPU_GEMM_SB;
     const size_t as = ecs_row_size(vdt_of(w->type), w->ncols);
