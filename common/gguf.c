@@ -606,38 +606,40 @@ ecs_err_t gguf_get_f32(const gguf_file_t *f, const char *key, float *out)
     return ECS_OK;
 }
 
+/* The value of key, which must have type t. */
+static ecs_err_t lookup_typed(const gguf_file_t *f, const char *key, gguf_type_t t,
+                              const gguf_value_t **v)
+{
+    ecs_err_t err = lookup(f, key, v);
+    if (err)
+        return err;
+    return (*v)->type == t ? ECS_OK : wrong_type(f, key, *v, gguf_type_name(t));
+}
+
 ecs_err_t gguf_get_bool(const gguf_file_t *f, const char *key, bool *out)
 {
     const gguf_value_t *v;
-    ecs_err_t err = lookup(f, key, &v);
-    if (err)
-        return err;
-    if (v->type != GGUF_TYPE_BOOL)
-        return wrong_type(f, key, v, "bool");
-    *out = v->b;
-    return ECS_OK;
+    ecs_err_t err = lookup_typed(f, key, GGUF_TYPE_BOOL, &v);
+    if (!err)
+        *out = v->b;
+    return err;
 }
 
 ecs_err_t gguf_get_str(const gguf_file_t *f, const char *key, gguf_str_t *out)
 {
     const gguf_value_t *v;
-    ecs_err_t err = lookup(f, key, &v);
-    if (err)
-        return err;
-    if (v->type != GGUF_TYPE_STRING)
-        return wrong_type(f, key, v, "string");
-    *out = v->str;
-    return ECS_OK;
+    ecs_err_t err = lookup_typed(f, key, GGUF_TYPE_STRING, &v);
+    if (!err)
+        *out = v->str;
+    return err;
 }
 
 ecs_err_t gguf_get_arr(const gguf_file_t *f, const char *key, gguf_type_t elem, const gguf_value_t **out)
 {
     const gguf_value_t *v;
-    ecs_err_t err = lookup(f, key, &v);
+    ecs_err_t err = lookup_typed(f, key, GGUF_TYPE_ARRAY, &v);
     if (err)
         return err;
-    if (v->type != GGUF_TYPE_ARRAY)
-        return wrong_type(f, key, v, "array");
     if (v->arr.elem_type != elem)
         return ecs_error(ECS_ERR_TYPE, "%s: metadata key '%s' is an array of %s, expected %s",
                          f->path, key, gguf_type_name(v->arr.elem_type), gguf_type_name(elem));
