@@ -335,11 +335,14 @@ static int cmd_dump(model_t *m, model_ctx_t *c, const args_t *a, const int32_t *
     int k = a->top < V ? a->top : V;
     float *buf = malloc((size_t)MODEL_MAX_BATCH * V * sizeof *buf);
     int32_t *ids = malloc((size_t)k * sizeof *ids);
-    if (!f || !buf || !ids) {
+    /* --logits-of values are kept per position so the sequence is evaluated once */
+    float *xv = malloc(((size_t)n * n_extra + 1) * sizeof *xv);
+    if (!f || !buf || !ids || !xv) {
         if (f)
             fclose(f);
         free(buf);
         free(ids);
+        free(xv);
         free(extra);
         return fail("%s: %s", a->dump, f ? "out of memory" : strerror(errno));
     }
@@ -361,28 +364,21 @@ static int cmd_dump(model_t *m, model_ctx_t *c, const args_t *a, const int32_t *
             for (int j = 0; j < k; j++)
                 fprintf(f, "%s[%" PRId32 ", %.7g]", j ? ", " : "", ids[j], l[ids[j]]);
             fprintf(f, "]%s\n", s + i + 1 < n ? "," : "");
+            for (int j = 0; j < n_extra; j++)
+                xv[(size_t)(s + i) * n_extra + j] = l[extra[j]];
         }
     }
     fprintf(f, " ]");
     if (n_extra > 0 && rc == 0) {
-        /* re-run for the requested ids: cheap next to the debugging it saves */
-        model_ctx_reset(c);
         fprintf(f, ",\n \"logits_of\": {\"ids\": [");
         for (int j = 0; j < n_extra; j++)
             fprintf(f, "%s%" PRId32, j ? ", " : "", extra[j]);
         fprintf(f, "], \"values\": [\n");
-        for (int s = 0; s < n && rc == 0; s += MODEL_MAX_BATCH) {
-            int nb = n - s < MODEL_MAX_BATCH ? n - s : MODEL_MAX_BATCH;
-            if (model_eval(c, toks + s, nb, buf, true) != ECS_OK) {
-                rc = fail("eval: %s", ecs_errmsg());
-                break;
-            }
-            for (int i = 0; i < nb; i++) {
-                fprintf(f, "  [");
-                for (int j = 0; j < n_extra; j++)
-                    fprintf(f, "%s%.7g", j ? ", " : "", buf[(size_t)i * V + extra[j]]);
-                fprintf(f, "]%s\n", s + i + 1 < n ? "," : "");
-            }
+        for (int i = 0; i < n; i++) {
+            fprintf(f, "  [");
+            for (int j = 0; j < n_extra; j++)
+                fprintf(f, "%s%.7g", j ? ", " : "", xv[(size_t)i * n_extra + j]);
+            fprintf(f, "]%s\n", i + 1 < n ? "," : "");
         }
         fprintf(f, " ]}");
     }
@@ -391,6 +387,7 @@ static int cmd_dump(model_t *m, model_ctx_t *c, const args_t *a, const int32_t *
         rc = fail("%s: %s", a->dump, strerror(errno));
     free(buf);
     free(ids);
+    free(xv);
     free(extra);
     return rc;
 }
