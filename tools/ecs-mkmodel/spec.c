@@ -276,7 +276,8 @@ static bool file_type_last(mk_arch_t arch, mk_ftype_t ft)
     return arch == MK_ARCH_DEEPSEEK2 && ft != MK_FT_F32;
 }
 
-static void meta_ds2(meta_t *m, mk_ftype_t ft, const mk_hparams_t *hp)
+/* The keys both architectures write first, in the converters' order. */
+static void meta_common(meta_t *m, const mk_hparams_t *hp)
 {
     mu32(m, "block_count", hp->n_layer);
     mu32(m, "context_length", hp->ctx);
@@ -287,6 +288,11 @@ static void meta_ds2(meta_t *m, mk_ftype_t ft, const mk_hparams_t *hp)
     mf32(m, "rope.freq_base", hp->rope_base);
     mf32(m, "attention.layer_norm_rms_epsilon", hp->rms_eps);
     mu32(m, "expert_used_count", hp->n_expert_used);
+}
+
+static void meta_ds2(meta_t *m, mk_ftype_t ft, const mk_hparams_t *hp)
+{
+    meta_common(m, hp);
     if (!file_type_last(MK_ARCH_DEEPSEEK2, ft))
         general_file_type(m, ft);
     mu32(m, "leading_dense_block_count", hp->n_dense);
@@ -311,15 +317,7 @@ static void meta_ds2(meta_t *m, mk_ftype_t ft, const mk_hparams_t *hp)
 
 static void meta_qwen(meta_t *m, mk_ftype_t ft, const mk_hparams_t *hp)
 {
-    mu32(m, "block_count", hp->n_layer);
-    mu32(m, "context_length", hp->ctx);
-    mu32(m, "embedding_length", hp->n_embd);
-    mu32(m, "feed_forward_length", hp->n_ff);
-    mu32(m, "attention.head_count", hp->n_head);
-    mu32(m, "attention.head_count_kv", hp->n_head_kv);
-    mf32(m, "rope.freq_base", hp->rope_base);
-    mf32(m, "attention.layer_norm_rms_epsilon", hp->rms_eps);
-    mu32(m, "expert_used_count", hp->n_expert_used);
+    meta_common(m, hp);
     mu32(m, "attention.key_length", hp->head_dim);
     mu32(m, "attention.value_length", hp->head_dim);
     general_file_type(m, ft);
