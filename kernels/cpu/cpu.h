@@ -98,9 +98,9 @@ kcpu_kernel_t kcpu_kernel(ecs_type_t wtype);
  * which kcpu_matmul_q takes for rows of at least KCPU_GEMM_SB values (the
  * row kernels below that). Each thread packs the activation rows once per
  * call (pack_act). With nb >= KCPU_GEMM_MIN_NB rows, each tile of weight
- * rows is unpacked once (unpack_w: int8 levels plus float scales per 16
- * values, in 256-value superblocks; a row whose length is no multiple of
- * 256 gets a zero-padded last superblock) and every pair of the tile
+ * rows is unpacked once (unpack_w: int8 levels plus float scales per group,
+ * in superblocks of sb_cols values; a row whose length is no multiple of
+ * sb_cols gets a zero-padded last superblock) and every pair of the tile
  * computed (tile); with fewer rows, multi unpacks each weight row in
  * registers instead. Both do the same arithmetic: a product does not depend
  * on the number of rows. */
@@ -110,10 +110,14 @@ kcpu_kernel_t kcpu_kernel(ecs_type_t wtype);
 typedef struct {
     size_t w_sb; /* bytes per superblock of an unpacked weight row; 0: none */
     size_t a_sb; /* bytes per superblock of a packed activation row */
+    int sb_cols; /* values per superblock: 256 or 512 */
     int mr;      /* weight rows the microkernel takes at once: tiles are multiples */
-    /* out: 64-byte aligned, ceil(ncols / 256) * w_sb (a_sb) bytes */
+    /* out: 64-byte aligned, ceil(ncols / sb_cols) * w_sb (a_sb) bytes */
     void (*unpack_w)(const void *w, int64_t ncols, void *out);
     void (*pack_act)(const void *a, int64_t ncols, void *out);
+    /* a lone activation row (nb = 1): multi with na = 1 takes this layout,
+     * which may differ from pack_act's */
+    void (*pack_act1)(const void *a, int64_t ncols, void *out);
     /* y[j * ldy + i] = dot(weight row i, activation row j) for i < nw, j < na;
      * w: nw unpacked rows, a: na packed rows, nsb superblocks each. */
     void (*tile)(const void *w, int nw, const void *a, int na, int64_t nsb, float *y,

@@ -3,36 +3,43 @@
  * weight matrix: prompt processing, experts in prefill) and, with the same
  * arithmetic, the row kernel that decode uses.
  *
- * The row kernels of dot_avx512.c decode every weight block again for each
- * group of four activation rows and scale every 64-value vector product
- * separately. Here matmul.c packs the activation rows once per call, unpacks
- * a tile of weight rows once, and a register-blocked microkernel (GEMM_MR
- * weight rows x GEMM_NR activation rows) does all pairs:
+ * matmul.c packs the activation rows once per call, unpacks a tile of
+ * weight rows once, and a register-blocked microkernel (GEMM_MR weight rows
+ * x GEMM_NR activation rows) does all pairs:
  *
- *  - a 256-value superblock is sixteen groups of 16 values; every quant type
- *    has one scale (and one min) per group or per 32 values. The levels are
- *    stored transposed so that the 32-bit lane L of each of the four vectors
- *    holds four values of the same group: the four vpdpbusd of a superblock
- *    chain into one register whose lanes are whole group sums (no scale per
- *    vector);
+ *  - a superblock is sixteen groups of values that share a scale (and a
+ *    min): 16 values (Q2_K, Q3_K, Q6_K: 256-value superblocks, 4 vectors)
+ *    or 32 values (every other type: 512-value superblocks of two k-quant
+ *    blocks or sixteen legacy blocks, 8 vectors). The levels are stored
+ *    transposed so that the 32-bit lane L of each vector holds four values
+ *    of the same group: the vpdpbusd of a superblock chain into one register
+ *    whose lanes are whole group sums (no scale per vector);
  *  - weights are unsigned levels (Q8_0: w + 128); each level offset (Q4_0:
  *    8, Q5_0: 16, Q8_0: 128, Q3_K: 4, Q6_K: 32) is taken off in integers by
  *    starting the chain at -offset * (group sum of the activations), which
  *    the activation packing stores. Group sums are then exactly the scalar
- *    reference's integer sums (a group sum is below 2^20);
- *  - per pair and superblock: 4 vpdpbusd, one int->float conversion, one
- *    multiply (weight scales x activation scales, per lane) and one FMA, plus
- *    one FMA for the types with mins (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K).
+ *    reference's integer sums (a group sum is below 2^21);
+ *  - per pair and superblock: one vpdpbusd per 64 values, then one
+ *    int->float conversion, one multiply (weight scales x activation scales,
+ *    per lane) and one FMA, plus one FMA for the types with mins (Q4_1, Q5_1,
+ *    Q2_K, Q4_K, Q5_K). Zen 4 issues the vpdpbusd and the float multiplies
+ *    to the same two pipes, so 32-value groups (8 vpdpbusd per 4 float
+ *    operations, against 4 per 4) are what brings the products near the
+ *    int8 peak.
+ *
+ * Each set of four vectors is transposed with a 4x4 transpose of 32-bit
+ * words inside each 128-bit lane; for 32-value groups the unpacking puts the
+ * two 16-value halves of a group at the same place of two sets (A: the
+ * first four vectors, B: the last four), so the transposed sets line up.
  *
  * The row kernel (fewer than KCPU_GEMM_MIN_NB activation rows) unpacks one
  * weight row at a time in registers and does the same float operations in
  * the same order, so a product's bits do not depend on the batch it is in.
  * Only the float scaling and accumulation order differ from the reference.
- * A row whose length is not a multiple of 256 (legacy types) ends with a
+ * A row whose length is not a multiple of the superblock ends with a
  * zero-padded superblock. */
 #include "kernels/cpu/simd_avx512.h"
 
-#define SB KCPU_GEMM_SB
 /* Loops over a compile-time number of rows, unrolled: accumulators in registers. */
 #define FOR_ROWS(r) _Pragma("GCC unroll 4") for (int r = 0; r < NA; r++)
 /* Microkernel size: 16 pairs, 4 weight and 4 activation vectors per step;
@@ -41,41 +48,56 @@
 #define GEMM_MR 4 /* weight rows per microkernel */
 #define GEMM_NR 4 /* activation rows per microkernel */
 
-/* Byte offsets inside a superblock. Weights: levels, per-lane scales, per-
- * lane mins. Activations: values, chain start, per-lane scales, per-lane
- * terms the mins multiply. */
-enum { W_SC = 256, W_MN = 320, A_INIT = 256, A_SC = 320, A_MN = 384 };
-
-INLINE size_t w_sb_bytes(bool min)
+INLINE bool type_has_min(ecs_type_t T)
 {
-    return min ? 384 : 320;
+    return T == ECS_TYPE_Q4_1 || T == ECS_TYPE_Q5_1 || T == ECS_TYPE_Q2_K || T == ECS_TYPE_Q4_K ||
+           T == ECS_TYPE_Q5_K;
 }
 
-INLINE size_t a_sb_bytes(bool min)
+/* A scale per 16 values (else per 32). */
+INLINE bool is_g16(ecs_type_t T)
 {
-    return min ? 448 : 384;
+    return T == ECS_TYPE_Q2_K || T == ECS_TYPE_Q3_K || T == ECS_TYPE_Q6_K;
 }
 
-/* Which 16-value group (0..15 in the superblock) each 128-bit lane of the
+/* Vectors of levels per superblock (KV below): 4 or 8. */
+INLINE int type_kv(ecs_type_t T)
+{
+    return is_g16(T) ? 4 : 8;
+}
+
+/* Byte offsets inside a superblock of KV vectors. Weights: levels, per-lane
+ * scales, per-lane mins. Activations: values, chain start, per-lane scales,
+ * per-lane terms the mins multiply. */
+INLINE size_t w_sc(int KV) { return 64 * (size_t)KV; }
+INLINE size_t w_mn(int KV) { return 64 * (size_t)KV + 64; }
+INLINE size_t a_init(int KV) { return 64 * (size_t)KV; }
+INLINE size_t a_sc(int KV) { return 64 * (size_t)KV + 64; }
+INLINE size_t a_mn(int KV) { return 64 * (size_t)KV + 128; }
+
+INLINE size_t w_sb_bytes(int KV, bool min)
+{
+    return 64 * (size_t)KV + (min ? 128 : 64);
+}
+
+INLINE size_t a_sb_bytes(int KV, bool min)
+{
+    return 64 * (size_t)KV + (min ? 192 : 128);
+}
+
+/* Which group (0..15 in the superblock) each 128-bit lane of the first four
  * unpacked vectors holds before the transpose: entry 4 v + q is lane q of
- * vector v. Each type takes the order its bits unpack to cheapest; the
- * activations are packed to match. */
+ * vector v (for 32-value groups, the second four vectors hold the second
+ * halves at the same places). Each type takes the order its bits unpack to
+ * cheapest; the activations are packed to match. */
 static const uint8_t GROUPS_NATURAL[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-/* Q4_K / Q5_K: low and high nibbles of 64 bytes of qs */
-static const uint8_t GROUPS_K4[16] = {0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15};
-/* Q4_0, Q4_1: low and high nibbles of the qs of four blocks (Q5_0, Q5_1 take
- * the natural order: their fifth bits are cheapest per pair of blocks) */
-static const uint8_t GROUPS_NIB[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
+/* Q4_K / Q5_K: low and high nibbles of qs bytes 0-15, 32-47, 64-79, 96-111
+ * of the two blocks (bytes 16-31, ... the second halves) */
+static const uint8_t GROUPS_K4[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
 
 INLINE const uint8_t *type_groups(ecs_type_t T)
 {
-    switch (T) {
-    case ECS_TYPE_Q4_K:
-    case ECS_TYPE_Q5_K: return GROUPS_K4;
-    case ECS_TYPE_Q4_0:
-    case ECS_TYPE_Q4_1: return GROUPS_NIB;
-    default: return GROUPS_NATURAL;
-    }
+    return T == ECS_TYPE_Q4_K || T == ECS_TYPE_Q5_K ? GROUPS_K4 : GROUPS_NATURAL;
 }
 
 /* After the transpose, 32-bit lane L = 4 q + v holds the values of the group
@@ -101,10 +123,11 @@ INLINE void transpose_groups(__m512i v[4])
     v[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-INLINE bool type_has_min(ecs_type_t T)
+INLINE void transpose_sets(int KV, __m512i *v)
 {
-    return T == ECS_TYPE_Q4_1 || T == ECS_TYPE_Q5_1 || T == ECS_TYPE_Q2_K || T == ECS_TYPE_Q4_K ||
-           T == ECS_TYPE_Q5_K;
+    transpose_groups(v);
+    if (KV == 8)
+        transpose_groups(v + 4);
 }
 
 INLINE size_t block_bytes(ecs_type_t T)
@@ -129,12 +152,23 @@ INLINE bool is_k_quant(ecs_type_t T)
            T == ECS_TYPE_Q6_K;
 }
 
+/* Values per block of the type, and blocks per superblock. */
+INLINE int block_cols(ecs_type_t T)
+{
+    return is_k_quant(T) ? QK_K : QK;
+}
+
+INLINE int sb_blocks(ecs_type_t T)
+{
+    return 64 * type_kv(T) / block_cols(T);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Weights                                                                   */
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
-    __m512i q[4];  /* unsigned levels, groups as type_groups() says */
+    __m512i q[8];  /* unsigned levels, groups as type_groups() says */
     __m512 sc, mn; /* per lane (after the transpose): scale, min term */
 } wsb_t;
 
@@ -143,6 +177,15 @@ INLINE __m512 lanes_ps(__m512i idx, __m512i v, float mul)
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_permutexvar_epi32(idx, v)),
                          _mm512_set1_ps(mul));
 }
+
+/* A superblock's source: its first nblk blocks exist. The last superblock
+ * of a row may be short: loads from its missing blocks are not made (zeros:
+ * zero scales and levels), nothing past the row is touched. For whole
+ * superblocks nblk is a constant and the checks fold away. */
+typedef struct {
+    const uint8_t *p;
+    int nblk;
+} sbsrc_t;
 
 /* Q4_K / Q5_K scales and mins (8 x 6 bits each in 12 bytes) as 16 bytes
  * [scale 0..7, min 0..7]: bytes 0..3 hold scales 0..3 and (bits 6, 7) the
@@ -161,48 +204,86 @@ INLINE __m128i k4_scales_mins(const uint8_t *s)
     return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30)));
 }
 
-INLINE void unpack_k4(bool five, const void *blk, __m512i lg, wsb_t *u)
+/* 16-byte lanes 0, 2 of a and 0, 2 of b; or 1, 3 and 1, 3 */
+#define LANES_EVEN 0x88
+#define LANES_ODD 0xDD
+
+/* A byte per 128-bit lane q: bit 2q (odd: 2q + 1) */
+INLINE __m512i lane_bits(bool odd)
 {
-    const uint8_t *scales, *qs, *qh = NULL;
-    const ecs_fp16_t *dd; /* d, dmin */
-    if (five) {
-        const ecs_block_q5_K *x = blk;
-        scales = x->scales, qs = x->qs, qh = x->qh, dd = &x->d;
-    } else {
-        const ecs_block_q4_K *x = blk;
-        scales = x->scales, qs = x->qs, dd = &x->d;
-    }
-    /* [scales 0..7 * d, mins 0..7 * -dmin], then to the lanes' groups */
-    uint32_t d2;
-    memcpy(&d2, dd, 4);
-    const __m512 f = _mm512_permutexvar_ps(
-        _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-        _mm512_castps128_ps512(_mm_xor_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)d2)),
-                                          _mm_castsi128_ps(_mm_set_epi32(0, 0, INT32_MIN, 0)))));
-    const __m512 sm = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k4_scales_mins(scales))), f);
-    const __m512i sub = _mm512_srli_epi32(lg, 1); /* a scale per 32 values */
-    u->sc = _mm512_permutexvar_ps(sub, sm);
-    u->mn = _mm512_permutexvar_ps(_mm512_add_epi32(sub, _mm512_set1_epi32(8)), sm);
+    const unsigned s = odd ? 1 : 0;
+#define L(q) (int)(0x01010101u << (2 * (q) + s))
+    return _mm512_set_epi32(L(3), L(3), L(3), L(3), L(2), L(2), L(2), L(2), L(1), L(1), L(1),
+                            L(1), L(0), L(0), L(0), L(0));
+#undef L
+}
+
+INLINE __m512i add16_where(__m512i q, __m512i h, __m512i bits)
+{
+    return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, bits), q, _mm512_set1_epi8(16));
+}
+
+/* Block j (0, 1) of a Q4_K / Q5_K superblock pair: the qs bytes 0-15,
+ * 32-47, 64-79, 96-111 hold values 0-15 of sub-blocks 0, 2, 4, 6 (low
+ * nibbles) and 1, 3, 5, 7 (high); bytes 16-31, ... their values 16-31. */
+INLINE void unpack_k4_block(bool five, const uint8_t *b, int j, wsb_t *u)
+{
+    const size_t o_qs = five ? offsetof(ecs_block_q5_K, qs) : offsetof(ecs_block_q4_K, qs);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i a = _mm512_loadu_si512((const void *)qs);
-    const __m512i b = _mm512_loadu_si512((const void *)(qs + 64));
-    u->q[0] = _mm512_and_si512(a, m4);
-    u->q[1] = _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
-    u->q[2] = _mm512_and_si512(b, m4);
-    u->q[3] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+    const __m512i x0 = _mm512_loadu_si512((const void *)(b + o_qs));
+    const __m512i x1 = _mm512_loadu_si512((const void *)(b + o_qs + 64));
+    const __m512i x = _mm512_shuffle_i64x2(x0, x1, LANES_EVEN);
+    const __m512i y = _mm512_shuffle_i64x2(x0, x1, LANES_ODD);
+    u->q[2 * j] = _mm512_and_si512(x, m4);
+    u->q[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+    u->q[4 + 2 * j] = _mm512_and_si512(y, m4);
+    u->q[5 + 2 * j] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m4);
     if (five) { /* bit s of qh[i]: sub-block s, value i */
-        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) {
-            /* vector v: sub-blocks 4 (v / 2) + (v % 2) and that + 2 */
-            const int s0 = 4 * (v / 2) + v % 2;
-            const __m512i bits = join256(_mm256_set1_epi8((char)(1 << s0)),
-                                         _mm256_set1_epi8((char)(1 << (s0 + 2))));
-            u->q[v] = _mm512_mask_add_epi8(u->q[v], _mm512_test_epi8_mask(h, bits), u->q[v],
-                                           _mm512_set1_epi8(16));
-        }
+        const uint8_t *qh = b + offsetof(ecs_block_q5_K, qh);
+        const __m512i ha = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)qh));
+        const __m512i hb = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(qh + 16)));
+        u->q[2 * j] = add16_where(u->q[2 * j], ha, lane_bits(false));
+        u->q[2 * j + 1] = add16_where(u->q[2 * j + 1], ha, lane_bits(true));
+        u->q[4 + 2 * j] = add16_where(u->q[4 + 2 * j], hb, lane_bits(false));
+        u->q[5 + 2 * j] = add16_where(u->q[5 + 2 * j], hb, lane_bits(true));
     }
+}
+
+/* Block j's levels (zeros if it is missing), scales and mins (16 bytes, as
+ * k4_scales_mins) and d, -dmin. */
+INLINE __m128i unpack_k4_half(bool five, sbsrc_t s, int j, wsb_t *u, float *d, float *dmin)
+{
+    if (j >= s.nblk) {
+        u->q[2 * j] = u->q[2 * j + 1] = _mm512_setzero_si512();
+        u->q[4 + 2 * j] = u->q[5 + 2 * j] = _mm512_setzero_si512();
+        *d = *dmin = 0;
+        return _mm_setzero_si128();
+    }
+    const uint8_t *b = s.p + (size_t)j * (five ? sizeof(ecs_block_q5_K) : sizeof(ecs_block_q4_K));
+    ecs_fp16_t dd[2]; /* d, dmin: the first fields of both block types */
+    memcpy(dd, b, sizeof dd);
+    *d = h2f(dd[0]);
+    *dmin = -h2f(dd[1]);
+    unpack_k4_block(five, b, j, u);
+    return k4_scales_mins(b + (five ? offsetof(ecs_block_q5_K, scales)
+                                    : offsetof(ecs_block_q4_K, scales)));
+}
+
+/* Two Q4_K / Q5_K blocks (the second missing at the end of an odd row). */
+INLINE void unpack_k4(bool five, sbsrc_t s, __m512i lg, wsb_t *u)
+{
+    float d0, d1, m0, m1;
+    const __m128i s0 = unpack_k4_half(five, s, 0, u, &d0, &m0);
+    const __m128i s1 = unpack_k4_half(five, s, 1, u, &d1, &m1);
+    /* group g = 8 j + sub-block: [scales of block 0, of block 1], mins alike */
+    const __m512 fd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0), _mm512_set1_ps(d1));
+    const __m512 fm = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(m0), _mm512_set1_ps(m1));
+    const __m512 sc = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(s0, s1))), fd);
+    const __m512 mn = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(s0, s1))), fm);
+    u->sc = _mm512_permutexvar_ps(lg, sc);
+    u->mn = _mm512_permutexvar_ps(lg, mn);
 }
 
 INLINE void unpack_k16(k16_kind_t K, const void *blk, __m512i lg, wsb_t *u)
@@ -236,16 +317,7 @@ INLINE void unpack_k16(k16_kind_t K, const void *blk, __m512i lg, wsb_t *u)
         u->q[k] = k16_levels(K, blk, k, hm);
 }
 
-/* Legacy types: a superblock is 8 blocks of 32 values. */
-/* One superblock of a legacy type: its first nblk blocks exist. The last
- * superblock of a row may be short: loads from its missing blocks are not
- * made (zeros: zero scales and levels), nothing past the row is touched.
- * For whole superblocks nblk is the constant 8 and the checks fold away. */
-typedef struct {
-    const uint8_t *p;
-    int nblk;
-} sbsrc_t;
-
+/* Legacy types: a superblock is 16 blocks of 32 values. */
 INLINE __mmask64 first_bytes(int64_t n) /* the first n of 64 */
 {
     return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : ((__mmask64)1 << n) - 1;
@@ -303,19 +375,46 @@ INLINE __m512i legacy_x4(sbsrc_t s, int b, size_t bsize, size_t off)
     return _mm512_inserti32x4(v, ld128(s, b + 3, bsize, off), 3);
 }
 
+/* The fp16 at offset off of the sixteen blocks of a superblock, as floats. */
+INLINE __m512 legacy_f16x16(sbsrc_t s, size_t bsize, size_t off)
+{
+    const sbsrc_t hi = {s.p + 8 * bsize, s.nblk - 8};
+    return _mm512_insertf32x8(_mm512_castps256_ps512(legacy_f16x8(s, bsize, off)),
+                              legacy_f16x8(hi, bsize, off), 1);
+}
+
+/* The fifth bits of blocks b..b+3 for their values 0-15 (second: 16-31),
+ * 16 bits per block, as a byte mask. */
+INLINE __mmask64 fifth_bits(sbsrc_t s, int b, size_t bsize, size_t off, bool second)
+{
+    uint64_t m = 0;
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        const uint32_t h = ld_u32(s, b + q, bsize, off);
+        m |= (uint64_t)(second ? h >> 16 : h & 0xFFFF) << (16 * q);
+    }
+    return m;
+}
+
+/* Sixteen blocks, group g = block g: vector v (4 + v) holds values 0-15
+ * (16-31) of blocks 4v .. 4v + 3. */
 INLINE void unpack_legacy(ecs_type_t T, sbsrc_t s, __m512i lg, wsb_t *u)
 {
     const size_t bsize = block_bytes(T);
-    const __m512i per_block = _mm512_srli_epi32(lg, 1);
-    const __m512 d = _mm512_castps256_ps512(legacy_f16x8(s, bsize, 0));
-    u->sc = _mm512_permutexvar_ps(per_block, d);
+    u->sc = _mm512_permutexvar_ps(lg, legacy_f16x16(s, bsize, 0));
     u->mn = _mm512_setzero_ps();
+    if (T == ECS_TYPE_Q4_1 || T == ECS_TYPE_Q5_1) /* m follows d in both */
+        u->mn = _mm512_permutexvar_ps(lg, legacy_f16x16(s, bsize, sizeof(ecs_fp16_t)));
     if (T == ECS_TYPE_Q8_0) {
+        const size_t o = offsetof(ecs_block_q8_0, qs);
+        const __m512i flip = _mm512_set1_epi8(-128); /* w + 128 */
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
-            const size_t o = offsetof(ecs_block_q8_0, qs);
-            const __m512i q = join256(ld256(s, 2 * v, bsize, o), ld256(s, 2 * v + 1, bsize, o));
-            u->q[v] = _mm512_xor_si512(q, _mm512_set1_epi8(-128)); /* w + 128 */
+            const __m512i lo = join256(ld256(s, 4 * v, bsize, o), ld256(s, 4 * v + 1, bsize, o));
+            const __m512i hi =
+                join256(ld256(s, 4 * v + 2, bsize, o), ld256(s, 4 * v + 3, bsize, o));
+            u->q[v] = _mm512_xor_si512(_mm512_shuffle_i64x2(lo, hi, LANES_EVEN), flip);
+            u->q[4 + v] = _mm512_xor_si512(_mm512_shuffle_i64x2(lo, hi, LANES_ODD), flip);
         }
         return;
     }
@@ -328,88 +427,64 @@ INLINE void unpack_legacy(ecs_type_t T, sbsrc_t s, __m512i lg, wsb_t *u)
         break;
     default: qs_off = offsetof(ecs_block_q5_1, qs), qh_off = offsetof(ecs_block_q5_1, qh); break;
     }
-    if (T == ECS_TYPE_Q4_1 || T == ECS_TYPE_Q5_1) /* m follows d in both */
-        u->mn = _mm512_permutexvar_ps(
-            per_block, _mm512_castps256_ps512(legacy_f16x8(s, bsize, sizeof(ecs_fp16_t))));
-    if (T == ECS_TYPE_Q5_0 || T == ECS_TYPE_Q5_1) {
+    const bool five = T == ECS_TYPE_Q5_0 || T == ECS_TYPE_Q5_1;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) {
-            u->q[v] = add_fifth_bit_v(nibbles_pair_v(ld128(s, 2 * v, bsize, qs_off),
-                                                     ld128(s, 2 * v + 1, bsize, qs_off)),
-                                      ld_u32(s, 2 * v, bsize, qh_off),
-                                      ld_u32(s, 2 * v + 1, bsize, qh_off));
+    for (int v = 0; v < 4; v++) {
+        const __m512i q = legacy_x4(s, 4 * v, bsize, qs_off);
+        __m512i lo = _mm512_and_si512(q, m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        if (five) {
+            lo = _mm512_mask_add_epi8(lo, fifth_bits(s, 4 * v, bsize, qh_off, false), lo, b16);
+            hi = _mm512_mask_add_epi8(hi, fifth_bits(s, 4 * v, bsize, qh_off, true), hi, b16);
         }
-        return;
-    }
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        const __m512i q = legacy_x4(s, 4 * h, bsize, qs_off);
-        u->q[2 * h] = _mm512_and_si512(q, m4);
-        u->q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        u->q[v] = lo;
+        u->q[4 + v] = hi;
     }
 }
 
-/* One superblock; blk is its first (k-quants: only) block, nblk the legacy
- * blocks of it that exist (less than 8 at a row's end). */
-INLINE void unpack_sb(ecs_type_t T, const uint8_t *blk, int nblk, __m512i lg, wsb_t *u)
+INLINE void unpack_sb(ecs_type_t T, sbsrc_t s, __m512i lg, wsb_t *u)
 {
     switch (T) {
-    case ECS_TYPE_Q4_K: unpack_k4(false, blk, lg, u); break;
-    case ECS_TYPE_Q5_K: unpack_k4(true, blk, lg, u); break;
-    case ECS_TYPE_Q6_K: unpack_k16(K_Q6, blk, lg, u); break;
-    case ECS_TYPE_Q3_K: unpack_k16(K_Q3, blk, lg, u); break;
-    case ECS_TYPE_Q2_K: unpack_k16(K_Q2, blk, lg, u); break;
-    default: unpack_legacy(T, (sbsrc_t){blk, nblk}, lg, u); break;
+    case ECS_TYPE_Q4_K: unpack_k4(false, s, lg, u); break;
+    case ECS_TYPE_Q5_K: unpack_k4(true, s, lg, u); break;
+    case ECS_TYPE_Q6_K: unpack_k16(K_Q6, s.p, lg, u); break;
+    case ECS_TYPE_Q3_K: unpack_k16(K_Q3, s.p, lg, u); break;
+    case ECS_TYPE_Q2_K: unpack_k16(K_Q2, s.p, lg, u); break;
+    default: unpack_legacy(T, s, lg, u); break;
     }
 }
 
-INLINE void store_wsb(bool min, const wsb_t *u, uint8_t *o)
+INLINE void store_wsb(int KV, bool min, const wsb_t *u, uint8_t *o)
 {
-    __m512i q[4] = {u->q[0], u->q[1], u->q[2], u->q[3]};
-    transpose_groups(q);
-    for (int k = 0; k < 4; k++)
+    __m512i q[8];
+    for (int k = 0; k < KV; k++)
+        q[k] = u->q[k];
+    transpose_sets(KV, q);
+    for (int k = 0; k < KV; k++)
         _mm512_store_si512((void *)(o + 64 * k), q[k]);
-    _mm512_store_ps((void *)(o + W_SC), u->sc);
+    _mm512_store_ps((void *)(o + w_sc(KV)), u->sc);
     if (min)
-        _mm512_store_ps((void *)(o + W_MN), u->mn);
-}
-
-/* The blocks of an activation row's last, short superblock (legacy types),
- * followed by zero blocks: zero scales and values (once per call; the
- * weights read their short superblocks with masked loads instead). */
-typedef struct {
-    _Alignas(64) uint8_t b[5 * 64]; /* >= 8 blocks of any legacy type */
-} tail_t;
-
-INLINE const uint8_t *short_sb(const uint8_t *blk, size_t bsize, int64_t nblk, tail_t *t)
-{
-    const int64_t bytes = nblk * (int64_t)bsize;
-    for (int i = 0; i < 5; i++) {
-        const int64_t left = bytes - 64 * i;
-        const __mmask64 m = left >= 64 ? ~(__mmask64)0 : left <= 0 ? 0 : ((__mmask64)1 << left) - 1;
-        _mm512_store_si512((void *)(t->b + 64 * i), _mm512_maskz_loadu_epi8(m, blk + 64 * i));
-    }
-    return t->b;
+        _mm512_store_ps((void *)(o + w_mn(KV)), u->mn);
 }
 
 INLINE void unpack_row(ecs_type_t T, const void *row, int64_t ncols, void *out)
 {
+    const int KV = type_kv(T), nbk = sb_blocks(T);
     const bool min = type_has_min(T);
-    const size_t bsize = block_bytes(T), sbb = is_k_quant(T) ? bsize : 8 * bsize;
-    const int64_t full = ncols / SB;
+    const size_t sbb = (size_t)nbk * block_bytes(T);
+    const int64_t full = ncols / (64 * KV);
     const __m512i lg = lane_groups(T);
-    uint8_t *o = out;
     const uint8_t *in = row;
-    for (int64_t sb = 0; sb < full; sb++, o += w_sb_bytes(min), in += sbb) {
-        wsb_t u;
-        unpack_sb(T, in, 8, lg, &u);
-        store_wsb(min, &u, o);
+    uint8_t *o = out;
+    wsb_t u;
+    for (int64_t sb = 0; sb < full; sb++, o += w_sb_bytes(KV, min), in += sbb) {
+        unpack_sb(T, (sbsrc_t){in, nbk}, lg, &u);
+        store_wsb(KV, min, &u, o);
     }
-    if (ncols % SB) {
-        wsb_t u;
-        unpack_sb(T, in, (int)((ncols % SB) / ECS_QK), lg, &u);
-        store_wsb(min, &u, o);
+    if (ncols % (64 * KV)) {
+        unpack_sb(T, (sbsrc_t){in, (int)(ncols % (64 * KV) / block_cols(T))}, lg, &u);
+        store_wsb(KV, min, &u, o);
     }
 }
 
@@ -430,108 +505,172 @@ INLINE int level_offset(ecs_type_t T)
     }
 }
 
+/* Where group g of an activation superblock starts: block g / gpb (bsize
+ * bytes apart, values at qs_off), value gcols * (g % gpb) of it. */
+typedef struct {
+    const uint8_t *p;
+    size_t bsize, qs_off;
+    int gpb, gcols;
+} agrp_t;
+
+INLINE const uint8_t *agroup(agrp_t a, int g)
+{
+    return a.p + (size_t)(g / a.gpb) * a.bsize + a.qs_off + (size_t)a.gcols * (size_t)(g % a.gpb);
+}
+
 /* The activation vectors of one superblock in the weights' group order,
- * transposed; group g's 16 values at base + 16 g (Q8_K) or at block g / 2,
- * half g % 2 (Q8_0 / Q8_1: bsize, qs_off). Group orders that keep even and
- * odd groups together (all but GROUPS_NIB) load 32 bytes at a time. */
-INLINE const uint8_t *group_at(const uint8_t *base, size_t bsize, size_t qs_off, int g)
+ * transposed unless natural (the layout of single rows of 32-value groups,
+ * see row1_sb). 16-value groups load 32 bytes at a time. */
+INLINE void act_vectors(ecs_type_t T, agrp_t a, bool natural, __m512i v[8])
 {
-    return bsize ? base + (size_t)(g / 2) * bsize + qs_off + 16 * (g % 2) : base + 16 * g;
-}
-
-INLINE void act_vectors(const uint8_t *groups, bool pairs, const uint8_t *base, size_t bsize,
-                        size_t qs_off, __m512i v[4])
-{
+    const uint8_t *groups = type_groups(T);
+    const int KV = type_kv(T);
+    for (int set = 0; set < KV / 4; set++) {
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        const uint8_t *g = groups + 4 * k;
-#define AT(q) group_at(base, bsize, qs_off, g[q])
-        if (pairs) {
-            v[k] = join256(_mm256_loadu_si256((const __m256i *)AT(0)),
-                           _mm256_loadu_si256((const __m256i *)AT(2)));
-        } else {
-            __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)AT(0)));
-            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)AT(1)), 1);
-            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)AT(2)), 2);
-            v[k] = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)AT(3)), 3);
-        }
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *g = groups + 4 * k;
+#define AT(q) (agroup(a, g[q]) + 16 * set)
+            if (KV == 4) {
+                v[k] = join256(_mm256_loadu_si256((const __m256i *)AT(0)),
+                               _mm256_loadu_si256((const __m256i *)AT(2)));
+            } else {
+                __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)AT(0)));
+                x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)AT(1)), 1);
+                x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)AT(2)), 2);
+                v[4 * set + k] = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)AT(3)), 3);
+            }
 #undef AT
+        }
     }
-    transpose_groups(v);
-}
-
-INLINE void store_act(uint8_t *o, const __m512i v[4], __m512i init, __m512 sc)
-{
-    for (int k = 0; k < 4; k++)
-        _mm512_store_si512((void *)(o + 64 * k), v[k]);
-    _mm512_store_si512((void *)(o + A_INIT), init);
-    _mm512_store_ps((void *)(o + A_SC), sc);
-}
-
-/* Q8_K rows (k-quant weights): one scale per superblock, bsums per group. */
-INLINE void pack_q8_K(ecs_type_t T, const void *a, int64_t ncols, void *out)
-{
-    const bool min = type_has_min(T);
-    const int off = level_offset(T);
-    const __m512i lg = lane_groups(T);
-    uint8_t *o = out;
-    for (int64_t sb = 0; sb < ncols / SB; sb++, o += a_sb_bytes(min)) {
-        const ecs_block_q8_K *x = (const ecs_block_q8_K *)a + sb;
-        __m512i v[4];
-        act_vectors(type_groups(T), type_groups(T) != GROUPS_NIB, (const uint8_t *)x->qs, 0, 0, v);
-        const __m512i bs = _mm512_permutexvar_epi32(
-            lg, _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)x->bsums)));
-        store_act(o, v, _mm512_mullo_epi32(bs, _mm512_set1_epi32(-off)), _mm512_set1_ps(x->d));
-        if (min)
-            _mm512_store_ps((void *)(o + A_MN),
-                            _mm512_mul_ps(_mm512_cvtepi32_ps(bs), _mm512_set1_ps(x->d)));
-    }
+    if (!natural)
+        transpose_sets(KV, v);
 }
 
 /* Group sums of transposed values, as int32 per lane. */
-INLINE __m512i group_sums(const __m512i v[4])
+INLINE __m512i group_sums(int KV, const __m512i *v)
 {
     const __m512i ones = _mm512_set1_epi8(1);
     __m512i s = _mm512_setzero_si512();
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < KV; k++)
         s = _mm512_dpbusd_epi32(s, ones, v[k]);
     return s;
 }
 
-INLINE void pack_legacy_sb(ecs_type_t T, const uint8_t *blk, __m512i lg, uint8_t *o)
+INLINE void store_act(int KV, uint8_t *o, const __m512i *v, __m512i init, __m512 sc)
+{
+    for (int k = 0; k < KV; k++)
+        _mm512_store_si512((void *)(o + 64 * k), v[k]);
+    _mm512_store_si512((void *)(o + a_init(KV)), init);
+    _mm512_store_ps((void *)(o + a_sc(KV)), sc);
+}
+
+static const ecs_block_q8_K Q8K_ZERO;
+
+/* Q8_K rows (k-quant weights): one scale and sixteen 16-value sums
+ * (bsums) per block; one block per superblock (16-value groups) or two. */
+INLINE void pack_q8_K_sb(ecs_type_t T, const ecs_block_q8_K *x0, const ecs_block_q8_K *x1,
+                         __m512i lg, bool natural, uint8_t *o)
+{
+    const int KV = type_kv(T);
+    const int off = level_offset(T);
+    const agrp_t a = {(const uint8_t *)x0, sizeof *x0, offsetof(ecs_block_q8_K, qs), KV == 4 ? 16 : 8,
+                      KV == 4 ? 16 : 32};
+    __m512i v[8];
+    act_vectors(T, a, natural, v);
+    __m512i gs;
+    __m512 d;
+    if (KV == 4) {
+        gs = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)x0->bsums));
+        d = _mm512_set1_ps(x0->d);
+    } else { /* x1 follows x0 in memory unless it is the zero block */
+        gs = _mm512_madd_epi16(join256(_mm256_loadu_si256((const __m256i *)x0->bsums),
+                                       _mm256_loadu_si256((const __m256i *)x1->bsums)),
+                               _mm512_set1_epi16(1));
+        d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(x0->d), _mm512_set1_ps(x1->d));
+    }
+    gs = _mm512_permutexvar_epi32(lg, gs);
+    const __m512 sc = _mm512_permutexvar_ps(lg, d);
+    const __m512i init =
+        off ? _mm512_mullo_epi32(gs, _mm512_set1_epi32(-off)) : _mm512_setzero_si512();
+    store_act(KV, o, v, init, sc);
+    if (type_has_min(T))
+        _mm512_store_ps((void *)(o + a_mn(KV)), _mm512_mul_ps(_mm512_cvtepi32_ps(gs), sc));
+}
+
+INLINE void pack_q8_K(ecs_type_t T, const void *a, int64_t ncols, bool natural, void *out)
+{
+    const int KV = type_kv(T), nbk = KV / 4;
+    const bool min = type_has_min(T);
+    const __m512i lg = lane_groups(T);
+    const ecs_block_q8_K *x = a;
+    const int64_t nblk = ncols / QK_K;
+    uint8_t *o = out;
+    for (int64_t b = 0; b < nblk; b += nbk, o += a_sb_bytes(KV, min)) {
+        if (nbk == 1 || b + 1 < nblk) { /* a pair needs x[b + 1] next to x[b] */
+            pack_q8_K_sb(T, x + b, x + b + nbk - 1, lg, natural, o);
+            continue;
+        }
+        ecs_block_q8_K last[2];
+        last[0] = x[b];
+        last[1] = Q8K_ZERO;
+        pack_q8_K_sb(T, &last[0], &last[1], lg, natural, o);
+    }
+}
+
+/* Q8_0 / Q8_1 rows (legacy weights): sixteen blocks, group g = block g. */
+INLINE void pack_legacy_sb(ecs_type_t T, const uint8_t *blk, __m512i lg, bool natural,
+                           uint8_t *o)
 {
     const bool q8_1 = type_has_min(T);
     const size_t bsize = q8_1 ? sizeof(ecs_block_q8_1) : sizeof(ecs_block_q8_0);
     const size_t qs_off = q8_1 ? offsetof(ecs_block_q8_1, qs) : offsetof(ecs_block_q8_0, qs);
-    const __m512i per_block = _mm512_srli_epi32(lg, 1);
-    __m512i v[4];
-    act_vectors(type_groups(T), type_groups(T) != GROUPS_NIB, blk, bsize, qs_off, v);
-    const __m512i init =
-        _mm512_mullo_epi32(group_sums(v), _mm512_set1_epi32(-level_offset(T)));
-    const sbsrc_t src = {blk, 8};
-    const __m512 d = _mm512_castps256_ps512(legacy_f16x8(src, bsize, 0));
-    store_act(o, v, init, _mm512_permutexvar_ps(per_block, d));
-    if (q8_1) { /* s = d * sum(qs) of a block: to its even group, 0 to the odd */
-        const __m512 s = _mm512_castps256_ps512(
-            legacy_f16x8(src, bsize, offsetof(ecs_block_q8_1, s)));
-        const __mmask16 even = _mm512_testn_epi32_mask(lg, _mm512_set1_epi32(1));
-        _mm512_store_ps((void *)(o + A_MN), _mm512_maskz_permutexvar_ps(even, per_block, s));
-    }
+    __m512i v[8];
+    act_vectors(T, (agrp_t){blk, bsize, qs_off, 1, 32}, natural, v);
+    const int off = level_offset(T);
+    /* group sums in lane order: of the transposed vectors */
+    __m512i tv[8];
+    for (int k = 0; k < 8; k++)
+        tv[k] = v[k];
+    if (natural)
+        transpose_sets(8, tv);
+    const __m512i init = off ? _mm512_mullo_epi32(group_sums(8, tv), _mm512_set1_epi32(-off))
+                             : _mm512_setzero_si512();
+    const sbsrc_t src = {blk, 16};
+    store_act(8, o, v, init, _mm512_permutexvar_ps(lg, legacy_f16x16(src, bsize, 0)));
+    if (q8_1) /* s = d * sum(qs) of a block */
+        _mm512_store_ps((void *)(o + a_mn(8)),
+                        _mm512_permutexvar_ps(
+                            lg, legacy_f16x16(src, bsize, offsetof(ecs_block_q8_1, s))));
 }
 
-/* Q8_0 / Q8_1 rows (legacy weights): a scale per 32 values. */
-INLINE void pack_q8_legacy(ecs_type_t T, const void *a, int64_t ncols, void *out)
+/* The blocks of an activation row's last, short superblock (legacy types),
+ * followed by zero blocks: zero scales and values (once per call; the
+ * weights read their short superblocks with masked loads instead). */
+typedef struct {
+    _Alignas(64) uint8_t b[10 * 64]; /* >= 16 blocks of Q8_0 / Q8_1 */
+} tail_t;
+
+INLINE const uint8_t *short_sb(const uint8_t *blk, size_t bsize, int64_t nblk, tail_t *t)
+{
+    const int64_t bytes = nblk * (int64_t)bsize;
+    for (int i = 0; i < 10; i++)
+        _mm512_store_si512((void *)(t->b + 64 * i),
+                           _mm512_maskz_loadu_epi8(first_bytes(bytes - 64 * i), blk + 64 * i));
+    return t->b;
+}
+
+INLINE void pack_q8_legacy(ecs_type_t T, const void *a, int64_t ncols, bool natural, void *out)
 {
     const bool q8_1 = type_has_min(T);
     const size_t bsize = q8_1 ? sizeof(ecs_block_q8_1) : sizeof(ecs_block_q8_0);
     const __m512i lg = lane_groups(T);
     const uint8_t *in = a;
     uint8_t *o = out;
-    for (int64_t sb = 0; sb < ncols / SB; sb++, o += a_sb_bytes(q8_1), in += 8 * bsize)
-        pack_legacy_sb(T, in, lg, o);
-    if (ncols % SB) {
+    for (int64_t sb = 0; sb < ncols / 512; sb++, o += a_sb_bytes(8, q8_1), in += 16 * bsize)
+        pack_legacy_sb(T, in, lg, natural, o);
+    if (ncols % 512) {
         tail_t t;
-        pack_legacy_sb(T, short_sb(in, bsize, (ncols % SB) / ECS_QK, &t), lg, o);
+        pack_legacy_sb(T, short_sb(in, bsize, (ncols % 512) / QK, &t), lg, natural, o);
     }
 }
 
@@ -544,21 +683,21 @@ INLINE void pack_q8_legacy(ecs_type_t T, const void *a, int64_t ncols, void *out
 
 /* y[n * ldy + m] = dot(weight row m, activation row n), m < MR, n < NR.
  * w: unpacked rows wrow bytes apart; a: packed rows arow bytes apart. */
-INLINE void micro(int MR, int NR, bool MIN, const uint8_t *w, size_t wrow, const uint8_t *a,
-                  size_t arow, int64_t nsb, float *y, int64_t ldy)
+INLINE void micro(int MR, int NR, int KV, bool MIN, const uint8_t *w, size_t wrow,
+                  const uint8_t *a, size_t arow, int64_t nsb, float *y, int64_t ldy)
 {
-    const size_t wsb = w_sb_bytes(MIN), asb = a_sb_bytes(MIN);
+    const size_t wsb = w_sb_bytes(KV, MIN), asb = a_sb_bytes(KV, MIN);
     __m512 acc[GEMM_MR][GEMM_NR];
     FOR_M(m) FOR_N(n) acc[m][n] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *ws = w + (size_t)s * wsb, *as = a + (size_t)s * asb;
         __m512i t[GEMM_MR][GEMM_NR];
         FOR_N(n) {
-            const __m512i init = _mm512_load_si512((const void *)(as + n * arow + A_INIT));
+            const __m512i init = _mm512_load_si512((const void *)(as + n * arow + a_init(KV)));
             FOR_M(m) t[m][n] = init;
         }
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
+#pragma GCC unroll 8
+        for (int k = 0; k < KV; k++) {
             __m512i wv[GEMM_MR];
             FOR_M(m) wv[m] = _mm512_load_si512((const void *)(ws + m * wrow + 64 * k));
             FOR_N(n) {
@@ -567,18 +706,18 @@ INLINE void micro(int MR, int NR, bool MIN, const uint8_t *w, size_t wrow, const
             }
         }
         FOR_M(m) {
-            const __m512 sc = _mm512_load_ps((const void *)(ws + m * wrow + W_SC));
+            const __m512 sc = _mm512_load_ps((const void *)(ws + m * wrow + w_sc(KV)));
             FOR_N(n) {
                 const __m512 s2 =
-                    _mm512_mul_ps(sc, _mm512_load_ps((const void *)(as + n * arow + A_SC)));
+                    _mm512_mul_ps(sc, _mm512_load_ps((const void *)(as + n * arow + a_sc(KV))));
                 acc[m][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[m][n]), s2, acc[m][n]);
             }
         }
         if (MIN) {
             FOR_M(m) {
-                const __m512 mn = _mm512_load_ps((const void *)(ws + m * wrow + W_MN));
+                const __m512 mn = _mm512_load_ps((const void *)(ws + m * wrow + w_mn(KV)));
                 FOR_N(n) acc[m][n] = _mm512_fmadd_ps(
-                    mn, _mm512_load_ps((const void *)(as + n * arow + A_MN)), acc[m][n]);
+                    mn, _mm512_load_ps((const void *)(as + n * arow + a_mn(KV))), acc[m][n]);
             }
         }
     }
@@ -588,50 +727,58 @@ INLINE void micro(int MR, int NR, bool MIN, const uint8_t *w, size_t wrow, const
 typedef void (*micro_fn)(const uint8_t *w, size_t wrow, const uint8_t *a, size_t arow,
                          int64_t nsb, float *y, int64_t ldy);
 
-#define MICRO(MIN, MR, NR)                                                                    \
-    static void micro_##MIN##_##MR##_##NR(const uint8_t *w, size_t wrow, const uint8_t *a,     \
-                                          size_t arow, int64_t nsb, float *y, int64_t ldy)     \
+#define MICRO(KV, MIN, MR, NR)                                                                \
+    static void micro_##KV##_##MIN##_##MR##_##NR(const uint8_t *w, size_t wrow,               \
+                                                 const uint8_t *a, size_t arow, int64_t nsb,  \
+                                                 float *y, int64_t ldy)                       \
     {                                                                                         \
-        micro(MR, NR, MIN, w, wrow, a, arow, nsb, y, ldy);                                    \
+        micro(MR, NR, KV, MIN, w, wrow, a, arow, nsb, y, ldy);                                \
     }
-#define MICRO_ROW(MIN, MR) MICRO(MIN, MR, 1) MICRO(MIN, MR, 2) MICRO(MIN, MR, 3) MICRO(MIN, MR, 4)
-#define MICRO_ALL(MIN) MICRO_ROW(MIN, 1) MICRO_ROW(MIN, 2) MICRO_ROW(MIN, 3) MICRO_ROW(MIN, 4)
-MICRO_ALL(0)
-MICRO_ALL(1)
+#define MICRO_ROW(KV, MIN, MR)                                                                \
+    MICRO(KV, MIN, MR, 1) MICRO(KV, MIN, MR, 2) MICRO(KV, MIN, MR, 3) MICRO(KV, MIN, MR, 4)
+#define MICRO_ALL(KV, MIN)                                                                    \
+    MICRO_ROW(KV, MIN, 1) MICRO_ROW(KV, MIN, 2) MICRO_ROW(KV, MIN, 3) MICRO_ROW(KV, MIN, 4)
+MICRO_ALL(4, 0)
+MICRO_ALL(4, 1)
+MICRO_ALL(8, 0)
+MICRO_ALL(8, 1)
 
-#define MICRO_REF(MIN, MR) \
-    {micro_##MIN##_##MR##_1, micro_##MIN##_##MR##_2, micro_##MIN##_##MR##_3, micro_##MIN##_##MR##_4}
-static const micro_fn MICROS[2][GEMM_MR][GEMM_NR] = {
-    {MICRO_REF(0, 1), MICRO_REF(0, 2), MICRO_REF(0, 3), MICRO_REF(0, 4)},
-    {MICRO_REF(1, 1), MICRO_REF(1, 2), MICRO_REF(1, 3), MICRO_REF(1, 4)},
+#define MICRO_REF(KV, MIN, MR)                                                                \
+    {micro_##KV##_##MIN##_##MR##_1, micro_##KV##_##MIN##_##MR##_2,                           \
+     micro_##KV##_##MIN##_##MR##_3, micro_##KV##_##MIN##_##MR##_4}
+#define MICRO_SET(KV, MIN)                                                                    \
+    {MICRO_REF(KV, MIN, 1), MICRO_REF(KV, MIN, 2), MICRO_REF(KV, MIN, 3), MICRO_REF(KV, MIN, 4)}
+/* [8-vector superblocks][mins][MR - 1][NR - 1] */
+static const micro_fn MICROS[2][2][GEMM_MR][GEMM_NR] = {
+    {MICRO_SET(4, 0), MICRO_SET(4, 1)},
+    {MICRO_SET(8, 0), MICRO_SET(8, 1)},
 };
 
-INLINE void tile(bool min, const void *w, int nw, const void *a, int na, int64_t nsb, float *y,
-                 int64_t ldy)
+INLINE void tile(int KV, bool min, const void *w, int nw, const void *a, int na, int64_t nsb,
+                 float *y, int64_t ldy)
 {
-    const size_t wrow = (size_t)nsb * w_sb_bytes(min), arow = (size_t)nsb * a_sb_bytes(min);
+    const size_t wrow = (size_t)nsb * w_sb_bytes(KV, min), arow = (size_t)nsb * a_sb_bytes(KV, min);
     for (int n0 = 0; n0 < na; n0 += GEMM_NR) {
         const int nr = na - n0 < GEMM_NR ? na - n0 : GEMM_NR;
         for (int m0 = 0; m0 < nw; m0 += GEMM_MR) {
             const int mr = nw - m0 < GEMM_MR ? nw - m0 : GEMM_MR;
-            MICROS[min][mr - 1][nr - 1]((const uint8_t *)w + (size_t)m0 * wrow, wrow,
-                                        (const uint8_t *)a + (size_t)n0 * arow, arow, nsb,
-                                        y + (int64_t)n0 * ldy + m0, ldy);
+            MICROS[KV == 8][min][mr - 1][nr - 1]((const uint8_t *)w + (size_t)m0 * wrow, wrow,
+                                                 (const uint8_t *)a + (size_t)n0 * arow, arow,
+                                                 nsb, y + (int64_t)n0 * ldy + m0, ldy);
         }
     }
 }
 
-static void tile_plain(const void *w, int nw, const void *a, int na, int64_t nsb, float *y,
-                       int64_t ldy)
-{
-    tile(false, w, nw, a, na, nsb, y, ldy);
-}
-
-static void tile_min(const void *w, int nw, const void *a, int na, int64_t nsb, float *y,
-                     int64_t ldy)
-{
-    tile(true, w, nw, a, na, nsb, y, ldy);
-}
+#define TILE_FN(KV, MIN)                                                                      \
+    static void tile_##KV##_##MIN(const void *w, int nw, const void *a, int na, int64_t nsb,  \
+                                  float *y, int64_t ldy)                                      \
+    {                                                                                         \
+        tile(KV, MIN, w, nw, a, na, nsb, y, ldy);                                             \
+    }
+TILE_FN(4, 0)
+TILE_FN(4, 1)
+TILE_FN(8, 0)
+TILE_FN(8, 1)
 
 /* ------------------------------------------------------------------------ */
 /* Row kernel (few activation rows, decode)                                  */
@@ -640,46 +787,95 @@ static void tile_min(const void *w, int nw, const void *a, int na, int64_t nsb, 
 /* One superblock of a weight row, unpacked and transposed in registers,
  * against NA packed activation rows: the microkernel's arithmetic exactly,
  * so that a product does not depend on how many rows came with it. */
-INLINE void rows_sb(ecs_type_t T, int NA, const uint8_t *blk, int nblk, __m512i lg,
-                    const uint8_t *a, size_t as, __m512 *acc)
+INLINE void rows_sb(ecs_type_t T, int NA, sbsrc_t src, __m512i lg, const uint8_t *a, size_t as,
+                    __m512 *acc)
 {
+    const int KV = type_kv(T);
     const bool min = type_has_min(T);
     wsb_t u;
-    unpack_sb(T, blk, nblk, lg, &u);
-    transpose_groups(u.q);
+    unpack_sb(T, src, lg, &u);
+    transpose_sets(KV, u.q);
     FOR_ROWS(r) {
         const uint8_t *ap = a + (size_t)r * as;
         /* two chains: half the latency, the same integer sums */
-        __m512i t = _mm512_load_si512((const void *)(ap + A_INIT));
-        __m512i t2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.q[2],
-                                         _mm512_load_si512((const void *)(ap + 128)));
-        t = _mm512_dpbusd_epi32(t, u.q[0], _mm512_load_si512((const void *)ap));
-        t2 = _mm512_dpbusd_epi32(t2, u.q[3], _mm512_load_si512((const void *)(ap + 192)));
-        t = _mm512_dpbusd_epi32(t, u.q[1], _mm512_load_si512((const void *)(ap + 64)));
+        __m512i t = _mm512_load_si512((const void *)(ap + a_init(KV)));
+        __m512i t2 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int k = 0; k < KV; k += 2) {
+            t = _mm512_dpbusd_epi32(t, u.q[k], _mm512_load_si512((const void *)(ap + 64 * k)));
+            t2 = _mm512_dpbusd_epi32(t2, u.q[k + 1],
+                                     _mm512_load_si512((const void *)(ap + 64 * k + 64)));
+        }
         t = _mm512_add_epi32(t, t2);
-        const __m512 s2 = _mm512_mul_ps(u.sc, _mm512_load_ps((const void *)(ap + A_SC)));
+        const __m512 s2 = _mm512_mul_ps(u.sc, _mm512_load_ps((const void *)(ap + a_sc(KV))));
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[r]);
         if (min)
-            acc[r] = _mm512_fmadd_ps(u.mn, _mm512_load_ps((const void *)(ap + A_MN)), acc[r]);
+            acc[r] = _mm512_fmadd_ps(u.mn, _mm512_load_ps((const void *)(ap + a_mn(KV))), acc[r]);
     }
+}
+
+/* The same for one activation row of 32-value groups, packed untransposed
+ * (pack_act1): the two halves of a group chain into the same lanes, and the
+ * four chains are transposed and added instead of the eight weight vectors
+ * being transposed. The integer sums and the float operations are those of
+ * rows_sb. */
+INLINE void row1_sb(ecs_type_t T, sbsrc_t src, __m512i lg, const uint8_t *a, __m512 *acc)
+{
+    const bool min = type_has_min(T);
+    wsb_t u;
+    unpack_sb(T, src, lg, &u);
+    __m512i t[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; v++)
+        t[v] = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.q[v],
+                                _mm512_load_si512((const void *)(a + 64 * v))),
+            u.q[4 + v], _mm512_load_si512((const void *)(a + 256 + 64 * v)));
+    transpose_groups(t);
+    const __m512i s = _mm512_add_epi32(_mm512_add_epi32(t[0], t[1]), _mm512_add_epi32(t[2], t[3]));
+    const __m512i tt = _mm512_add_epi32(s, _mm512_load_si512((const void *)(a + a_init(8))));
+    const __m512 s2 = _mm512_mul_ps(u.sc, _mm512_load_ps((const void *)(a + a_sc(8))));
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tt), s2, *acc);
+    if (min)
+        *acc = _mm512_fmadd_ps(u.mn, _mm512_load_ps((const void *)(a + a_mn(8))), *acc);
+}
+
+INLINE float row1_impl(ecs_type_t T, int64_t n, const void *w, const void *a)
+{
+    const int nbk = sb_blocks(T);
+    const size_t sbb = (size_t)nbk * block_bytes(T), asb = a_sb_bytes(8, type_has_min(T));
+    const int64_t full = n / 512;
+    const __m512i lg = lane_groups(T);
+    __m512 acc = _mm512_setzero_ps();
+    const uint8_t *in = w;
+    for (int64_t sb = 0; sb < full; sb++, in += sbb)
+        row1_sb(T, (sbsrc_t){in, nbk}, lg, (const uint8_t *)a + (size_t)sb * asb, &acc);
+    if (n % 512)
+        row1_sb(T, (sbsrc_t){in, (int)(n % 512 / block_cols(T))}, lg,
+                (const uint8_t *)a + (size_t)full * asb, &acc);
+    return _mm512_reduce_add_ps(acc);
 }
 
 INLINE void rows_impl(ecs_type_t T, int NA, int64_t n, const void *w, const void *a, size_t as,
                       float *out)
 {
+    if (NA == 1 && !is_g16(T)) {
+        out[0] = row1_impl(T, n, w, a);
+        return;
+    }
+    const int KV = type_kv(T), nbk = sb_blocks(T);
     const bool min = type_has_min(T);
-    const size_t bsize = block_bytes(T), sbb = is_k_quant(T) ? bsize : 8 * bsize;
-    const size_t asb = a_sb_bytes(min);
-    const int64_t full = n / SB;
+    const size_t sbb = (size_t)nbk * block_bytes(T), asb = a_sb_bytes(KV, min);
+    const int64_t full = n / (64 * KV);
     const __m512i lg = lane_groups(T);
     __m512 acc[KCPU_MAX_NA];
     FOR_ROWS(r)
         acc[r] = _mm512_setzero_ps();
     const uint8_t *in = w;
     for (int64_t sb = 0; sb < full; sb++, in += sbb)
-        rows_sb(T, NA, in, 8, lg, (const uint8_t *)a + (size_t)sb * asb, as, acc);
-    if (n % SB)
-        rows_sb(T, NA, in, (int)((n % SB) / ECS_QK), lg,
+        rows_sb(T, NA, (sbsrc_t){in, nbk}, lg, (const uint8_t *)a + (size_t)sb * asb, as, acc);
+    if (n % (64 * KV))
+        rows_sb(T, NA, (sbsrc_t){in, (int)(n % (64 * KV) / block_cols(T))}, lg,
                 (const uint8_t *)a + (size_t)full * asb, as, acc);
     FOR_ROWS(r)
         out[r] = _mm512_reduce_add_ps(acc[r]);
@@ -694,7 +890,11 @@ INLINE void rows_impl(ecs_type_t T, int NA, int64_t n, const void *w, const void
     }                                                                                         \
     static void name##_pack(const void *a, int64_t ncols, void *out)                          \
     {                                                                                         \
-        pack(T, a, ncols, out);                                                               \
+        pack(T, a, ncols, false, out);                                                        \
+    }                                                                                         \
+    static void name##_pack1(const void *a, int64_t ncols, void *out)                         \
+    {                                                                                         \
+        pack(T, a, ncols, !is_g16(T), out);                                                   \
     }                                                                                         \
     INLINE void name##_rows(int NA, int64_t n, const void *w, const void *a, size_t as,       \
                             float *out)                                                       \
@@ -716,24 +916,25 @@ GEMM_TYPE(q6_K, ECS_TYPE_Q6_K, pack_q8_K)
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
 {
-#define G(name, T)                                                                            \
+#define G(name, T, tl)                                                                        \
     (kcpu_gemm_t)                                                                             \
     {                                                                                         \
-        w_sb_bytes(type_has_min(T)), a_sb_bytes(type_has_min(T)), GEMM_MR, name##_unpack,    \
-            name##_pack, type_has_min(T) ? tile_min : tile_plain, name##_multi               \
+        w_sb_bytes(type_kv(T), type_has_min(T)), a_sb_bytes(type_kv(T), type_has_min(T)),    \
+            64 * type_kv(T), GEMM_MR, name##_unpack, name##_pack, name##_pack1, tl,           \
+            name##_multi                                                                      \
     }
     switch (wtype) {
-    case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0);
-    case ECS_TYPE_Q4_1: return G(q4_1, ECS_TYPE_Q4_1);
-    case ECS_TYPE_Q5_0: return G(q5_0, ECS_TYPE_Q5_0);
-    case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1);
-    case ECS_TYPE_Q8_0: return G(q8_0, ECS_TYPE_Q8_0);
-    case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K);
-    case ECS_TYPE_Q3_K: return G(q3_K, ECS_TYPE_Q3_K);
-    case ECS_TYPE_Q4_K: return G(q4_K, ECS_TYPE_Q4_K);
-    case ECS_TYPE_Q5_K: return G(q5_K, ECS_TYPE_Q5_K);
-    case ECS_TYPE_Q6_K: return G(q6_K, ECS_TYPE_Q6_K);
-    default: return (kcpu_gemm_t){0, 0, 0, NULL, NULL, NULL, NULL};
+    case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0);
+    case ECS_TYPE_Q4_1: return G(q4_1, ECS_TYPE_Q4_1, tile_8_1);
+    case ECS_TYPE_Q5_0: return G(q5_0, ECS_TYPE_Q5_0, tile_8_0);
+    case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1, tile_8_1);
+    case ECS_TYPE_Q8_0: return G(q8_0, ECS_TYPE_Q8_0, tile_8_0);
+    case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1);
+    case ECS_TYPE_Q3_K: return G(q3_K, ECS_TYPE_Q3_K, tile_4_0);
+    case ECS_TYPE_Q4_K: return G(q4_K, ECS_TYPE_Q4_K, tile_8_1);
+    case ECS_TYPE_Q5_K: return G(q5_K, ECS_TYPE_Q5_K, tile_8_1);
+    case ECS_TYPE_Q6_K: return G(q6_K, ECS_TYPE_Q6_K, tile_4_0);
+    default: return (kcpu_gemm_t){0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
     }
 #undef G
 }

@@ -176,8 +176,8 @@ static mm_view_t mm_view(const mm_task_t *t)
     if (!packed)
         return v;
     for (int b = 0; b < t->nb; b++)
-        t->gemm.pack_act(t->act + (size_t)b * t->act_stride, t->w->ncols,
-                         packed + (size_t)b * t->packed_row);
+        (t->nb == 1 ? t->gemm.pack_act1 : t->gemm.pack_act)(
+            t->act + (size_t)b * t->act_stride, t->w->ncols, packed + (size_t)b * t->packed_row);
     v.act = packed;
     v.stride = t->packed_row;
     v.k.multi = t->gemm.multi;
@@ -220,7 +220,7 @@ static void gemm_prepare(mm_task_t *t)
     if (!g.w_sb || t->w->ncols < KCPU_GEMM_SB)
         return;
     t->gemm = g;
-    t->nsb = (t->w->ncols + KCPU_GEMM_SB - 1) / KCPU_GEMM_SB;
+    t->nsb = (t->w->ncols + g.sb_cols - 1) / g.sb_cols;
     t->packed_row = (size_t)t->nsb * g.a_sb;
     const size_t wrow = (size_t)t->nsb * g.w_sb;
     const int64_t rows = (int64_t)(GEMM_TILE_BYTES / wrow) / g.mr * g.mr;

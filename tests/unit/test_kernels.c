@@ -460,7 +460,7 @@ static bool gemm_direct(const kcpu_mat_t *w, const void *act, int nb, float *y)
     const kcpu_gemm_t g = kcpu_gemm(w->type);
     if (!g.w_sb || w->ncols < KCPU_GEMM_SB)
         return false;
-    const int64_t nsb = (w->ncols + KCPU_GEMM_SB - 1) / KCPU_GEMM_SB;
+    const int64_t nsb = (w->ncols + g.sb_cols - 1) / g.sb_cols;
     const size_t as = ecs_row_size(vdt_of(w->type), w->ncols);
     uint8_t *wu = xalloc((size_t)nsb * g.w_sb * (size_t)w->nrows);
     uint8_t *ap = xalloc((size_t)nsb * g.a_sb * (size_t)nb);
@@ -610,16 +610,19 @@ static const ecs_type_t QTYPES[] = {
 };
 #define NQTYPES (sizeof(QTYPES) / sizeof(QTYPES[0]))
 
-/* Row lengths: k-quants whole superblocks; legacy rows that end inside a
- * 256-value superblock (1408 = 5.5 x 256, the experts' down projection). */
+/* Row lengths: k-quants one, three or four blocks (the shared layout pairs
+ * blocks into 512-value superblocks: odd counts end with a half one);
+ * legacy rows below the shared layout's minimum (32), ending inside a
+ * superblock (288; 1408 = 2.75 x 512, the experts' down projection) or
+ * whole (1024). */
 static int test_cols(ecs_type_t t, int64_t *out)
 {
     if (traits(t)->blck_size == ECS_QK_K) {
-        out[0] = 256, out[1] = 768;
-        return 2;
+        out[0] = 256, out[1] = 768, out[2] = 1024;
+        return 3;
     }
-    out[0] = 32, out[1] = 288, out[2] = 1408;
-    return 3;
+    out[0] = 32, out[1] = 288, out[2] = 1408, out[3] = 1024;
+    return 4;
 }
 
 /* A weight matrix and 64 activation rows of exact data (as in
