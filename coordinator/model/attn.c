@@ -15,6 +15,8 @@
  * Prompt steps run these as three regions (per-head products batched over
  * the rows); decode steps run each group of heads through all three in one
  * item, so the layer's attention core is a single region.
+ * Prompt steps of latent contexts mostly attend in the expanded form
+ * instead (attn_exp.c), through model_attend_kv here.
  * Numerics as llama.cpp's F16 cache: the query is rounded to F16 before
  * Q.K and the probabilities before P.V (ggml converts the F32 operand of an
  * F16 product); with an F32 cache nothing is rounded. */
@@ -29,6 +31,8 @@ typedef struct {
 typedef struct {
     model_t *m;
     const model_step_row_t *rows;
+    const float *q; /* queries: row r, head h at q + (r * n_head + h) * head_k */
+    const model_kv_t *kv; /* NULL: each tile's context cache at layer */
     int layer;
     const tile_t *tiles;
     int n_tiles;
@@ -51,20 +55,32 @@ static void put_query(const model_simd_t *sd, float *dst, const float *src, int 
         memcpy(dst, src, (size_t)n * sizeof *dst);
 }
 
+/* The cached rows of one layer of c. */
+static model_kv_t ctx_kv(const model_ctx_t *c, int layer)
+{
+    return (model_kv_t){.k = (const char *)c->k + (size_t)layer * c->k_layer * c->elt,
+                        .v = (const char *)c->v + (size_t)layer * c->v_layer * c->elt,
+                        .k_row = c->k_row, .v_row = c->v_row, .f16 = !c->f32};
+}
+
 /* Queries of tile tl x heads [h0, h0 + hg) against the tile's cache. */
 static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
 {
     model_t *m = a->m;
     const model_hparams_t *hp = &m->hp;
     const model_ws_t *ws = &m->ws;
-    const model_ctx_t *c = a->rows[tl->row0].ctx;
-    const bool f16 = !c->f32;
-    const int nh = hp->n_head, hk = hp->head_k, kvl = hp->kv_lora_rank, dkp = ws->dkp;
+    const model_kv_t kv = a->kv ? *a->kv : ctx_kv(a->rows[tl->row0].ctx, a->layer);
+    const bool f16 = kv.f16;
+    const size_t elt = f16 ? sizeof(ecs_fp16_t) : sizeof(float);
+    const int nh = hp->n_head, hk = hp->head_k, kvl = hp->kv_lora_rank;
+    /* this run's keys padded, not the widest (ds2's expanded rows are a
+     * third of the latent ones) */
+    const int dkp = (a->dk + 15) & ~15;
     const int nq = tl->nrows * a->hg, nqp = (nq + 3) & ~3;
     float *Q = thr(m, ith);
-    float *S = Q + (size_t)ws->att_qmax * dkp;
+    float *S = Q + (size_t)ws->att_qmax * ws->dkp;
     float *kbuf = S + (size_t)ws->att_qmax * ws->t_pad;
-    float *O = kbuf + (size_t)16 * dkp;
+    float *O = kbuf + (size_t)16 * ws->dkp;
     int len[MODEL_ATT_QMAX];
     const model_simd_t *sd = model_simd();
     for (int j = 0; j < nqp; j++) {
@@ -74,7 +90,7 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
         if (j >= nq)
             continue;
         const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
-        const float *src = ws->q + (size_t)r * nh * hk + (size_t)h * hk;
+        const float *src = a->q + (size_t)r * nh * hk + (size_t)h * hk;
         if (a->latent) {
             put_query(sd, q, ws->att + ((size_t)r * nh + h) * kvl, kvl, f16);
             put_query(sd, q + kvl, src + hp->qk_nope, hp->rope.n_rot, f16);
@@ -85,12 +101,11 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     }
     const int nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1;
     const int kvh = h0 / a->group;
-    const size_t ko = (size_t)a->layer * c->k_layer + (size_t)kvh * a->dk;
-    const size_t vo = (size_t)a->layer * c->v_layer + (size_t)kvh * a->dv;
-    const char *K = (const char *)c->k + ko * c->elt, *V = (const char *)c->v + vo * c->elt;
-    sd->scores(Q, nqp, dkp, K, c->k_row, f16, a->dk, dkp, nt, hp->kq_scale, S, ws->t_pad, kbuf);
+    const char *K = (const char *)kv.k + (size_t)kvh * a->dk * elt;
+    const char *V = (const char *)kv.v + (size_t)kvh * a->dv * elt;
+    sd->scores(Q, nqp, dkp, K, kv.k_row, f16, a->dk, dkp, nt, hp->kq_scale, S, ws->t_pad, kbuf);
     sd->softmax(S, nqp, ws->t_pad, len, nt, f16);
-    sd->pv(S, nqp, ws->t_pad, V, c->v_row, f16, a->dv, nt, O, ws->dvp);
+    sd->pv(S, nqp, ws->t_pad, V, kv.v_row, f16, a->dv, nt, O, ws->dvp);
     for (int j = 0; j < nq; j++) {
         const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
         memcpy(a->out + (size_t)r * a->out_ld + (size_t)h * a->dv, O + (size_t)j * ws->dvp,
@@ -115,14 +130,18 @@ static int divisor_at_most(int g, int cap)
 }
 
 /* Runs of consecutive rows of one sequence at consecutive positions, at
- * most max_rows each; returns the count. */
-static int make_tiles(const model_step_row_t *rows, int n, int max_rows, tile_t *t)
+ * most max_rows each, of the rows of only (all rows when NULL); returns
+ * the count. */
+static int make_tiles(const model_step_row_t *rows, int n, const model_ctx_t *only, int max_rows,
+                      tile_t *t)
 {
     int nt = 0;
     for (int i = 0; i < n; i++) {
+        if (only && rows[i].ctx != only)
+            continue;
         tile_t *last = nt ? &t[nt - 1] : NULL;
-        if (last && last->nrows < max_rows && rows[i].ctx == rows[i - 1].ctx &&
-            rows[i].pos == rows[i - 1].pos + 1)
+        if (last && last->nrows < max_rows && last->row0 + last->nrows == i &&
+            rows[i].ctx == rows[i - 1].ctx && rows[i].pos == rows[i - 1].pos + 1)
             last->nrows++;
         else
             t[nt++] = (tile_t){i, 1};
@@ -141,10 +160,10 @@ static void plan_run(attn_run_t *a, model_t *m, const model_step_row_t *rows, in
     int hg = divisor_at_most(group, qmax);
     while (hg > 1 && (int64_t)n * (nh / hg) < nth)
         hg = divisor_at_most(group, hg - 1);
-    const int n_tiles = make_tiles(rows, n, qmax / hg, tiles);
-    *a = (attn_run_t){.m = m, .rows = rows, .layer = layer, .tiles = tiles, .n_tiles = n_tiles,
-                      .hg = hg, .n_hg = nh / hg, .group = group, .dk = dk, .dv = dv,
-                      .latent = latent, .out = out, .out_ld = out_ld};
+    const int n_tiles = make_tiles(rows, n, NULL, qmax / hg, tiles);
+    *a = (attn_run_t){.m = m, .rows = rows, .q = m->ws.q, .layer = layer, .tiles = tiles,
+                      .n_tiles = n_tiles, .hg = hg, .n_hg = nh / hg, .group = group, .dk = dk,
+                      .dv = dv, .latent = latent, .out = out, .out_ld = out_ld};
 }
 
 /* ------------------------------------------------------------ latent MLA */
@@ -184,14 +203,14 @@ static char *head_act(void *base, size_t row, int h)
 }
 
 /* Head h of the latent path: q_abs = W_kT q_nope, and the values W_v o. */
-static void absorb_head(model_t *m, const model_layer_ext_t *ex, int h, int n)
+static void absorb_head(model_t *m, const model_layer_ext_t *ex, const float *q, int h, int n)
 {
     const model_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, kvl = hp->kv_lora_rank;
     char *act = head_act(ws->qn_act, ws->qn_row, h);
-    kcpu_quantize_rows(NULL, ex->wkt.type, ws->q + (size_t)h * hp->head_k, (int64_t)nh * hp->head_k,
-                       n, hp->qk_nope, act);
+    kcpu_quantize_rows(NULL, ex->wkt.type, q + (size_t)h * hp->head_k, (int64_t)nh * hp->head_k, n,
+                       hp->qk_nope, act);
     const kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
     kcpu_matmul_q(NULL, &w, act, n, ws->att + (size_t)h * kvl, (int64_t)nh * kvl);
 }
@@ -206,7 +225,7 @@ static kcpu_mat_t wv_head(const model_hparams_t *hp, const kcpu_mat_t *wb, int h
     return wv;
 }
 
-static void values_head(model_t *m, const model_layer_t *ly, int h, int n)
+static void values_head(model_t *m, const model_layer_t *ly, float *attv, int h, int n)
 {
     const model_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
@@ -215,13 +234,14 @@ static void values_head(model_t *m, const model_layer_t *ly, int h, int n)
     kcpu_quantize_rows(NULL, ly->wkv_b.type, ws->ato + (size_t)h * kvl, (int64_t)nh * kvl, n, kvl,
                        act);
     const kcpu_mat_t wv = wv_head(hp, &ly->wkv_b, h);
-    kcpu_matmul_q(NULL, &wv, act, n, ws->attv + (size_t)h * hp->head_v, (int64_t)nh * hp->head_v);
+    kcpu_matmul_q(NULL, &wv, act, n, attv + (size_t)h * hp->head_v, (int64_t)nh * hp->head_v);
 }
 
 typedef struct {
     attn_run_t a;
     const model_layer_t *ly;
     const model_layer_ext_t *ex;
+    float *attv;
     int n;
 } fused_t;
 
@@ -232,18 +252,16 @@ static void fused_item(void *arg, int item, int ith)
     const fused_t *f = arg;
     const int h0 = item * f->a.hg;
     for (int h = h0; h < h0 + f->a.hg; h++)
-        absorb_head(f->a.m, f->ex, h, f->n);
+        absorb_head(f->a.m, f->ex, f->a.q, h, f->n);
     for (int t = 0; t < f->a.n_tiles; t++)
         attend(&f->a, &f->a.tiles[t], h0, ith);
     for (int h = h0; h < h0 + f->a.hg; h++)
-        values_head(f->a.m, f->ly, h, f->n);
+        values_head(f->a.m, f->ly, f->attv, h, f->n);
 }
 
-/* Steps up to this many rows run the latent core as one region. */
-#define FUSED_ROWS 4
-
-static void attn_latent(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
-                        const model_step_row_t *rows, int n, int layer)
+void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
+                         const model_step_row_t *rows, int n, int layer, const float *q,
+                         float *attv)
 {
     const model_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
@@ -251,16 +269,17 @@ static void attn_latent(model_t *m, const model_layer_t *ly, const model_layer_e
     const int hv = hp->head_v;
     par_job_t *jobs = ws->jobs;
     tile_t tiles[MODEL_MAX_BATCH];
-    if (n <= FUSED_ROWS) {
-        fused_t f = {.ly = ly, .ex = ex, .n = n};
+    if (n <= MODEL_FUSED_ROWS) {
+        fused_t f = {.ly = ly, .ex = ex, .attv = attv, .n = n};
         plan_run(&f.a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato,
                  (int64_t)nh * kvl, tiles);
+        f.a.q = q;
         par_for(m->tp, f.a.n_hg, fused_item, &f);
         return;
     }
 
     /* q_abs = W_kT q_nope per head */
-    const qheads_t qn = {ex->wkt.type, ws->q, (int64_t)nh * hk, hk, nope, n, (char *)ws->qn_act,
+    const qheads_t qn = {ex->wkt.type, q, (int64_t)nh * hk, hk, nope, n, (char *)ws->qn_act,
                          MODEL_MAX_BATCH * ws->qn_row};
     quantize_heads(m, &qn);
     for (int h = 0; h < nh; h++) {
@@ -273,6 +292,7 @@ static void attn_latent(model_t *m, const model_layer_t *ly, const model_layer_e
     attn_run_t a;
     plan_run(&a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato, (int64_t)nh * kvl,
              tiles);
+    a.q = q;
     par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
 
     /* values = W_v (sum_t p_t c_t) per head */
@@ -282,8 +302,8 @@ static void attn_latent(model_t *m, const model_layer_t *ly, const model_layer_e
     quantize_heads(m, &ao);
     for (int h = 0; h < nh; h++) {
         const kcpu_mat_t wv = wv_head(hp, wb, h);
-        jobs[h] = par_mm(&wv, head_act(ws->att_act, ws->att_row, h), n,
-                         ws->attv + (size_t)h * hv, (int64_t)nh * hv);
+        jobs[h] = par_mm(&wv, head_act(ws->att_act, ws->att_row, h), n, attv + (size_t)h * hv,
+                         (int64_t)nh * hv);
     }
     par_run(m->tp, &ws->plan, jobs, nh);
 }
@@ -293,7 +313,7 @@ void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_
 {
     const model_ctx_t *c = rows[0].ctx;
     if (c->latent) {
-        attn_latent(m, ly, ex, rows, n, layer);
+        model_attn_mla(m, ly, ex, rows, n, layer);
         return;
     }
     const int nh = m->hp.n_head;
@@ -301,6 +321,18 @@ void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_
     attn_run_t a;
     plan_run(&a, m, rows, n, layer, nh / c->n_kv_head, c->dk, c->dv, false, m->ws.attv,
              (int64_t)nh * c->dv, tiles);
+    par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
+}
+
+void model_attend_kv(model_t *m, const model_step_row_t *rows, int n, const model_ctx_t *only,
+                     const model_kv_t *kv, int dk, int dv)
+{
+    const int nh = m->hp.n_head;
+    tile_t tiles[MODEL_MAX_BATCH];
+    attn_run_t a = {.m = m, .rows = rows, .q = m->ws.q, .kv = kv, .tiles = tiles, .hg = 1,
+                    .n_hg = nh, .group = 1, .dk = dk, .dv = dv, .out = m->ws.attv,
+                    .out_ld = (int64_t)nh * dv};
+    a.n_tiles = make_tiles(rows, n, only, m->ws.att_qmax, tiles);
     par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
 }
 

@@ -16,9 +16,9 @@
  * MODEL_MAX_BATCH rows reads each weight once per region: a 512-token
  * prompt gives each of 64 experts ~48 rows per product.
  *
- * deepseek2 attention runs by default in the latent space (weight
- * absorption, see attn.c); MODEL_CTX_MLA_EXPANDED caches per-head K and V
- * as llama.cpp does. */
+ * deepseek2 attention runs by default over a latent cache (weight absorption
+ * for decode, see attn.c; prompt steps expand the latent rows, attn_exp.c);
+ * MODEL_CTX_MLA_EXPANDED caches per-head K and V as llama.cpp does. */
 #include <math.h>
 #include <string.h>
 

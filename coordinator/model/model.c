@@ -113,6 +113,7 @@ static void ws_layout(model_t *m, carve_t *c)
     ws->qn_row = head_act_row(m, true);
     ws->att_row = head_act_row(m, false);
     ws->jobs_cap = imax(hp->n_head, hp->n_expert + 2) + model_experts_local_max_jobs(m);
+    ws->ex_pos = model_exp_positions(hp, m->opts.n_ctx);
 
     ws->x = carve(c, nb * hp->n_embd * F);
     ws->xn = carve(c, nb * hp->n_embd * F);
@@ -127,6 +128,11 @@ static void ws_layout(model_t *m, carve_t *c)
     ws->attv = carve(c, nb * hp->n_head * (size_t)hp->head_v * F);
     ws->qn_act = carve(c, nb * hp->n_head * ws->qn_row);
     ws->att_act = carve(c, nb * hp->n_head * ws->att_row);
+    ws->exk = carve(c, (size_t)ws->ex_pos * hp->n_head * (size_t)hp->head_k * F);
+    ws->exv = carve(c, (size_t)ws->ex_pos * hp->n_head * (size_t)hp->head_v * F);
+    ws->exc = carve(c, ds2 ? nb * (size_t)kvl * F : 0);
+    ws->qsub = carve(c, ds2 ? nb * hp->n_head * (size_t)hp->head_k * F : 0);
+    ws->attvsub = carve(c, ds2 ? nb * hp->n_head * (size_t)hp->head_v * F : 0);
     ws->ffa = carve(c, ws->ff_cap * F);
     ws->ffb = carve(c, ws->ff_cap * F);
     ws->ffq = carve(c, nb * ffq_row_max(m));
@@ -382,7 +388,7 @@ ecs_err_t model_ctx_new(model_t *m, int n_ctx, unsigned flags, model_ctx_t **out
     if (n_ctx < 1 || n_ctx > m->opts.n_ctx)
         return ecs_error(ECS_ERR_RANGE, "model: context of %d tokens; this model was loaded for "
                          "1..%d", n_ctx, m->opts.n_ctx);
-    if (flags & ~(unsigned)(MODEL_CTX_MLA_EXPANDED | MODEL_CTX_KV_F32))
+    if (flags & ~(unsigned)(MODEL_CTX_MLA_EXPANDED | MODEL_CTX_KV_F32 | MODEL_CTX_MLA_ABSORBED))
         return ecs_error(ECS_ERR_INVAL, "model: unknown context flags 0x%x", flags);
     model_ctx_t *c = calloc(1, sizeof *c);
     if (!c)

@@ -238,7 +238,23 @@ enum {
      * or the probabilities): exact attention, for comparing against a
      * float64 reference. Twice the KV memory. */
     MODEL_CTX_KV_F32 = 1u << 1,
+    /* deepseek2 latent cache: always attend in the absorbed form. By
+     * default a sequence with at least MODEL_MLA_EXPAND_ROWS rows in a step
+     * (a prompt) attends in the expanded form instead, from K and V expanded
+     * from the latent cache for the step: fewer FLOPs, slightly different
+     * rounding. With this flag every step's rows give bit-identical results
+     * however the rows were batched (tests compare batched and one-by-one
+     * runs). */
+    MODEL_CTX_MLA_ABSORBED = 1u << 2,
 };
+
+/* deepseek2 latent cache: a sequence's rows in a step attend in the expanded
+ * form from this many rows on. Expanding costs about as much per cached
+ * position as the absorbed form costs per query row and cached position, so
+ * it pays from ~70 rows whatever the depth. A row's result depends only on
+ * whether its step had this many rows of its sequence: a prompt cut into
+ * steps of at least this many rows gives the same logits however it is cut. */
+#define MODEL_MLA_EXPAND_ROWS 64
 
 /* KV bytes model_ctx_new(m, n_ctx, flags) allocates. */
 size_t model_ctx_bytes(const model_t *m, int n_ctx, unsigned flags);

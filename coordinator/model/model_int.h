@@ -104,6 +104,9 @@ const model_simd_t *model_simd_avx512(void); /* NULL when not built */
 
 /* Queries one attention work item handles at most (S rows). */
 #define MODEL_ATT_QMAX 64
+/* deepseek2 latent contexts: a step of up to this many rows runs the
+ * absorbed attention core as one region (decode). */
+#define MODEL_FUSED_ROWS 4
 
 /* Scratch for one forward step of up to MODEL_MAX_BATCH rows; every buffer
  * is sized at load from the hyperparameters. Row-major, one row per token. */
@@ -114,7 +117,8 @@ typedef struct {
     float *qa;       /* [nb][q_lora_rank] */
     float *kv;       /* [nb][kv_w]: ds2 latent+k_pe, qwen K */
     float *v;        /* [nb][n_head_kv*head_v] qwen V */
-    float *kvb;      /* [nb][n_head*(qk_nope+head_v)] ds2 expanded K/V */
+    float *kvb;      /* [nb][n_head*(qk_nope+head_v)] ds2 expanded K/V (also the
+                        expansion of a block of latent rows, attn_exp.c) */
     float *kvrow;    /* [n_head*(head_k+head_v)] one expanded K and V row */
     float *att;      /* [nb][n_head][kv_lora] absorbed queries (ds2 latent) */
     float *ato;      /* [nb][n_head][kv_lora] latent attention output */
@@ -122,6 +126,16 @@ typedef struct {
     void *qn_act;    /* n_head blocks of nb rows of qk_nope quantized for W_kT */
     void *att_act;   /* n_head blocks of nb rows of kv_lora quantized for W_v */
     size_t qn_row, att_row; /* bytes per row of the two above */
+    /* ds2 expanded-form attention of latent contexts (attn_exp.c): one
+     * sequence's cached rows expanded to per-head K = [W_k c | k_pe] and
+     * V = W_v c, F16 or F32 as its cache; ex_pos F32 rows fit (twice as
+     * many F16 ones). exc: a block of latent rows in F32. The absorbed
+     * rows of a mixed step are gathered into qsub / attvsub. */
+    void *exk, *exv;
+    int ex_pos;
+    float *exc;      /* [nb][kv_lora] */
+    float *qsub;     /* [nb][n_head*head_k] */
+    float *attvsub;  /* [nb][n_head*head_v] */
     float *ffa, *ffb;/* [ff_cap] gate (then h) / up of dense and shared FFNs */
     void *ffq;       /* h quantized for the down projection */
     float *sh;       /* [nb][n_embd] shared experts output */
@@ -233,6 +247,30 @@ ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n,
  * ws->attv. Others: queries in ws->q, output in ws->attv. */
 void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                      const model_step_row_t *rows, int n, int layer);
+/* One layer's K and V rows: token t, head h at t * k_row + h * dk (V
+ * likewise), F16 or F32. */
+typedef struct {
+    const void *k, *v;
+    size_t k_row, v_row; /* elements between tokens */
+    bool f16;
+} model_kv_t;
+
+/* Ordinary multi-head attention (one K/V head per query head, dk / dv per
+ * head) of the rows of only in ws->q against kv, output in ws->attv, with
+ * the rounding rules of an F16 cache when kv is F16. */
+void model_attend_kv(model_t *m, const model_step_row_t *rows, int n, const model_ctx_t *only,
+                     const model_kv_t *kv, int dk, int dv);
+/* Absorbed latent attention of n rows: queries q (n rows as ws->q), output
+ * attv (n rows as ws->attv). */
+void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
+                         const model_step_row_t *rows, int n, int layer, const float *q,
+                         float *attv);
+/* attn_exp.c: the attention core of a step of latent contexts; chooses
+ * per sequence between the absorbed and the expanded form. */
+void model_attn_mla(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
+                    const model_step_row_t *rows, int n, int layer);
+/* F32 rows of expansion scratch ws_layout budgets for a context of n_ctx. */
+int model_exp_positions(const model_hparams_t *hp, int n_ctx);
 /* Stores row r's K (and V, unless the cache is latent) at its position. */
 void model_cache_put(const model_step_row_t *r, int layer, const float *k, const float *v);
 

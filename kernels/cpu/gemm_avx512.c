@@ -187,21 +187,27 @@ typedef struct {
     int nblk;
 } sbsrc_t;
 
-/* Q4_K / Q5_K scales and mins (8 x 6 bits each in 12 bytes) as 16 bytes
- * [scale 0..7, min 0..7]: bytes 0..3 hold scales 0..3 and (bits 6, 7) the
+/* Q4_K / Q5_K scales and mins (8 x 6 bits each in 12 bytes) of two blocks
+ * (s0, s1: their scales), each as 16 bytes [scale 0..7, min 0..7]: bytes 0..3 hold scales 0..3 and (bits 6, 7) the
  * high bits of scales 4..7, bytes 4..7 mins 0..3 and the high bits of mins
  * 4..7, bytes 8..11 the low bits of scales (low nibble) and mins (high) 4..7.
  * The 16-byte load stays inside the block (qs follows the scales). */
-INLINE __m128i k4_scales_mins(const uint8_t *s)
+INLINE __m256i k4_scales_mins(const uint8_t *s0, const uint8_t *s1)
 {
-    const __m128i q = _mm_loadu_si128((const __m128i *)s);
-    const __m128i a = _mm_shuffle_epi8(q, _mm_set_epi8(11, 10, 9, 8, 7, 6, 5, 4, 11, 10, 9, 8, 3,
-                                                       2, 1, 0));
-    const __m128i b = _mm_shuffle_epi8(q, _mm_set_epi8(7, 6, 5, 4, -1, -1, -1, -1, 3, 2, 1, 0, -1,
-                                                       -1, -1, -1));
-    const __m128i lo = _mm_and_si128(_mm_mask_blend_epi8(0xF000, a, _mm_srli_epi16(a, 4)),
-                                     _mm_set_epi32(0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F));
-    return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30)));
+    const __m256i q = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)s0)),
+        _mm_loadu_si128((const __m128i *)s1), 1);
+    const __m256i a = _mm256_shuffle_epi8(
+        q, _mm256_set_epi8(11, 10, 9, 8, 7, 6, 5, 4, 11, 10, 9, 8, 3, 2, 1, 0, 11, 10, 9, 8, 7, 6,
+                           5, 4, 11, 10, 9, 8, 3, 2, 1, 0));
+    const __m256i b = _mm256_shuffle_epi8(
+        q, _mm256_set_epi8(7, 6, 5, 4, -1, -1, -1, -1, 3, 2, 1, 0, -1, -1, -1, -1, 7, 6, 5, 4, -1,
+                           -1, -1, -1, 3, 2, 1, 0, -1, -1, -1, -1));
+    const __m256i lo = _mm256_and_si256(
+        _mm256_mask_blend_epi8(0xF000F000, a, _mm256_srli_epi16(a, 4)),
+        _mm256_set_epi32(0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F,
+                         0x0F0F0F0F, 0x3F3F3F3F));
+    return _mm256_or_si256(lo, _mm256_and_si256(_mm256_srli_epi16(b, 2), _mm256_set1_epi8(0x30)));
 }
 
 /* 16-byte lanes 0, 2 of a and 0, 2 of b; or 1, 3 and 1, 3 */
@@ -249,39 +255,39 @@ INLINE void unpack_k4_block(bool five, const uint8_t *b, int j, wsb_t *u)
     }
 }
 
-/* Block j's levels (zeros if it is missing), scales and mins (16 bytes, as
- * k4_scales_mins) and d, -dmin. */
-INLINE __m128i unpack_k4_half(bool five, sbsrc_t s, int j, wsb_t *u, float *d, float *dmin)
-{
-    if (j >= s.nblk) {
-        u->q[2 * j] = u->q[2 * j + 1] = _mm512_setzero_si512();
-        u->q[4 + 2 * j] = u->q[5 + 2 * j] = _mm512_setzero_si512();
-        *d = *dmin = 0;
-        return _mm_setzero_si128();
-    }
-    const uint8_t *b = s.p + (size_t)j * (five ? sizeof(ecs_block_q5_K) : sizeof(ecs_block_q4_K));
-    ecs_fp16_t dd[2]; /* d, dmin: the first fields of both block types */
-    memcpy(dd, b, sizeof dd);
-    *d = h2f(dd[0]);
-    *dmin = -h2f(dd[1]);
-    unpack_k4_block(five, b, j, u);
-    return k4_scales_mins(b + (five ? offsetof(ecs_block_q5_K, scales)
-                                    : offsetof(ecs_block_q4_K, scales)));
-}
-
 /* Two Q4_K / Q5_K blocks (the second missing at the end of an odd row). */
 INLINE void unpack_k4(bool five, sbsrc_t s, __m512i lg, wsb_t *u)
 {
-    float d0, d1, m0, m1;
-    const __m128i s0 = unpack_k4_half(five, s, 0, u, &d0, &m0);
-    const __m128i s1 = unpack_k4_half(five, s, 1, u, &d1, &m1);
+    const size_t bs = five ? sizeof(ecs_block_q5_K) : sizeof(ecs_block_q4_K);
+    const size_t o_sc = five ? offsetof(ecs_block_q5_K, scales) : offsetof(ecs_block_q4_K, scales);
+    const bool two = s.nblk > 1;
+    const uint8_t *b1 = two ? s.p + bs : s.p; /* a stand-in, zeroed below */
+    unpack_k4_block(five, s.p, 0, u);
+    if (two) {
+        unpack_k4_block(five, b1, 1, u);
+    } else {
+        u->q[2] = u->q[3] = u->q[6] = u->q[7] = _mm512_setzero_si512();
+    }
+    /* d, dmin of both blocks: the first fields of both block types */
+    uint32_t h0, h1 = 0;
+    memcpy(&h0, s.p, 4);
+    if (two)
+        memcpy(&h1, b1, 4);
+    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, (int)h1, (int)h0)),
+                                 _mm_set_ps(-1, 1, -1, 1)); /* d0, -dmin0, d1, -dmin1 */
     /* group g = 8 j + sub-block: [scales of block 0, of block 1], mins alike */
-    const __m512 fd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0), _mm512_set1_ps(d1));
-    const __m512 fm = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(m0), _mm512_set1_ps(m1));
+    __m256i sm = _mm256_permute4x64_epi64(k4_scales_mins(s.p + o_sc, b1 + o_sc), 0xD8);
+    if (!two)
+        sm = _mm256_and_si256(sm, _mm256_set_epi64x(0, -1, 0, -1));
+    const __m512 dv = _mm512_castps128_ps512(dd);
+    const __m512 fd = _mm512_permutexvar_ps(
+        _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), dv);
+    const __m512 fm = _mm512_permutexvar_ps(
+        _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), dv);
     const __m512 sc = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(s0, s1))), fd);
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(sm))), fd);
     const __m512 mn = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(s0, s1))), fm);
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(sm, 1))), fm);
     u->sc = _mm512_permutexvar_ps(lg, sc);
     u->mn = _mm512_permutexvar_ps(lg, mn);
 }

@@ -9,8 +9,10 @@
 #    the 27-layer deepseek2 without q-LoRA); ecs-run dumps the top-8 logits
 #    of every position of a token sequence; the reference must agree within
 #    REF_TOL on every dumped logit and on the top-8 sets (ties within the
-#    tolerance may come in either order). deepseek2 runs twice: latent
-#    (absorbed) MLA, the default, and --mla-expanded.
+#    tolerance may come in either order). deepseek2 runs three times:
+#    the latent cache with its prompt step in the expanded form (the
+#    default: the sequence is longer than MODEL_MLA_EXPAND_ROWS), latent
+#    and absorbed throughout (--mla-absorbed), and --mla-expanded.
 #    ecs-run keeps its KV cache in F32 here (--kv-f32: no F16 rounding of
 #    K, V, the query or the probabilities), so with F32 weights the only
 #    difference from the float64 reference is F32 arithmetic, and REF_TOL
@@ -29,7 +31,7 @@ PY=${PYTHON:-/usr/bin/python3}
 REF="$ROOT/tests/reference/ref_forward.py"
 TOL=${REF_TOL:-1e-4}
 TOP=8
-N_TOKENS=32
+N_TOKENS=72 # more than MODEL_MLA_EXPAND_ROWS: the default latent path expands
 STEP_TIMEOUT=600
 
 failed=0
@@ -116,7 +118,8 @@ for spec in "deepseek2 tiny 11" "qwen3moe tiny 12" "deepseek2 tiny-27l 13"; do
     fi
     toks=$(tokens_for "$n_vocab" "$seed")
     variants="default:expanded"
-    [ "$arch" = deepseek2 ] && variants="default:absorbed --mla-expanded:expanded"
+    [ "$arch" = deepseek2 ] &&
+        variants="default:expanded --mla-absorbed:absorbed --mla-expanded:expanded"
     for v in $variants; do
         flag=${v%%:*} mla=${v#*:} tag="$name${flag#default}"
         extra=()

@@ -24,7 +24,7 @@
 typedef struct {
     const char *model, *prompt, *tokens, *dump, *logits_of;
     int n_predict, threads, ctx, top, pp, tg, reps;
-    bool chat, tokenize, ignore_eos, expanded, kv_f32, bench, seed_given, profile;
+    bool chat, tokenize, ignore_eos, expanded, absorbed, kv_f32, bench, seed_given, profile;
     sampler_params_t sp;
 } args_t;
 
@@ -47,6 +47,7 @@ static void usage(FILE *f)
             "  --top K            entries per position in --dump-logits (default 5)\n"
             "  --logits-of IDS    also dump the logits of these ids at every position\n"
             "  --mla-expanded     deepseek2: cache expanded K/V (reference path)\n"
+            "  --mla-absorbed     deepseek2: absorbed attention for prompt steps too\n"
             "  --kv-f32           keep the KV cache in F32 (exact attention, for references)\n"
             "  --bench            time prompt processing of --pp random tokens (default 512)\n"
             "                     and decoding of --tg tokens (default 64) from an empty\n"
@@ -158,6 +159,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         if (!strcmp(o, "--tokenize")) { a->tokenize = true; continue; }
         if (!strcmp(o, "--ignore-eos")) { a->ignore_eos = true; continue; }
         if (!strcmp(o, "--mla-expanded")) { a->expanded = true; continue; }
+        if (!strcmp(o, "--mla-absorbed")) { a->absorbed = true; continue; }
         if (!strcmp(o, "--kv-f32")) { a->kv_f32 = true; continue; }
         if (!strcmp(o, "--bench")) { a->bench = true; continue; }
         if (!strcmp(o, "--profile")) { a->profile = true; continue; }
@@ -663,6 +665,12 @@ static void print_profile(model_t *m, const char *what, int n_tok, int nth)
     model_profile_reset(m);
 }
 
+static unsigned ctx_flags(const args_t *a)
+{
+    return (a->expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a->absorbed ? MODEL_CTX_MLA_ABSORBED : 0) |
+           (a->kv_f32 ? MODEL_CTX_KV_F32 : 0);
+}
+
 static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
 {
     const model_hparams_t *hp = model_hparams(m);
@@ -691,7 +699,10 @@ static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
     printf("bench: %s  arch %s  layers %d  threads %d  ctx %d  kv %s  attention %s\n", a->model,
            hp->arch == MODEL_ARCH_DEEPSEEK2 ? "deepseek2" : "qwen3moe", hp->n_layer,
            nth, n_ctx, a->kv_f32 ? "f32" : "f16",
-           hp->arch != MODEL_ARCH_DEEPSEEK2 ? "gqa" : a->expanded ? "mla-expanded" : "mla-latent");
+           hp->arch != MODEL_ARCH_DEEPSEEK2 ? "gqa"
+           : a->expanded                   ? "mla-expanded"
+           : a->absorbed                   ? "mla-latent (absorbed)"
+                                           : "mla-latent (expanded prompts)");
     printf("weights read per decoded token: %.4f GB (attention, dense, router, shared, %d of %d "
            "routed experts per MoE layer, output head)\n", gb_tok, hp->n_expert_used, hp->n_expert);
     printf("prefault: %.2f s\n", prefault(m));
@@ -745,7 +756,7 @@ static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
     read_mem(&mk);
     const double MiB = 1024.0 * 1024.0;
     const unsigned flags =
-        (a->expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a->kv_f32 ? MODEL_CTX_KV_F32 : 0);
+        ctx_flags(a);
     printf("memory: VmHWM %.0f MiB, VmRSS %.0f MiB = RssFile %.0f MiB (mapped weights, %.0f MiB "
            "of it in 2 MB pages) + RssAnon %.0f MiB; budgeted at start-up: workspace %.1f MiB + KV "
            "%.1f MiB for %d tokens\n",
@@ -769,7 +780,7 @@ int main(int argc, char **argv)
     if (model_load(a.model, &opts, &m) != ECS_OK)
         return fail("%s", ecs_errmsg());
     const unsigned flags =
-        (a.expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a.kv_f32 ? MODEL_CTX_KV_F32 : 0);
+        ctx_flags(&a);
     if (a.bench) {
         model_ctx_t *c = NULL;
         int rc = model_ctx_new(m, model_n_ctx_max(m), flags, &c) != ECS_OK
