@@ -68,13 +68,18 @@ static int imax(int a, int b) { return a > b ? a : b; }
 
 static int pad16(int x) { return (x + 15) & ~15; }
 
+/* Rows of a step that the dense FFN (n_ff wide, 10944 on V2-Lite) takes
+ * per pass: more would cost tens of MB of workspace for the first layer
+ * only. */
+#define DENSE_PASS_ROWS 64
+
 /* Floats in ffa / ffb: all rows of a step through the widest shared FFN,
- * and at least KCPU_MAX_BATCH rows through the dense one (which then runs
+ * and at least DENSE_PASS_ROWS rows through the dense one (which then runs
  * in passes). */
 static size_t ff_cap(const model_hparams_t *hp)
 {
     const size_t a = (size_t)MODEL_MAX_BATCH * (size_t)imax(hp->n_ff_shexp, 1);
-    const size_t b = (size_t)KCPU_MAX_BATCH * (size_t)imax(imax(hp->n_ff, hp->n_ff_shexp), 1);
+    const size_t b = (size_t)DENSE_PASS_ROWS * (size_t)imax(imax(hp->n_ff, hp->n_ff_shexp), 1);
     return a > b ? a : b;
 }
 

@@ -49,7 +49,7 @@ typedef struct {
     const void *data;
 } kcpu_mat_t;
 
-#define KCPU_MAX_BATCH 64
+#define KCPU_MAX_BATCH 512
 
 /* Bytes needed to hold nb activation rows of ncols quantized for w's type. */
 size_t kcpu_act_bytes(ecs_type_t wtype, int64_t ncols, int nb);
