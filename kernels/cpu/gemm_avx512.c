@@ -279,17 +279,18 @@ INLINE void unpack_k4(bool five, sbsrc_t s, __m512i lg, wsb_t *u)
     __m256i sm = _mm256_permute4x64_epi64(k4_scales_mins(s.p + o_sc, b1 + o_sc), 0xD8);
     if (!two)
         sm = _mm256_and_si256(sm, _mm256_set_epi64x(0, -1, 0, -1));
+    /* straight to the lanes' order: bytes by pshufb (both halves), the
+     * block factors by one permute each (lane L: block lg[L] / 8) */
+    const __m128i lg8 = _mm512_cvtepi32_epi8(lg);
+    sm = _mm256_shuffle_epi8(sm, _mm256_broadcastsi128_si256(lg8));
+    const __m512i blk2 = _mm512_slli_epi32(_mm512_srli_epi32(lg, 3), 1);
     const __m512 dv = _mm512_castps128_ps512(dd);
-    const __m512 fd = _mm512_permutexvar_ps(
-        _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), dv);
-    const __m512 fm = _mm512_permutexvar_ps(
-        _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), dv);
-    const __m512 sc = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(sm))), fd);
-    const __m512 mn = _mm512_mul_ps(
+    const __m512 fd = _mm512_permutexvar_ps(blk2, dv);
+    const __m512 fm = _mm512_permutexvar_ps(_mm512_add_epi32(blk2, _mm512_set1_epi32(1)), dv);
+    u->sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(sm))),
+                          fd);
+    u->mn = _mm512_mul_ps(
         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(sm, 1))), fm);
-    u->sc = _mm512_permutexvar_ps(lg, sc);
-    u->mn = _mm512_permutexvar_ps(lg, mn);
 }
 
 INLINE void unpack_k16(k16_kind_t K, const void *blk, __m512i lg, wsb_t *u)
