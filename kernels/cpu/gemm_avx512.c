@@ -465,9 +465,11 @@ INLINE void unpack_sb(ecs_type_t T, sbsrc_t s, __m512i lg, wsb_t *u)
 INLINE void store_wsb(int KV, bool min, const wsb_t *u, uint8_t *o)
 {
     __m512i q[8];
+#pragma GCC unroll 8
     for (int k = 0; k < KV; k++)
         q[k] = u->q[k];
     transpose_sets(KV, q);
+#pragma GCC unroll 8
     for (int k = 0; k < KV; k++)
         _mm512_store_si512((void *)(o + 64 * k), q[k]);
     _mm512_store_ps((void *)(o + w_sc(KV)), u->sc);
@@ -532,6 +534,7 @@ INLINE void act_vectors(ecs_type_t T, agrp_t a, bool natural, __m512i v[8])
 {
     const uint8_t *groups = type_groups(T);
     const int KV = type_kv(T);
+#pragma GCC unroll 8
     for (int set = 0; set < KV / 4; set++) {
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
@@ -558,6 +561,7 @@ INLINE __m512i group_sums(int KV, const __m512i *v)
 {
     const __m512i ones = _mm512_set1_epi8(1);
     __m512i s = _mm512_setzero_si512();
+#pragma GCC unroll 8
     for (int k = 0; k < KV; k++)
         s = _mm512_dpbusd_epi32(s, ones, v[k]);
     return s;
@@ -565,6 +569,7 @@ INLINE __m512i group_sums(int KV, const __m512i *v)
 
 INLINE void store_act(int KV, uint8_t *o, const __m512i *v, __m512i init, __m512 sc)
 {
+#pragma GCC unroll 8
     for (int k = 0; k < KV; k++)
         _mm512_store_si512((void *)(o + 64 * k), v[k]);
     _mm512_store_si512((void *)(o + a_init(KV)), init);
