@@ -10,7 +10,9 @@
  * deepseek2 latent (absorbed) attention: the cache holds [c | k_pe] per
  * token, one head shared by all queries. Before the items, each head's
  * q_nope is absorbed into the latent space with the transposed W_k
- * (q_abs = W_k^T q_nope, one matrix product per head, load.c builds W_kT);
+ * (q_abs = W_k^T q_nope, one matrix product per head, load.c builds W_kT;
+ * its rows of 128 values are too short for the row kernels, so in Q8_0 it
+ * is packed for model_simd_t.dot_q8p, 16 rows per SIMD vector);
  * after them, each head's latent output goes through its W_v rows of W_kv_b.
  * Prompt steps run these as three regions (per-head products batched over
  * the rows); decode steps run each group of heads through all three in one
@@ -202,17 +204,43 @@ static char *head_act(void *base, size_t row, int h)
     return (char *)base + (size_t)h * MODEL_MAX_BATCH * row;
 }
 
+/* q_abs = W_kT q_nope for head h's n quantized rows (in ws->qn_act). */
+static void absorb_mul(model_t *m, const model_layer_ext_t *ex, int h, int n)
+{
+    model_ws_t *ws = &m->ws;
+    const int nh = m->hp.n_head, kvl = m->hp.kv_lora_rank;
+    const void *act = head_act(ws->qn_act, ws->qn_row, h);
+    const kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
+    float *y = ws->att + (size_t)h * kvl;
+    if (ex->packed)
+        model_simd()->dot_q8p(w.data, kvl, (int)(w.ncols / ECS_QK), act, ws->qn_row, n, y,
+                              (int64_t)nh * kvl);
+    else
+        kcpu_matmul_q(NULL, &w, act, n, y, (int64_t)nh * kvl);
+}
+
 /* Head h of the latent path: q_abs = W_kT q_nope, and the values W_v o. */
 static void absorb_head(model_t *m, const model_layer_ext_t *ex, const float *q, int h, int n)
 {
     const model_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
-    const int nh = hp->n_head, kvl = hp->kv_lora_rank;
-    char *act = head_act(ws->qn_act, ws->qn_row, h);
-    kcpu_quantize_rows(NULL, ex->wkt.type, q + (size_t)h * hp->head_k, (int64_t)nh * hp->head_k, n,
-                       hp->qk_nope, act);
-    const kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
-    kcpu_matmul_q(NULL, &w, act, n, ws->att + (size_t)h * kvl, (int64_t)nh * kvl);
+    kcpu_quantize_rows(NULL, ex->wkt.type, q + (size_t)h * hp->head_k,
+                       (int64_t)hp->n_head * hp->head_k, n, hp->qk_nope,
+                       head_act(ws->qn_act, ws->qn_row, h));
+    absorb_mul(m, ex, h, n);
+}
+
+typedef struct {
+    model_t *m;
+    const model_layer_ext_t *ex;
+    int n;
+} absorb_t;
+
+static void absorb_item(void *arg, int h, int ith)
+{
+    const absorb_t *a = arg;
+    (void)ith;
+    absorb_mul(a->m, a->ex, h, a->n);
 }
 
 /* Head h's W_v: the head_v rows after its qk_nope W_k rows in W_kv_b. */
@@ -282,12 +310,17 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
     const qheads_t qn = {ex->wkt.type, q, (int64_t)nh * hk, hk, nope, n, (char *)ws->qn_act,
                          MODEL_MAX_BATCH * ws->qn_row};
     quantize_heads(m, &qn);
-    for (int h = 0; h < nh; h++) {
-        const kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
-        jobs[h] = par_mm(&w, head_act(ws->qn_act, ws->qn_row, h), n, ws->att + (size_t)h * kvl,
-                         (int64_t)nh * kvl);
+    if (ex->packed) {
+        absorb_t ab = {m, ex, n};
+        par_for(m->tp, nh, absorb_item, &ab);
+    } else {
+        for (int h = 0; h < nh; h++) {
+            const kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
+            jobs[h] = par_mm(&w, head_act(ws->qn_act, ws->qn_row, h), n,
+                             ws->att + (size_t)h * kvl, (int64_t)nh * kvl);
+        }
+        par_run(m->tp, &ws->plan, jobs, nh);
     }
-    par_run(m->tp, &ws->plan, jobs, nh);
 
     attn_run_t a;
     plan_run(&a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato, (int64_t)nh * kvl,

@@ -94,7 +94,26 @@ typedef struct {
     /* dst = src rounded to F16 and back / converted to F16 */
     void (*round_f16)(float *dst, const float *src, int64_t n);
     void (*to_f16)(ecs_fp16_t *dst, const float *src, int64_t n);
+    /* y[j * ldy + i] = W row i . activation row j, i < nrows (a multiple of
+     * MODEL_Q8P_ROWS), j < na: W Q8_0 rows of nblk blocks in the packed
+     * layout (model_q8p_put), a Q8_0 rows as bytes apart. Per row, each
+     * block's integer dot product times (d_w * d_a), summed with FMAs in
+     * block order: the same bits on every ISA and for every na. */
+    void (*dot_q8p)(const void *w, int nrows, int nblk, const void *a, size_t as, int na, float *y,
+                    int64_t ldy);
 } model_simd_t;
+
+/* The packed Q8_0 layout of W_kT (short rows: 128 values in ds2): groups of
+ * MODEL_Q8P_ROWS rows; per group and block, the rows' F16 scales, then the
+ * levels plus 128 (unsigned, for VNNI) four at a time: 4 of row 0, 4 of
+ * row 1, ... So one 64-byte load holds 4 levels of every row of the group,
+ * and a product accumulates one row per SIMD lane with no reductions. Same
+ * bytes as plain Q8_0 rows. */
+#define MODEL_Q8P_ROWS 16
+/* Blocks a packed row holds at most (longer W_kT rows stay plain Q8_0). */
+#define MODEL_Q8P_MAXBLK 16
+/* Stores Q8_0 row r (nblk blocks) in the packed matrix at w. */
+void model_q8p_put(void *w, int r, int nblk, const void *row);
 
 const model_simd_t *model_simd(void);
 const model_simd_t *model_simd_plain(void);
@@ -164,6 +183,7 @@ typedef struct {
  * blocks of kv_lora rows of qk_nope values. */
 typedef struct {
     kcpu_mat_t wkt;  /* all heads stacked: n_head*kv_lora rows */
+    bool packed;     /* Q8_0 in the packed layout (model_simd_t.dot_q8p) */
 } model_layer_ext_t;
 
 struct model {

@@ -1,7 +1,8 @@
 /* simd.c - the model's hot loops outside the matrix products (SwiGLU,
- * attention scores, softmax, probabilities x values) in plain C, and the
- * choice between them and the AVX-512 versions (simd_avx512.c) by the ISA
- * in use. The plain versions define the results; the SIMD ones may differ
+ * attention scores, softmax, probabilities x values; and the absorption
+ * product of deepseek2's packed W_kT, whose layout this file defines) in
+ * plain C, and the choice between them and the AVX-512 versions
+ * (simd_avx512.c) by the ISA in use. The plain versions define the results; the SIMD ones may differ
  * only by float summation order and a last-place exp rounding. */
 #include <math.h>
 #include <string.h>
@@ -87,8 +88,55 @@ static void to_f16_plain(ecs_fp16_t *dst, const float *src, int64_t n)
         dst[i] = ecs_f32_to_fp16(src[i]);
 }
 
+/* Bytes of one block of a packed group: scales, then levels. */
+#define Q8P_BLOCK (MODEL_Q8P_ROWS * (sizeof(ecs_fp16_t) + ECS_QK))
+
+/* Where level i of the row in lane sits among a packed block's levels. */
+static size_t q8p_at(int lane, int i)
+{
+    return (size_t)(i / 4) * 4 * MODEL_Q8P_ROWS + (size_t)lane * 4 + (size_t)(i % 4);
+}
+
+void model_q8p_put(void *w, int r, int nblk, const void *row)
+{
+    const ecs_block_q8_0 *src = row;
+    const int lane = r % MODEL_Q8P_ROWS;
+    uint8_t *g = (uint8_t *)w + (size_t)(r / MODEL_Q8P_ROWS) * nblk * Q8P_BLOCK;
+    for (int b = 0; b < nblk; b++) {
+        uint8_t *blk = g + (size_t)b * Q8P_BLOCK;
+        memcpy(blk + (size_t)lane * sizeof(ecs_fp16_t), &src[b].d, sizeof(ecs_fp16_t));
+        uint8_t *lv = blk + MODEL_Q8P_ROWS * sizeof(ecs_fp16_t);
+        for (int i = 0; i < ECS_QK; i++)
+            lv[q8p_at(lane, i)] = (uint8_t)(src[b].qs[i] + 128);
+    }
+}
+
+static void dot_q8p_plain(const void *w, int nrows, int nblk, const void *a, size_t as, int na,
+                          float *y, int64_t ldy)
+{
+    for (int j = 0; j < na; j++) {
+        const ecs_block_q8_0 *ar = (const void *)((const uint8_t *)a + (size_t)j * as);
+        for (int r = 0; r < nrows; r++) {
+            const int lane = r % MODEL_Q8P_ROWS;
+            const uint8_t *g = (const uint8_t *)w + (size_t)(r / MODEL_Q8P_ROWS) * nblk * Q8P_BLOCK;
+            float acc = 0.0f;
+            for (int b = 0; b < nblk; b++) {
+                const uint8_t *blk = g + (size_t)b * Q8P_BLOCK;
+                ecs_fp16_t dw;
+                memcpy(&dw, blk + (size_t)lane * sizeof dw, sizeof dw);
+                const uint8_t *lv = blk + MODEL_Q8P_ROWS * sizeof(ecs_fp16_t);
+                int32_t isum = 0;
+                for (int i = 0; i < ECS_QK; i++)
+                    isum += (lv[q8p_at(lane, i)] - 128) * ar[b].qs[i];
+                acc = fmaf((float)isum, ecs_fp16_to_f32(dw) * ecs_fp16_to_f32(ar[b].d), acc);
+            }
+            y[(int64_t)j * ldy + r] = acc;
+        }
+    }
+}
+
 static const model_simd_t plain = {swiglu_plain, scores_plain, softmax_plain, pv_plain,
-                                   round_f16_plain, to_f16_plain};
+                                   round_f16_plain, to_f16_plain, dot_q8p_plain};
 
 const model_simd_t *model_simd_plain(void) { return &plain; }
 

@@ -499,39 +499,73 @@ static void naive_experts(const model_t *m, int layer, int n, const float *x, co
     free(scratch);
 }
 
+/* Rows, expert choices and weights for a backend test: n rows of the
+ * model's width, ids[t k + j] = (a t + b j + c) mod n_expert (distinct per
+ * row when b and n_expert are coprime), w = w0 + wj j + wt t. */
+typedef struct {
+    int n, E, k;
+    float *x, *w, *a, *b;
+    int32_t *ids;
+} experts_case_t;
+
+static experts_case_t experts_case(const model_t *m, int n, uint64_t seed, const int abc[3],
+                                   const float w3[3])
+{
+    const model_hparams_t *hp = model_hparams(m);
+    experts_case_t c = {.n = n, .E = hp->n_embd, .k = hp->n_expert_used};
+    const size_t nE = (size_t)n * c.E, nk = (size_t)n * c.k;
+    c.x = malloc(nE * sizeof *c.x), c.w = malloc(nk * sizeof *c.w);
+    c.a = malloc(nE * sizeof *c.a), c.b = malloc(nE * sizeof *c.b);
+    c.ids = malloc(nk * sizeof *c.ids);
+    cr_assert(c.x && c.w && c.a && c.b && c.ids);
+    rng_state = seed;
+    for (size_t i = 0; i < nE; i++)
+        c.x[i] = urand();
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < c.k; j++) {
+            c.ids[t * c.k + j] = (abc[0] * t + abc[1] * j + abc[2]) % hp->n_expert;
+            c.w[t * c.k + j] = w3[0] + w3[1] * j + w3[2] * t;
+        }
+    return c;
+}
+
+static void experts_case_free(experts_case_t *c)
+{
+    free(c->x), free(c->w), free(c->a), free(c->b), free(c->ids);
+}
+
+/* c->a (the backend's result) against the naive loop's c->b. */
+static void check_experts_case(model_t *m, int layer, experts_case_t *c, const char *what)
+{
+    naive_experts(m, layer, c->n, c->x, c->ids, c->w, c->b);
+    const size_t nE = (size_t)c->n * c->E;
+    const double d = max_diff(c->a, c->b, nE);
+    cr_assert(d <= 1e-5 * fmax(1.0, max_abs(c->b, nE)), "%s vs naive: %g", what, d);
+    cr_assert_gt(max_abs(c->b, nE), 0.0);
+}
+
 Test(experts, local_backend_equals_naive_loop)
 {
     model_t *m = load(DS2_Q8, 64);
-    const model_hparams_t *hp = model_hparams(m);
-    const int n = 7, E = hp->n_embd, k = hp->n_expert_used, layer = 2;
-    float *x = malloc((size_t)n * E * sizeof *x), *w = malloc((size_t)n * k * sizeof *w);
-    float *a = malloc((size_t)n * E * sizeof *a), *b = malloc((size_t)n * E * sizeof *b);
-    int32_t *ids = malloc((size_t)n * k * sizeof *ids);
-    cr_assert(x && w && a && b && ids);
-    rng_state = 7;
-    for (int i = 0; i < n * E; i++)
-        x[i] = urand();
-    for (int t = 0; t < n; t++)
-        for (int j = 0; j < k; j++) { /* distinct experts, several rows per expert */
-            ids[t * k + j] = (t + 3 * j) % hp->n_expert;
-            w[t * k + j] = 0.1f + 0.2f * j + 0.01f * t;
-        }
+    const int layer = 2;
+    /* several rows per expert */
+    experts_case_t c =
+        experts_case(m, 7, 7, (const int[]){1, 3, 0}, (const float[]){0.1f, 0.2f, 0.01f});
     model_experts_local_t *l;
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &l), ECS_OK);
-    cr_assert_eq(model_experts_local_ops.submit(l, layer, n, x, k, ids, w), ECS_OK, "%s",
-                 ecs_errmsg());
-    cr_assert_eq(model_experts_local_ops.wait(l, layer, a), ECS_OK);
-    naive_experts(m, layer, n, x, ids, w, b);
-    const double d = max_diff(a, b, (size_t)n * E);
-    cr_assert(d <= 1e-5 * fmax(1.0, max_abs(b, (size_t)n * E)), "local vs naive: %g", d);
+    cr_assert_eq(model_experts_local_ops.submit(l, layer, c.n, c.x, c.k, c.ids, c.w), ECS_OK,
+                 "%s", ecs_errmsg());
+    cr_assert_eq(model_experts_local_ops.wait(l, layer, c.a), ECS_OK);
+    check_experts_case(m, layer, &c, "local");
     /* bad input is refused, not computed */
-    ids[3] = hp->n_expert;
-    cr_assert_eq(model_experts_local_ops.submit(l, layer, n, x, k, ids, w), ECS_ERR_RANGE);
-    cr_assert_neq(model_experts_local_ops.wait(l, layer, a), ECS_OK);
-    cr_assert_eq(model_experts_local_ops.submit(l, 0, n, x, k, ids, w), ECS_ERR_INVAL,
+    c.ids[3] = model_hparams(m)->n_expert;
+    cr_assert_eq(model_experts_local_ops.submit(l, layer, c.n, c.x, c.k, c.ids, c.w),
+                 ECS_ERR_RANGE);
+    cr_assert_neq(model_experts_local_ops.wait(l, layer, c.a), ECS_OK);
+    cr_assert_eq(model_experts_local_ops.submit(l, 0, c.n, c.x, c.k, c.ids, c.w), ECS_ERR_INVAL,
                  "layer 0 is dense");
     model_experts_local_free(l);
-    free(x), free(w), free(a), free(b), free(ids);
+    experts_case_free(&c);
     model_free(m);
 }
 
@@ -957,11 +991,13 @@ Test(kv_f32, absorbed_equals_expanded_exactly)
 
 /* ------------------------------------------------- SIMD and thread counts */
 
-/* Logits of every position with the kernels of one ISA. */
-static float *eval_isa(const spec_t *s, kcpu_isa_t isa, unsigned flags, const int32_t *toks, int n)
+/* Logits of every position with the kernels of one ISA, of a spec'd model
+ * (s) or of a model file (s NULL). */
+static float *eval_isa(const spec_t *s, const char *path, kcpu_isa_t isa, unsigned flags,
+                       const int32_t *toks, int n)
 {
     kcpu_set_isa(isa);
-    model_t *m = load_spec(s, 64);
+    model_t *m = s ? load_spec(s, 128) : load(path, 128);
     float *l = eval_all(m, flags, toks, n);
     model_free(m);
     kcpu_set_isa(kcpu_isa_detect());
@@ -972,8 +1008,8 @@ static void check_isa_paths(const spec_t *s, unsigned flags)
 {
     int32_t toks[37]; /* not a multiple of any block: every tail runs */
     random_tokens(toks, 37, s->n_vocab, 21);
-    float *a = eval_isa(s, kcpu_isa_detect(), flags, toks, 37);
-    float *b = eval_isa(s, KCPU_ISA_SCALAR, flags, toks, 37);
+    float *a = eval_isa(s, NULL, kcpu_isa_detect(), flags, toks, 37);
+    float *b = eval_isa(s, NULL, KCPU_ISA_SCALAR, flags, toks, 37);
     const size_t cnt = (size_t)37 * s->n_vocab;
     /* F32 caches: summation order only. F16: a query or probability that
      * lands on the other side of an F16 rounding boundary moves by 5e-4
@@ -1181,4 +1217,82 @@ Test(load, describes_the_tiny_models)
     cr_assert(hp->expert_weights_norm);
     cr_assert_float_eq(hp->kq_scale, 1.0f / sqrtf(32.0f), 1e-7);
     model_free(m);
+}
+
+/* ---- the absorbed path's packed Q8_0 W_kT (model_simd_t.dot_q8p) */
+
+Test(mla, packed_wkt_same_on_every_isa)
+{
+    /* the packed product itself gives the same bits on every ISA; what
+     * remains is the other kernels' float summation order (2.4e-7 when
+     * written), where a wrong lane or block would cost the absorbed form's
+     * whole accuracy (absorbed_close_to_expanded_q8: 0.08) */
+    enum { N = 21 };
+    int32_t toks[N];
+    model_t *m = load(DS2_Q8, 128);
+    const int vocab = model_n_vocab(m);
+    model_free(m);
+    random_tokens(toks, N, vocab, 33);
+    float *a = eval_isa(NULL, DS2_Q8, kcpu_isa_detect(), MODEL_CTX_MLA_ABSORBED, toks, N);
+    float *b = eval_isa(NULL, DS2_Q8, KCPU_ISA_SCALAR, MODEL_CTX_MLA_ABSORBED, toks, N);
+    const size_t cnt = (size_t)N * vocab;
+    cr_log_info("packed W_kT, detected ISA vs scalar: max %g mean %g", max_diff(a, b, cnt),
+                mean_diff(a, b, cnt));
+    cr_assert(max_diff(a, b, cnt) < 1e-4, "detected ISA vs scalar: %g", max_diff(a, b, cnt));
+    cr_assert(mean_diff(a, b, cnt) < 1e-5, "mean diff %g", mean_diff(a, b, cnt));
+    free(a), free(b);
+}
+
+/* ------------------------------------------------ decode paths  */
+
+/* A width that is not a multiple of the 16-value blocks of the weighted
+ * sum and the residual adds, so their remainders run too. */
+static spec_t odd_width_spec(void)
+{
+    spec_t s = ds2_spec();
+    s.n_embd = 72;
+    return s;
+}
+
+/* One row alone skips the gather (every expert reads it in place); it must
+ * give what the naive loop gives, as a batch of rows does. */
+Test(experts, one_row_equals_naive_loop)
+{
+    spec_t s = odd_width_spec();
+    model_t *m = load_spec(&s, 16);
+    const int layer = 1;
+    experts_case_t c =
+        experts_case(m, 5, 11, (const int[]){2, 3, 1}, (const float[]){0.3f, 0.1f, -0.02f});
+    model_experts_local_t *l;
+    cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &l), ECS_OK);
+    for (int t = 0; t < c.n; t++) {
+        cr_assert_eq(model_experts_local_ops.submit(l, layer, 1, c.x + (size_t)t * c.E, c.k,
+                                                    c.ids + (size_t)t * c.k,
+                                                    c.w + (size_t)t * c.k),
+                     ECS_OK, "%s", ecs_errmsg());
+        cr_assert_eq(model_experts_local_ops.wait(l, layer, c.a + (size_t)t * c.E), ECS_OK);
+    }
+    check_experts_case(m, layer, &c, "one row");
+    model_experts_local_free(l);
+    experts_case_free(&c);
+    model_free(m);
+}
+
+/* The odd width through the whole model: batched equals one by one, and
+ * the thread count changes nothing. */
+Test(batch, odd_width_decode_and_threads)
+{
+    enum { N = 9 };
+    int32_t toks[N];
+    spec_t s = odd_width_spec();
+    random_tokens(toks, N, s.n_vocab, 3);
+    model_t *m1 = load_spec_threads(&s, N + 8, 1), *m2 = load_spec_threads(&s, N + 8, 2);
+    const size_t cnt = (size_t)N * model_n_vocab(m1);
+    check_batched(m2, MODEL_CTX_MLA_ABSORBED, toks, N, 1e-4);
+    float *a = eval_one_by_one(m1, MODEL_CTX_MLA_ABSORBED, toks, N);
+    float *b = eval_one_by_one(m2, MODEL_CTX_MLA_ABSORBED, toks, N);
+    cr_assert_eq(max_diff(a, b, cnt), 0.0, "1 vs 2 threads");
+    free(a), free(b);
+    model_free(m1);
+    model_free(m2);
 }
