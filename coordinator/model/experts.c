@@ -173,10 +173,11 @@ ecs_err_t model_experts_local_prepare(model_experts_local_t *l, int layer, int n
     kcpu_quantize_rows(tp, ly->gate_exps.type, x, E, n_tok, E, l->xq);
     if (!l->same)
         kcpu_quantize_rows(tp, ly->up_exps.type, x, E, n_tok, E, l->xq_up);
-    const int items = (n_tok * k + PAR_ROWS - 1) / PAR_ROWS;
+    /* one row (decode): every expert reads it where it is */
+    const int items = n_tok == 1 ? 0 : (n_tok * k + PAR_ROWS - 1) / PAR_ROWS;
     if (items > 1)
         par_for(l->tp, items, gather_item, l);
-    else
+    else if (items == 1)
         gather_item(l, 0, 0);
     return ECS_OK;
 }
@@ -199,8 +200,11 @@ void model_experts_local_gate_up(model_experts_local_t *l, model_jobs_t *j)
         const kcpu_mat_t G = model_expert_mat(&ly->gate_exps, e, F);
         const kcpu_mat_t U = model_expert_mat(&ly->up_exps, e, F);
         const kcpu_mat_t D = model_expert_mat(&ly->down_exps, e, E);
-        const void *ag = (const char *)l->gq + (size_t)s * l->st_in;
-        const void *au = l->same ? ag : (const char *)l->gq_up + (size_t)s * l->st_up;
+        const bool one = l->n_tok == 1; /* not gathered: see prepare */
+        const void *ag = one ? l->xq : (const char *)l->gq + (size_t)s * l->st_in;
+        const void *au = l->same ? ag
+                         : one   ? l->xq_up
+                                 : (const char *)l->gq_up + (size_t)s * l->st_up;
         par_job_t job = par_swiglu(&G, &U, &D, ag, au, cnt, l->g + (size_t)s * F,
                                    l->u + (size_t)s * F, F, (char *)l->hq + (size_t)s * l->st_h);
         l->hq_fused = job.hq != NULL;
@@ -231,6 +235,39 @@ typedef struct {
     float *out;
 } finish_t;
 
+/* Values per block of the weighted sum: a fixed trip count lets the
+ * compiler vectorize at -O2 (it will not for a run-time count), and the
+ * block's partial sum stays in registers across the k slots. */
+#define SUM_BLOCK 16
+
+/* acc = sum over slots j < k (in slot order) of w[j] * (row at d + where[j] *
+ * E), columns [c0, c0 + len); inlined with len = SUM_BLOCK it vectorises. */
+static inline __attribute__((always_inline)) void
+weighted_cols(float *restrict acc, const float *restrict d, const int32_t *where, const float *w,
+              int k, size_t E, size_t c0, size_t len)
+{
+    const float *restrict r = d + (size_t)where[0] * E + c0;
+    for (size_t c = 0; c < len; c++)
+        acc[c] = r[c] * w[0];
+    for (int j = 1; j < k; j++) {
+        r = d + (size_t)where[j] * E + c0;
+        for (size_t c = 0; c < len; c++)
+            acc[c] += r[c] * w[j];
+    }
+}
+
+/* o[c0, c0 + len) = the weighted sum above, len <= SUM_BLOCK. */
+static void weighted_block(float *restrict o, const float *restrict d, const int32_t *where,
+                           const float *w, int k, size_t E, size_t c0, size_t len)
+{
+    float acc[SUM_BLOCK];
+    if (len == SUM_BLOCK)
+        weighted_cols(acc, d, where, w, k, E, c0, SUM_BLOCK);
+    else
+        weighted_cols(acc, d, where, w, k, E, c0, len);
+    memcpy(o + c0, acc, len * sizeof *o);
+}
+
 static void finish_item(void *arg, int item, int ith)
 {
     const finish_t *f = arg;
@@ -239,19 +276,10 @@ static void finish_item(void *arg, int item, int ith)
     const size_t E = (size_t)model_hparams(l->m)->n_embd;
     const int k = l->k;
     const int t1 = (item + 1) * PAR_ROWS < l->n_tok ? (item + 1) * PAR_ROWS : l->n_tok;
-    for (int t = item * PAR_ROWS; t < t1; t++) {
-        float *o = f->out + (size_t)t * E;
-        const float *d = l->d + (size_t)l->where[t * k] * E;
-        const float w0 = f->w[t * k];
-        for (size_t c = 0; c < E; c++)
-            o[c] = d[c] * w0;
-        for (int j = 1; j < k; j++) {
-            d = l->d + (size_t)l->where[t * k + j] * E;
-            const float wj = f->w[t * k + j];
-            for (size_t c = 0; c < E; c++)
-                o[c] += d[c] * wj;
-        }
-    }
+    for (int t = item * PAR_ROWS; t < t1; t++)
+        for (size_t c = 0; c < E; c += SUM_BLOCK)
+            weighted_block(f->out + (size_t)t * E, l->d, l->where + (size_t)t * k,
+                           f->w + (size_t)t * k, k, E, c, E - c < SUM_BLOCK ? E - c : SUM_BLOCK);
 }
 
 void model_experts_local_finish(model_experts_local_t *l, const float *w, float *out)
