@@ -335,13 +335,29 @@ static int32_t cand_draw(sampler_t *s, const cand_t *c, int32_t n)
     return c[n - 1].id; /* rounding: target landed at the very top */
 }
 
-static int32_t argmax_lowest(const float *l, int32_t n)
+/* Running maxima kept per lane: the loop vectorises (a sequential max is
+ * one dependent compare per logit: ~0.3 ms of a 102400-entry vocabulary,
+ * per token). */
+#define ARGMAX_LANES 16
+
+int32_t sampler_argmax(const float *l, int32_t n)
 {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[best])
-            best = i;
-    return best;
+    float mx[ARGMAX_LANES];
+    for (int j = 0; j < ARGMAX_LANES; j++)
+        mx[j] = -INFINITY;
+    int32_t i = 0;
+    for (; i + ARGMAX_LANES <= n; i += ARGMAX_LANES)
+        for (int j = 0; j < ARGMAX_LANES; j++)
+            mx[j] = l[i + j] > mx[j] ? l[i + j] : mx[j];
+    float m = -INFINITY;
+    for (int j = 0; j < ARGMAX_LANES; j++)
+        m = mx[j] > m ? mx[j] : m;
+    for (; i < n; i++)
+        m = l[i] > m ? l[i] : m;
+    for (i = 0; i < n; i++)
+        if (l[i] == m)
+            return i;
+    return 0;
 }
 
 static ecs_err_t check_logits(const float *l, int32_t n)
@@ -366,7 +382,7 @@ ecs_err_t sampler_sample(sampler_t *s, float *logits, int32_t *token)
     sampler_apply_penalties(s, logits);
     const sampler_params_t *p = &s->p;
     if (p->temp == 0.0f || p->top_k == 1) {
-        *token = argmax_lowest(logits, s->n_vocab);
+        *token = sampler_argmax(logits, s->n_vocab);
         return ECS_OK;
     }
     cand_t *c = s->cand;

@@ -71,6 +71,10 @@ void sampler_apply_penalties(sampler_t *s, float *logits);
  * every logit is -inf. */
 ecs_err_t sampler_sample(sampler_t *s, float *logits, int32_t *token);
 
+/* The index of the largest of n logits, the lowest on ties (NaNs never
+ * win; 0 when nothing compares). What greedy sampling picks. */
+int32_t sampler_argmax(const float *l, int32_t n);
+
 /* ---- stop conditions on detokenized text ---- */
 
 typedef struct sampler_stops sampler_stops_t;

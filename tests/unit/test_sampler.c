@@ -149,6 +149,39 @@ Test(sampler_greedy, temp0_is_argmax_with_ties_to_lowest_id)
     sampler_free(s);
 }
 
+/* The first index of the largest value, by a plain loop. */
+static int32_t argmax_naive(const float *l, int32_t n)
+{
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (!isnan(l[i]) && (best < 0 || l[i] > l[best]))
+            best = i;
+    return best < 0 ? 0 : best;
+}
+
+Test(sampler_greedy, argmax_matches_a_plain_loop)
+{
+    enum { N = 1000 };
+    float l[N];
+    uint64_t r = 99;
+    for (int32_t n = 1; n <= N; n += n < 40 ? 1 : 37) {
+        for (int32_t i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            l[i] = (float)((r >> 40) % 64) - 40.0f; /* many ties */
+        }
+        cr_assert_eq(sampler_argmax(l, n), argmax_naive(l, n), "n = %d", n);
+        l[n / 2] = NAN; /* never wins, wherever it is */
+        l[0] = NAN;
+        cr_assert_eq(sampler_argmax(l, n), argmax_naive(l, n), "n = %d with NaNs", n);
+        l[n - 1] = 1000.0f; /* the last one, past the vector blocks */
+        cr_assert_eq(sampler_argmax(l, n), n == 1 ? 0 : n - 1, "n = %d, largest last", n);
+    }
+    const float ties[] = {-INFINITY, 3, 1, 3, 3};
+    cr_assert_eq(sampler_argmax(ties, 5), 1, "ties go to the lowest id");
+    const float none[] = {NAN, NAN};
+    cr_assert_eq(sampler_argmax(none, 2), 0);
+}
+
 Test(sampler_greedy, top_k_1_is_greedy_at_any_temperature)
 {
     sampler_params_t p = sampler_params_default();

@@ -574,15 +574,6 @@ static double read_bandwidth(const model_t *m, int nth)
     return best;
 }
 
-static int32_t argmax(const float *l, int V)
-{
-    int32_t best = 0;
-    for (int v = 1; v < V; v++)
-        if (l[v] > l[best])
-            best = v;
-    return best;
-}
-
 static double cpu_s(void)
 {
     struct timespec ts;
@@ -627,7 +618,7 @@ static int bench_decode(model_ctx_t *c, int32_t first, int n, float *logits, int
     for (int i = 0; i < n; i++) {
         if (model_eval(c, &id, 1, logits, false) != ECS_OK)
             return fail("eval: %s", ecs_errmsg());
-        id = argmax(logits, V);
+        id = sampler_argmax(logits, V);
     }
     sw_stop(sw);
     return 0;
@@ -716,7 +707,7 @@ static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
     if (model_eval(c, toks, warm, logits, false) != ECS_OK)
         rc = fail("eval: %s", ecs_errmsg());
     if (rc == 0)
-        rc = bench_decode(c, argmax(logits, V), 4, logits, V, &sw);
+        rc = bench_decode(c, sampler_argmax(logits, V), 4, logits, V, &sw);
     model_profile_reset(m);
     for (int r = 0; r < a->reps && rc == 0; r++) {
         char what[64];
@@ -733,7 +724,7 @@ static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
             if (a->profile)
                 print_profile(m, what, a->pp, nth);
             if (a->tg > 0) {
-                if ((rc = bench_decode(c, argmax(logits, V), a->tg, logits, V, &sw)))
+                if ((rc = bench_decode(c, sampler_argmax(logits, V), a->tg, logits, V, &sw)))
                     break;
                 snprintf(what, sizeof what, "tg%d @ depth %d", a->tg, a->pp);
                 print_speed(what, a->tg, &sw, gb_tok, bw, nth);
