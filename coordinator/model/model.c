@@ -192,6 +192,44 @@ static void advise_hugepages(const gguf_file_t *f)
         madvise((void *)(lo & ~(page - 1)), hi - (lo & ~(page - 1)), MADV_HUGEPAGE);
 }
 
+/* Grows the kernels' per-thread scratch to what this matrix needs with up
+ * to nb rows (nothing for absent matrices); keeps the largest need. */
+static ecs_err_t reserve_mat(model_t *m, const kcpu_mat_t *w, int nb, size_t *most)
+{
+    if (w->nrows <= 0 || !w->data)
+        return ECS_OK;
+    nb = nb < KCPU_MAX_BATCH ? nb : KCPU_MAX_BATCH;
+    const size_t need = kcpu_matmul_scratch(w, nb);
+    *most = need > *most ? need : *most;
+    return kcpu_matmul_reserve(m->tp, w, nb);
+}
+
+/* Every product's kernel scratch, grown now, so that steps never allocate
+ * (the dense FFN runs in passes of ff_cap / n_ff rows). */
+static ecs_err_t reserve_kernels(model_t *m)
+{
+    const model_hparams_t *hp = &m->hp;
+    const int nb = MODEL_MAX_BATCH, dense_nb = (int)(m->ws.ff_cap / (size_t)imax(hp->n_ff, 1));
+    size_t most = 0;
+    ecs_err_t e = reserve_mat(m, &m->w.output, nb, &most);
+    for (int il = 0; il < hp->n_layer && e == ECS_OK; il++) {
+        const model_layer_t *ly = &m->w.layers[il];
+        const kcpu_mat_t *full[] = {&ly->wq,         &ly->wq_a,      &ly->wq_b,     &ly->wkv_a,
+                                    &ly->wkv_b,      &ly->wk,        &ly->wv,       &ly->wo,
+                                    &ly->gate_inp,   &ly->gate_exps, &ly->up_exps,  &ly->down_exps,
+                                    &ly->gate_shexp, &ly->up_shexp,  &ly->down_shexp};
+        const kcpu_mat_t *dense[] = {&ly->ffn_gate, &ly->ffn_up, &ly->ffn_down};
+        for (size_t i = 0; i < sizeof full / sizeof full[0] && e == ECS_OK; i++)
+            e = reserve_mat(m, full[i], nb, &most);
+        for (size_t i = 0; i < sizeof dense / sizeof dense[0] && e == ECS_OK; i++)
+            e = reserve_mat(m, dense[i], dense_nb, &most);
+        if (e == ECS_OK && m->ext)
+            e = reserve_mat(m, &m->ext[il].wkt, nb, &most);
+    }
+    m->kscratch_bytes = most * (size_t)ecs_threadpool_size(m->tp);
+    return e;
+}
+
 ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
 {
     *out = NULL;
@@ -224,6 +262,8 @@ ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
         e = ws_alloc(m);
     if (e == ECS_OK)
         e = model_experts_local_new(m, m->tp, &m->ex_local);
+    if (e == ECS_OK)
+        e = reserve_kernels(m);
     if (e != ECS_OK) {
         model_free(m);
         return e;
@@ -255,7 +295,7 @@ const gguf_file_t *model_gguf(const model_t *m) { return m->file; }
 ecs_threadpool_t *model_threadpool(const model_t *m) { return m->tp; }
 size_t model_workspace_bytes(const model_t *m)
 {
-    return m->ws_bytes + m->ext_bytes + model_experts_local_bytes(m->ex_local);
+    return m->ws_bytes + m->ext_bytes + model_experts_local_bytes(m->ex_local) + m->kscratch_bytes;
 }
 
 static size_t mat_bytes(const kcpu_mat_t *w) { return (size_t)w->nrows * w->row_bytes; }

@@ -164,7 +164,10 @@ const gguf_file_t *model_gguf(const model_t *m);
 ecs_threadpool_t *model_threadpool(const model_t *m);
 /* Bytes of scratch and derived tensors allocated at load (workspace, the
  * transposed W_k of deepseek2's latent attention, the local expert
- * backend), KV caches not included. */
+ * backend, the kernels' per-thread scratch), KV caches not included. The
+ * kernel scratch is reserved for the pool's threads, the loading thread
+ * among them: steps run from that thread allocate nothing (another thread
+ * grows its own scratch on its first step). */
 size_t model_workspace_bytes(const model_t *m);
 /* Phases of a forward step, as model_profile reports them. */
 typedef enum {

@@ -200,6 +200,7 @@ struct model {
     model_ws_t ws;
     void *ws_mem;
     size_t ws_bytes;
+    size_t kscratch_bytes; /* kernel scratch reserved at load, all threads */
 
     const model_experts_ops *ex_ops;
     void *ex_ctx;

@@ -67,6 +67,17 @@ void kcpu_quantize_rows(ecs_threadpool_t *tp, ecs_type_t wtype, const float *x, 
 void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, int nb,
                    float *y, int64_t ldy);
 
+/* kcpu_matmul_q keeps per-thread scratch (packed activations, one unpacked
+ * weight tile) that grows to the largest call. To keep allocation off a
+ * step's path, reserve it up front: kcpu_matmul_reserve grows the scratch
+ * of every thread of tp (the caller included) to what products of w with
+ * up to nb rows need (it only ever grows; ECS_ERR_NOMEM if it cannot).
+ * kcpu_matmul_scratch is that size per thread; kcpu_scratch_grows counts
+ * the allocations made so far (tests check a step makes none). */
+ecs_err_t kcpu_matmul_reserve(ecs_threadpool_t *tp, const kcpu_mat_t *w, int nb);
+size_t kcpu_matmul_scratch(const kcpu_mat_t *w, int nb);
+uint64_t kcpu_scratch_grows(void);
+
 /* Convenience: quantize x into scratch (kcpu_act_bytes large) then matmul. */
 void kcpu_matmul(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int64_t ldx, int nb,
                  float *y, int64_t ldy, void *scratch);

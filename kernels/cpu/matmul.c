@@ -92,6 +92,10 @@ static void scratch_key_init(void)
     scratch_key_ok = pthread_key_create(&scratch_key, scratch_release) == 0;
 }
 
+static _Atomic uint64_t n_grows;
+
+uint64_t kcpu_scratch_grows(void) { return atomic_load_explicit(&n_grows, memory_order_relaxed); }
+
 /* A 64-byte aligned buffer of at least bytes for this thread, or NULL. */
 static void *scratch(int slot, size_t bytes)
 {
@@ -107,6 +111,7 @@ static void *scratch(int slot, size_t bytes)
     free(s->p[slot]);
     s->p[slot] = aligned_alloc(64, (bytes + 63) / 64 * 64);
     s->cap[slot] = s->p[slot] ? bytes : 0;
+    atomic_fetch_add_explicit(&n_grows, 1, memory_order_relaxed);
     return s->p[slot];
 }
 
@@ -310,4 +315,53 @@ void kcpu_matmul(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int6
     else
         kcpu_quantize_rows(tp, w->type, x, ldx, nb, w->ncols, scratch);
     kcpu_matmul_q(tp, w, act, nb, y, ldy);
+}
+
+/* ---- scratch reserved up front ---- */
+
+typedef struct {
+    size_t need[SCRATCH_SLOTS];
+    _Atomic int failed;
+} reserve_t;
+
+/* What kcpu_matmul_q asks scratch() for: packed activations (shared-layout
+ * kernels) and one unpacked weight tile (nb >= KCPU_GEMM_MIN_NB). */
+static void scratch_need(const kcpu_mat_t *w, int nb, size_t need[SCRATCH_SLOTS])
+{
+    mm_task_t t = {.w = w, .nb = nb};
+    gemm_prepare(&t);
+    need[SCRATCH_ACT] = t.gemm.w_sb ? t.packed_row * (size_t)nb : 0;
+    need[SCRATCH_TILE] = t.gemm.w_sb && nb >= KCPU_GEMM_MIN_NB
+                             ? (size_t)t.nsb * t.gemm.w_sb * (size_t)t.tile_rows
+                             : 0;
+}
+
+static void reserve_worker(void *arg, int ith, int nth)
+{
+    reserve_t *r = arg;
+    (void)ith, (void)nth;
+    for (int i = 0; i < SCRATCH_SLOTS; i++)
+        if (r->need[i] && !scratch(i, r->need[i]))
+            atomic_store(&r->failed, 1);
+}
+
+size_t kcpu_matmul_scratch(const kcpu_mat_t *w, int nb)
+{
+    size_t need[SCRATCH_SLOTS];
+    scratch_need(w, nb, need);
+    return need[SCRATCH_ACT] + need[SCRATCH_TILE];
+}
+
+ecs_err_t kcpu_matmul_reserve(ecs_threadpool_t *tp, const kcpu_mat_t *w, int nb)
+{
+    if (nb < 1 || nb > KCPU_MAX_BATCH)
+        return ecs_error(ECS_ERR_INVAL, "kernels: reserve for %d rows (1..%d)", nb,
+                         KCPU_MAX_BATCH);
+    reserve_t r = {.failed = 0};
+    scratch_need(w, nb, r.need);
+    ecs_threadpool_run(tp, reserve_worker, &r);
+    if (atomic_load(&r.failed))
+        return ecs_error(ECS_ERR_NOMEM, "kernels: cannot reserve %zu bytes of scratch per thread",
+                         r.need[SCRATCH_ACT] + r.need[SCRATCH_TILE]);
+    return ECS_OK;
 }

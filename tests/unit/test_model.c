@@ -1296,3 +1296,33 @@ Test(batch, odd_width_decode_and_threads)
     model_free(m1);
     model_free(m2);
 }
+
+/* ------------------------------------------------ memory budgeted at load */
+
+/* The kernels' scratch is reserved by model_load: prompt steps (expanded
+ * attention, 64+ rows) and decode steps allocate none. */
+static void check_no_scratch_growth(const char *path)
+{
+    enum { N = MODEL_MLA_EXPAND_ROWS + 8 };
+    model_t *m = load(path, N + 16);
+    int32_t toks[N];
+    random_tokens(toks, N, model_n_vocab(m), 4);
+    float *logits = malloc((size_t)model_n_vocab(m) * sizeof *logits);
+    cr_assert_not_null(logits);
+    model_ctx_t *c;
+    cr_assert_eq(model_ctx_new(m, N + 16, 0, &c), ECS_OK);
+    const uint64_t before = kcpu_scratch_grows();
+    cr_assert_eq(model_eval(c, toks, N, logits, false), ECS_OK, "%s", ecs_errmsg());
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(model_eval(c, toks + i, 1, logits, false), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(kcpu_scratch_grows(), before, "%s: a step allocated kernel scratch", path);
+    model_ctx_free(c);
+    free(logits);
+    model_free(m);
+}
+
+Test(budget, steps_allocate_no_kernel_scratch)
+{
+    check_no_scratch_growth(DS2_Q8);
+    check_no_scratch_growth(QWEN_Q8);
+}
