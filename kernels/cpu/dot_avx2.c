@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/kscales.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define QK ECS_QK
@@ -213,34 +214,6 @@ INLINE __m256i bcast_scales8(__m128i s8x8_as16)
     return _mm256_broadcastsi128_si256(s8x8_as16);
 }
 
-/* Q4_K / Q5_K scales: 8 x (6-bit scale, 6-bit min) packed in 12 bytes. */
-INLINE void k4_scales(const uint8_t s[12], uint64_t *sc, uint64_t *mn)
-{
-    uint32_t u0, u1, u2;
-    memcpy(&u0, s, 4);
-    memcpy(&u1, s + 4, 4);
-    memcpy(&u2, s + 8, 4);
-    const uint32_t sc_lo = u0 & 0x3F3F3F3F, mn_lo = u1 & 0x3F3F3F3F;
-    const uint32_t sc_hi = (u2 & 0x0F0F0F0F) | (((u0 >> 6) & 0x03030303) << 4);
-    const uint32_t mn_hi = ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4);
-    *sc = ((uint64_t)sc_hi << 32) | sc_lo;
-    *mn = ((uint64_t)mn_hi << 32) | mn_lo;
-}
-
-/* Q3_K scales: 16 x 6-bit in 12 bytes, stored +32. */
-INLINE __m128i k3_scales(const uint8_t s[12])
-{
-    uint32_t a0, a1, a2;
-    memcpy(&a0, s, 4);
-    memcpy(&a1, s + 4, 4);
-    memcpy(&a2, s + 8, 4);
-    const uint32_t m4 = 0x0F0F0F0F, m2 = 0x03030303;
-    const __m128i v = _mm_set_epi32((int)(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)),
-                                    (int)(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
-                                    (int)((a1 & m4) | (((a2 >> 2) & m2) << 4)),
-                                    (int)((a0 & m4) | ((a2 & m2) << 4)));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
-}
 
 INLINE void q45k_dot(bool five, int NA, int64_t n, const void *w, const void *a, size_t as,
                      float *out)
