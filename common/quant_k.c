@@ -112,19 +112,29 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
     return scale;
 }
 
+/* The value of largest magnitude (the first of equals), its magnitude in
+ * *amax: the symmetric quantizers put it at the extreme level. */
+static float signed_max(int n, const float *x, float *amax)
+{
+    float max = 0;
+    *amax = 0;
+    for (int i = 0; i < n; i++) {
+        const float ax = fabsf(x[i]);
+        if (ax > *amax) {
+            *amax = ax;
+            max = x[i];
+        }
+    }
+    return max;
+}
+
 /* ggml's make_q3_quants (rmse variant): signed levels in [-nmax, nmax-1],
  * the largest magnitude at -nmax, then up to 5 passes of moving single
  * levels while that improves the x^2-weighted fit. L gets level + nmax. */
 static float fit_q3(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
+    float amax;
+    const float max = signed_max(n, x, &amax);
     if (amax < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
@@ -171,14 +181,8 @@ static float fit_q3(int n, int nmax, const float *x, int8_t *L)
  * -nmax/max and keeping the best x^2-weighted least-squares fit. */
 static float fit_symmetric(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
+    float amax;
+    const float max = signed_max(n, x, &amax);
     if (amax < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
@@ -601,14 +605,8 @@ static void q6_K_quantize(const float *x, void *blk)
 static void q8_K_quantize(const float *x, void *blk)
 {
     ecs_block_q8_K *y = blk;
-    float max = 0, amax = 0;
-    for (int j = 0; j < QK_K; j++) {
-        const float ax = fabsf(x[j]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[j];
-        }
-    }
+    float amax;
+    const float max = signed_max(QK_K, x, &amax);
     if (!amax) {
         memset(y, 0, sizeof *y);
         return;
