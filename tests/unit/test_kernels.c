@@ -864,3 +864,27 @@ Test(kernels, matmul_unknown_type_gives_nan)
     kcpu_matmul_q(NULL, &w, act, 1, y, 2);
     cr_assert(isnan(y[0]) && isnan(y[1]));
 }
+
+/* Scratch reserved up front: bad batch sizes are refused, and a product
+ * within what was reserved allocates nothing. */
+Test(kernels, matmul_reserve)
+{
+    rng_t r = {5};
+    exact_case_t c;
+    cr_assert(exact_case(&r, ECS_TYPE_Q4_K, 40, 1024, &c));
+    ecs_threadpool_t *tp;
+    cr_assert_eq(ecs_threadpool_create(2, &tp), ECS_OK);
+    cr_assert_eq(kcpu_matmul_reserve(tp, &c.w, 0), ECS_ERR_INVAL);
+    cr_assert_eq(kcpu_matmul_reserve(tp, &c.w, KCPU_MAX_BATCH + 1), ECS_ERR_INVAL);
+    cr_assert_neq(strlen(ecs_errmsg()), 0);
+    cr_assert_gt(kcpu_matmul_scratch(&c.w, 64), kcpu_matmul_scratch(&c.w, 1));
+    cr_assert_eq(kcpu_matmul_reserve(tp, &c.w, 64), ECS_OK, "%s", ecs_errmsg());
+    const uint64_t before = kcpu_scratch_grows();
+    float *y = xalloc(sizeof(float) * 40 * 64);
+    for (int nb = 1; nb <= 64; nb *= 4)
+        kcpu_matmul_q(tp, &c.w, c.act, nb, y, 40);
+    cr_assert_eq(kcpu_scratch_grows(), before, "a reserved product allocated");
+    free(y);
+    exact_case_free(&c);
+    ecs_threadpool_destroy(tp);
+}
