@@ -5,6 +5,10 @@
 set -u
 build=$1
 pass=0; fail=0
+# decode copies of the test models (ecs-run --repack) go to a scratch cache
+export ECS_CACHE_DIR
+ECS_CACHE_DIR=$(mktemp -d)
+trap 'rm -rf "$ECS_CACHE_DIR"' EXIT
 for t in tests/integration/test_*.sh; do
     [ -e "$t" ] || continue
     name=$(basename "$t" .sh)

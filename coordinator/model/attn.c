@@ -246,11 +246,7 @@ static void absorb_item(void *arg, int h, int ith)
 /* Head h's W_v: the head_v rows after its qk_nope W_k rows in W_kv_b. */
 static kcpu_mat_t wv_head(const model_hparams_t *hp, const kcpu_mat_t *wb, int h)
 {
-    kcpu_mat_t wv = *wb;
-    wv.nrows = hp->head_v;
-    wv.data = (const char *)wb->data +
-              ((size_t)h * (hp->qk_nope + hp->head_v) + (size_t)hp->qk_nope) * wb->row_bytes;
-    return wv;
+    return kcpu_mat_rows(wb, (int64_t)h * (hp->qk_nope + hp->head_v) + hp->qk_nope, hp->head_v);
 }
 
 static void values_head(model_t *m, const model_layer_t *ly, float *attv, int h, int n)

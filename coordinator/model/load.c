@@ -238,6 +238,7 @@ static ecs_err_t load_mat(const gguf_file_t *f, const char *name, int64_t ncols,
     m->nrows = nrows * n3;
     m->row_bytes = rb;
     m->data = t->data;
+    m->r16 = NULL;
     return ECS_OK;
 }
 

@@ -254,6 +254,8 @@ ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
             m->opts.n_threads = n > 0 ? (int)(n > 256 ? 256 : n) : 1;
         }
     }
+    if (e == ECS_OK && m->opts.repack_dir)
+        model_repack(m, m->opts.repack_dir);
     if (e == ECS_OK)
         e = ecs_threadpool_create(m->opts.n_threads, &m->tp);
     if (e == ECS_OK)
@@ -283,6 +285,7 @@ void model_free(model_t *m)
     free(m->ext);
     ecs_threadpool_destroy(m->tp);
     free(m->w.layers);
+    model_repack_free(m);
     gguf_close(m->file);
     free(m);
 }
@@ -298,7 +301,11 @@ size_t model_workspace_bytes(const model_t *m)
     return m->ws_bytes + m->ext_bytes + model_experts_local_bytes(m->ex_local) + m->kscratch_bytes;
 }
 
-static size_t mat_bytes(const kcpu_mat_t *w) { return (size_t)w->nrows * w->row_bytes; }
+/* What decode reads of w: its interleaved copy where it has one. */
+static size_t mat_bytes(const kcpu_mat_t *w)
+{
+    return w->r16 ? kcpu_r16_bytes(w->type, w->nrows, w->ncols) : (size_t)w->nrows * w->row_bytes;
+}
 
 size_t model_decode_bytes(const model_t *m)
 {
@@ -378,10 +385,7 @@ void model_profile_reset(model_t *m) { memset(m->prof, 0, sizeof m->prof); }
 
 kcpu_mat_t model_expert_mat(const kcpu_mat_t *stack, int e, int rows_per_expert)
 {
-    kcpu_mat_t m = *stack;
-    m.nrows = rows_per_expert;
-    m.data = (const char *)stack->data + (size_t)e * rows_per_expert * stack->row_bytes;
-    return m;
+    return kcpu_mat_rows(stack, (int64_t)e * rows_per_expert, rows_per_expert);
 }
 
 void model_set_experts(model_t *m, const model_experts_ops *ops, void *ctx)

@@ -148,6 +148,13 @@ typedef struct {
     int n_ctx;      /* largest context any model_ctx may have; <= 0: min(n_ctx_train, 4096) */
     int n_threads;  /* <= 0: online CPUs */
     bool profile;   /* time the phases of each step (model_profile) */
+    /* Directory of the decode copy of the weights: the matrices that have
+     * the kernels' row-interleaved layout (kcpu_r16_pack) are copied into a
+     * cache file there on first load (a few seconds per GB, the size of the
+     * matrices again on disk) and mapped, as the GGUF is, on later loads
+     * while the GGUF is unchanged. Results are bit for bit the same, decode
+     * is faster. NULL: decode reads the GGUF. */
+    const char *repack_dir;
 } model_opts_t;
 
 /* Maps and validates path; every tensor the architecture needs must exist
@@ -169,6 +176,12 @@ ecs_threadpool_t *model_threadpool(const model_t *m);
  * among them: steps run from that thread allocate nothing (another thread
  * grows its own scratch on its first step). */
 size_t model_workspace_bytes(const model_t *m);
+/* Why the decode copy asked for by opts.repack_dir is not in use (NULL if
+ * it is, or was not asked for): the model then runs from the GGUF alone. */
+const char *model_repack_note(const model_t *m);
+/* Bytes of the mapped decode copy (0: none); its path, and whether this
+ * load made it, where path / made are not NULL. */
+size_t model_repack_bytes(const model_t *m, const char **path, bool *made);
 /* Phases of a forward step, as model_profile reports them. */
 typedef enum {
     MODEL_PH_EMBED,     /* embedding rows, rope tables */

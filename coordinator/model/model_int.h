@@ -207,7 +207,20 @@ struct model {
     model_experts_local_t *ex_local;
 
     model_prof_t prof[MODEL_PH_COUNT];
+
+    /* repack.c: the interleaved decode copy (opts.repack_dir) */
+    void *r16_map;
+    size_t r16_bytes;
+    bool r16_made;        /* made by this load (not found) */
+    char r16_path[4096];
+    char r16_note[512];   /* why there is none, if it was asked for */
 };
+
+/* repack.c: maps (making it first if needed) the interleaved copy of the
+ * matrices decode reads, in dir, and points their views at it; on failure
+ * leaves the views alone and the reason in r16_note. */
+void model_repack(model_t *m, const char *dir);
+void model_repack_free(model_t *m);
 
 /* Phase timing (opts.profile): prof_start marks now; prof_end charges the
  * time since the mark to a phase and moves the mark. */

@@ -85,11 +85,16 @@ static double row_cost(const par_job_t *j)
     return (double)j->w.row_bytes * (double)job_mats(j) * (double)(j->nb + 3);
 }
 
+/* Chunks start at multiples of this: whole blocks of the fused
+ * quantization, whole groups of interleaved rows (both powers of two). */
 static int64_t job_align(const par_job_t *j)
 {
+    int64_t a = 1;
     if (j->kind == PAR_SWIGLU && j->hq)
-        return ecs_type_traits(j->hq_vdt)->blck_size;
-    return 1;
+        a = ecs_type_traits(j->hq_vdt)->blck_size;
+    if (j->w.r16 && j->nb == 1 && a < KCPU_R16_ROWS)
+        a = KCPU_R16_ROWS;
+    return a;
 }
 
 static int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
@@ -173,9 +178,7 @@ typedef struct {
 static void mm_part(const kcpu_mat_t *w, const par_job_t *j, const void *act, size_t stride,
                     float *y, int64_t r0, int64_t r1)
 {
-    kcpu_mat_t sub = *w;
-    sub.nrows = r1 - r0;
-    sub.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    const kcpu_mat_t sub = kcpu_mat_rows(w, r0, r1 - r0);
     for (int b = 0; b < j->nb; b += KCPU_MAX_BATCH) {
         const int nb = j->nb - b < KCPU_MAX_BATCH ? j->nb - b : KCPU_MAX_BATCH;
         kcpu_matmul_q(NULL, &sub, (const char *)act + (size_t)b * stride, nb,

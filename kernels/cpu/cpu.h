@@ -40,14 +40,42 @@ kcpu_vec_dot_fn kcpu_vec_dot_for(ecs_type_t wtype, kcpu_isa_t isa);
  * except that float rounding may differ in the last place of a scale. */
 void kcpu_quantize_act(ecs_type_t vdt, const float *x, void *out, int64_t n);
 
-/* A weight matrix: nrows rows of ncols elements of type, row_bytes apart. */
+/* A weight matrix: nrows rows of ncols elements of type, row_bytes apart.
+ * r16, when not NULL, is the same matrix in the row-interleaved layout
+ * below (kcpu_r16_pack): decode products read it instead of data, with the
+ * same arithmetic, so results do not change. */
 typedef struct {
     ecs_type_t type;
     int64_t ncols;
     int64_t nrows;
     size_t row_bytes;
     const void *data;
+    const void *r16;
 } kcpu_mat_t;
+
+/* Rows [r0, r0 + n) of w as a matrix of their own (r16 kept where r0 is a
+ * multiple of KCPU_R16_ROWS, else dropped). */
+kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *w, int64_t r0, int64_t n);
+
+/* ---- Row-interleaved weights (decode) ----
+ * A lone activation row against a weight row costs the row kernel a
+ * transpose and a horizontal sum per superblock, which keeps a core below
+ * the memory's speed. With KCPU_R16_ROWS rows interleaved, one activation
+ * broadcast feeds all of them and each lane accumulates one row. Q4_K: for
+ * each group of 16 rows (nrows a multiple of 16) and each 256-value block,
+ * 2368 bytes: d[16], dmin[16] (fp16), the 6-bit scales [8][16] and mins
+ * [8][16] as bytes, then qs as [4 chunks][8 words][16 rows] 32-bit words
+ * (word k of chunk c of a row: its qs bytes 32 c + 4 k .. + 3). */
+#define KCPU_R16_ROWS 16
+#define KCPU_R16_Q4_K_BLOCK 2368
+
+/* Whether a type/shape has the layout (Q4_K, nrows % 16 == 0, ncols % 256 == 0). */
+bool kcpu_r16_fits(ecs_type_t type, int64_t nrows, int64_t ncols);
+/* Bytes of the interleaved copy of rows of that shape (0 if it does not fit). */
+size_t kcpu_r16_bytes(ecs_type_t type, int64_t nrows, int64_t ncols);
+/* Writes rows [r0, r0 + n) of w (r0, n multiples of 16) interleaved to out
+ * (kcpu_r16_bytes(w->type, n, w->ncols) bytes); the rows of w must fit. */
+void kcpu_r16_pack(const kcpu_mat_t *w, int64_t r0, int64_t n, void *out);
 
 #define KCPU_MAX_BATCH 512
 
@@ -135,6 +163,10 @@ typedef struct {
                  int64_t ldy);
     /* a raw weight row against na <= KCPU_MAX_NA packed activation rows */
     kcpu_dot_multi_fn multi;
+    /* out[i] = dot(row i, a) for the 16 rows of an interleaved row group
+     * (kcpu_r16_pack) against one activation row packed by pack_act1, with
+     * multi's arithmetic; NULL where the type has no interleaved layout */
+    void (*r16)(const void *w, int64_t ncols, const void *a, float *out);
 } kcpu_gemm_t;
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype);

@@ -733,7 +733,7 @@ INLINE void micro(int MR, int NR, int KV, bool MIN, const uint8_t *w, size_t wro
             }
         }
     }
-    FOR_M(m) FOR_N(n) y[n * ldy + m] = _mm512_reduce_add_ps(acc[m][n]);
+    FOR_M(m) FOR_N(n) y[n * ldy + m] = reduce16(acc[m][n]);
 }
 
 typedef void (*micro_fn)(const uint8_t *w, size_t wrow, const uint8_t *a, size_t arow,
@@ -865,7 +865,7 @@ INLINE float row1_impl(ecs_type_t T, int64_t n, const void *w, const void *a)
     if (n % 512)
         row1_sb(T, (sbsrc_t){in, (int)(n % 512 / block_cols(T))}, lg,
                 (const uint8_t *)a + (size_t)full * asb, &acc);
-    return _mm512_reduce_add_ps(acc);
+    return reduce16(acc);
 }
 
 INLINE void rows_impl(ecs_type_t T, int NA, int64_t n, const void *w, const void *a, size_t as,
@@ -890,7 +890,119 @@ INLINE void rows_impl(ecs_type_t T, int NA, int64_t n, const void *w, const void
         rows_sb(T, NA, (sbsrc_t){in, (int)(n % (64 * KV) / block_cols(T))}, lg,
                 (const uint8_t *)a + (size_t)full * asb, as, acc);
     FOR_ROWS(r)
-        out[r] = _mm512_reduce_add_ps(acc[r]);
+        out[r] = reduce16(acc[r]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Row-interleaved Q4_K (decode)                                             */
+/* ------------------------------------------------------------------------ */
+
+/* 16 weight rows (kcpu_r16_pack) against one activation row in the pack_act1
+ * layout. Lane r of every vector is row r: a group's chain broadcasts four
+ * activation bytes per vpdpbusd, and each group of the 512-value superblock
+ * keeps its own float sum (acc[G], G = 8 j + sub-block of block j), which
+ * is lane lane_of(G) of the row kernels' sum; the sixteen are added in
+ * reduce16's tree at the end. So every float operation of row1_sb is done
+ * in the same order and the bits are the same. */
+#define R16_SC 64
+#define R16_MN 192
+#define R16_QS 320
+
+/* Index of group G in GROUPS_K4 (GROUPS_K4 inverted), the pack_act1
+ * position of its values. A table, so that unrolled loops fold it. */
+static const uint8_t K4_INDEX[16] = {0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15};
+
+INLINE int k4_index(int G)
+{
+    return K4_INDEX[G];
+}
+
+/* Lane of group G after the transpose (lane_groups inverted). */
+INLINE int k4_lane(int G)
+{
+    const int i = k4_index(G);
+    return 4 * (i % 4) + i / 4;
+}
+
+/* Byte offset of value v (0..31) of group G in a pack_act1 superblock:
+ * vector 4 (v / 16) + k, 128-bit lane q, where GROUPS_K4[4 k + q] = G. */
+INLINE size_t k4_act_off(int G, int v)
+{
+    const int i = k4_index(G);
+    return (size_t)(64 * (4 * (v / 16) + i / 4) + 16 * (i % 4) + v % 16);
+}
+
+INLINE __m512i bcast32(const uint8_t *p)
+{
+    int32_t x;
+    memcpy(&x, p, 4);
+    return _mm512_set1_epi32(x);
+}
+
+/* acc[G] += group G's term (chain t), as row1_sb adds it to lane k4_lane(G). */
+INLINE void r16_group(const uint8_t *blk, const uint8_t *a, int G, __m512i t, __m512 d,
+                      __m512 mdmin, __m512 *acc)
+{
+    const int g = G % 8, L = k4_lane(G);
+    const __m512 sc = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + R16_SC + 16 * g)))),
+        d);
+    const __m512 mn = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + R16_MN + 16 * g)))),
+        mdmin);
+    float asc, amn;
+    memcpy(&asc, a + a_sc(8) + 4 * L, 4);
+    memcpy(&amn, a + a_mn(8) + 4 * L, 4);
+    const __m512 s2 = _mm512_mul_ps(sc, _mm512_set1_ps(asc));
+    acc[G] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[G]);
+    acc[G] = _mm512_fmadd_ps(mn, _mm512_set1_ps(amn), acc[G]);
+}
+
+/* Block j (0, 1) of the superblock whose activations are at a. */
+INLINE void r16_block(const uint8_t *blk, const uint8_t *a, int j, __m512 *acc)
+{
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)blk));
+    const __m512 mdmin = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk + 32))),
+                                       _mm512_set1_ps(-1.0f));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) { /* low nibbles: sub-block 2 c, high: 2 c + 1 */
+        const int G0 = 8 * j + 2 * c, G1 = G0 + 1;
+        __m512i t0 = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m512i q = _mm512_load_si512((const void *)(blk + R16_QS + 64 * (8 * c + k)));
+            t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(q, m4), bcast32(a + k4_act_off(G0, 4 * k)));
+            t1 = _mm512_dpbusd_epi32(t1, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
+                                     bcast32(a + k4_act_off(G1, 4 * k)));
+        }
+        r16_group(blk, a, G0, t0, d, mdmin, acc);
+        r16_group(blk, a, G1, t1, d, mdmin, acc);
+    }
+}
+
+static void q4_K_r16(const void *w, int64_t ncols, const void *a, float *out)
+{
+    const int64_t nblk = ncols / QK_K;
+    const size_t asb = a_sb_bytes(8, true);
+    const uint8_t *blk = w, *ap = a;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int G = 0; G < 16; G++)
+        acc[G] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nblk; b += 2, ap += asb) {
+        r16_block(blk, ap, 0, acc);
+        blk += KCPU_R16_Q4_K_BLOCK;
+        if (b + 1 < nblk) {
+            r16_block(blk, ap, 1, acc);
+            blk += KCPU_R16_Q4_K_BLOCK;
+        }
+    }
+    __m512 lanes[16]; /* in lane order */
+#pragma GCC unroll 16
+    for (int L = 0; L < 16; L++)
+        lanes[L] = acc[GROUPS_K4[4 * (L % 4) + L / 4]];
+    _mm512_storeu_ps(out, reduce16_v(lanes));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -933,7 +1045,7 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
     {                                                                                         \
         w_sb_bytes(type_kv(T), type_has_min(T)), a_sb_bytes(type_kv(T), type_has_min(T)),    \
             64 * type_kv(T), GEMM_MR, name##_unpack, name##_pack, name##_pack1, tl,           \
-            name##_multi                                                                      \
+            name##_multi, NULL                                                                \
     }
     switch (wtype) {
     case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0);
@@ -943,10 +1055,14 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
     case ECS_TYPE_Q8_0: return G(q8_0, ECS_TYPE_Q8_0, tile_8_0);
     case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1);
     case ECS_TYPE_Q3_K: return G(q3_K, ECS_TYPE_Q3_K, tile_4_0);
-    case ECS_TYPE_Q4_K: return G(q4_K, ECS_TYPE_Q4_K, tile_8_1);
+    case ECS_TYPE_Q4_K: {
+        kcpu_gemm_t g = G(q4_K, ECS_TYPE_Q4_K, tile_8_1);
+        g.r16 = q4_K_r16;
+        return g;
+    }
     case ECS_TYPE_Q5_K: return G(q5_K, ECS_TYPE_Q5_K, tile_8_1);
     case ECS_TYPE_Q6_K: return G(q6_K, ECS_TYPE_Q6_K, tile_4_0);
-    default: return (kcpu_gemm_t){0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
+    default: return (kcpu_gemm_t){0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
     }
 #undef G
 }

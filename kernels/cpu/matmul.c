@@ -61,6 +61,7 @@ typedef struct {
     size_t stride;
     kcpu_kernel_t k;
     bool tiled; /* nb >= KCPU_GEMM_MIN_NB: unpacked weight tiles */
+    bool r16;   /* nb = 1 and the matrix has its interleaved copy */
 } mm_view_t;
 
 /* ---- per-thread scratch ---- */
@@ -163,9 +164,25 @@ static bool gemm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_
     return true;
 }
 
+/* Rows [r0, r1) (r0 a multiple of KCPU_R16_ROWS) from the interleaved
+ * copy; a last partial group of rows from the rows themselves. */
+static void r16_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
+{
+    const kcpu_mat_t *w = t->w;
+    const size_t group = kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols);
+    int64_t r = r0;
+    for (; r + KCPU_R16_ROWS <= r1; r += KCPU_R16_ROWS)
+        t->gemm.r16((const uint8_t *)w->r16 + (size_t)(r / KCPU_R16_ROWS) * group, w->ncols,
+                    v->act, t->y + r);
+    if (r < r1)
+        mm_rows(t, v, r, r1);
+}
+
 static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
 {
-    if (!v->tiled || !gemm_rows(t, v, r0, r1)) /* the row kernel computes alike */
+    if (v->r16) /* all kernels compute alike */
+        r16_rows(t, v, r0, r1);
+    else if (!v->tiled || !gemm_rows(t, v, r0, r1))
         mm_rows(t, v, r0, r1);
 }
 
@@ -174,7 +191,7 @@ static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
  * every call, which costs more than packing (~25 cycles per 256 values). */
 static mm_view_t mm_view(const mm_task_t *t)
 {
-    mm_view_t v = {t->act, t->act_stride, t->k, false};
+    mm_view_t v = {t->act, t->act_stride, t->k, false, false};
     if (!t->gemm.w_sb)
         return v;
     uint8_t *packed = scratch(SCRATCH_ACT, t->packed_row * (size_t)t->nb);
@@ -187,6 +204,7 @@ static mm_view_t mm_view(const mm_task_t *t)
     v.stride = t->packed_row;
     v.k.multi = t->gemm.multi;
     v.tiled = t->nb >= KCPU_GEMM_MIN_NB;
+    v.r16 = t->nb == 1 && t->w->r16 && t->gemm.r16;
     return v;
 }
 
@@ -260,8 +278,11 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
     const int64_t min_rows = (int64_t)(MIN_CHUNK_BYTES / (w->row_bytes * (size_t)nb + 1)) + 1;
     if (rows < min_rows)
         rows = min_rows;
-    if (t.gemm.w_sb) /* whole microkernels (not whole tiles: that unbalances the threads) */
-        rows = (rows + t.gemm.mr - 1) / t.gemm.mr * t.gemm.mr;
+    /* whole microkernels (not whole tiles: that unbalances the threads),
+     * whole interleaved row groups */
+    const int64_t align = w->r16 && t.gemm.r16 && nb == 1 ? KCPU_R16_ROWS : t.gemm.mr;
+    if (t.gemm.w_sb)
+        rows = (rows + align - 1) / align * align;
     t.chunk_rows = rows;
     t.nchunks = (w->nrows + rows - 1) / rows;
     atomic_init(&t.next, nth < t.nchunks ? nth : t.nchunks);

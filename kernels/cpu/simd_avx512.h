@@ -74,6 +74,35 @@ INLINE __m512i move_bit(__m512i v, int from, int to)
 }
 
 
+/* Sum of the 16 lanes in a fixed tree (that of GCC's _mm512_reduce_add_ps,
+ * written out so that no header decides it): kernels that keep the same
+ * sums in other registers reproduce it lane for lane (reduce16_v). */
+INLINE __m128 reduce16_tree4(__m512 v)
+{
+    const __m256 h = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+    return _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+}
+
+INLINE float reduce16(__m512 v)
+{
+    const __m128 q = reduce16_tree4(v);
+    const __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q)); /* q0 + q2, q1 + q3 */
+    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+
+/* reduce16 of sixteen vectors at once: lane r of the result is the tree sum
+ * over L of lane r of v[L]. v is overwritten. */
+INLINE __m512 reduce16_v(__m512 v[16])
+{
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        v[i] = _mm512_add_ps(v[i + 8], v[i]);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        v[i] = _mm512_add_ps(v[i + 4], v[i]);
+    return _mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3]));
+}
+
 /* The k-quants with 16 groups of 16 values, one scale each. */
 typedef enum { K_Q2, K_Q3, K_Q6 } k16_kind_t;
 

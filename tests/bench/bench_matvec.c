@@ -185,8 +185,25 @@ static kcpu_mat_t make_matrix(ecs_type_t type, int64_t ncols, size_t bytes)
     for (int64_t r = DISTINCT; r < nrows; r++)
         memcpy(data + (size_t)r * rb, data + (size_t)(r % DISTINCT) * rb, rb);
     free(x);
-    kcpu_mat_t m = {type, ncols, nrows, rb, data};
+    kcpu_mat_t m = {type, ncols, nrows, rb, data, NULL};
     return m;
+}
+
+/* The row-interleaved copy of w (decode products read it), where the
+ * type has one; false otherwise. */
+static bool add_r16(kcpu_mat_t *w)
+{
+    const size_t bytes = kcpu_r16_bytes(w->type, w->nrows / KCPU_R16_ROWS * KCPU_R16_ROWS,
+                                        w->ncols);
+    if (!bytes || !kcpu_gemm(w->type).r16)
+        return false;
+    w->nrows = w->nrows / KCPU_R16_ROWS * KCPU_R16_ROWS;
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p)
+        return false;
+    kcpu_r16_pack(w, 0, w->nrows, p);
+    w->r16 = p;
+    return true;
 }
 
 static void *make_act(ecs_type_t type, int64_t ncols, int nb)
@@ -227,20 +244,27 @@ static void bench_decode(ecs_threadpool_t *const *pools, const int *nths, int np
     static const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q6_K, ECS_TYPE_Q5_0, ECS_TYPE_Q8_0};
     const int64_t ncols = 4096;
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
-        const kcpu_mat_t w = make_matrix(types[ti], ncols, cfg->weight_bytes);
+        kcpu_mat_t w = make_matrix(types[ti], ncols, cfg->weight_bytes);
         void *act = make_act(types[ti], ncols, 1);
         float *y = xmalloc(sizeof(float) * (size_t)w.nrows);
-        for (int p = 0; p < npools; p++) {
-            const timing_t tm = time_matmul(pools[p], &w, act, 1, y, cfg->reps);
-            const double gbs = (double)(w.row_bytes * (size_t)w.nrows) / tm.wall * 1e-9;
-            printf("matvec  %-5s nb=1  threads=%d  %7.2f GB/s  %5.1f%% of triad  (%lld x %lld, "
-                   "%.1f MB, %.2f ms)%s\n",
-                   ecs_type_name(types[ti]), nths[p], gbs, 100.0 * gbs / triad[p],
-                   (long long)w.nrows, (long long)ncols,
-                   (double)(w.row_bytes * (size_t)w.nrows) / 1e6, tm.wall * 1e3, busy_note(tm));
-            fflush(stdout);
+        for (int il = 0; il < 2; il++) { /* rows, then the interleaved copy */
+            if (il && !add_r16(&w))
+                break;
+            for (int p = 0; p < npools; p++) {
+                const timing_t tm = time_matmul(pools[p], &w, act, 1, y, cfg->reps);
+                const size_t bytes =
+                    il ? kcpu_r16_bytes(w.type, w.nrows, ncols) : w.row_bytes * (size_t)w.nrows;
+                const double gbs = (double)bytes / tm.wall * 1e-9;
+                printf("matvec  %-5s%s nb=1  threads=%d  %7.2f GB/s  %5.1f%% of triad  (%lld x "
+                       "%lld, %.1f MB, %.2f ms)%s\n",
+                       ecs_type_name(types[ti]), il ? "/r16" : "", nths[p], gbs,
+                       100.0 * gbs / triad[p], (long long)w.nrows, (long long)ncols,
+                       (double)bytes / 1e6, tm.wall * 1e3, busy_note(tm));
+                fflush(stdout);
+            }
         }
         free((void *)w.data);
+        free((void *)w.r16);
         free(act);
         free(y);
     }
@@ -291,7 +315,7 @@ static void bench_kernels(void)
     };
     const int64_t ncols = 4096, nrows = 64;
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
-        const kcpu_mat_t w = make_matrix(types[ti], ncols, ecs_row_size(types[ti], ncols) * nrows);
+        kcpu_mat_t w = make_matrix(types[ti], ncols, ecs_row_size(types[ti], ncols) * nrows);
         void *act = make_act(types[ti], ncols, 4);
         float *y = xmalloc(sizeof(float) * (size_t)(nrows * 4));
         printf("kernel  %-5s", ecs_type_name(types[ti]));
@@ -301,9 +325,16 @@ static void bench_kernels(void)
                    (double)(w.row_bytes * (size_t)nrows) / dt * 1e-9,
                    dt * 1e9 / ((double)(nrows * ncols) / 256 * nb));
         }
+        if (add_r16(&w)) {
+            const double dt = time_matmul(NULL, &w, act, 1, y, 200).wall;
+            printf("  r16 nb=1 %6.2f GB/s %5.2f ns/256 values/row",
+                   (double)kcpu_r16_bytes(w.type, nrows, ncols) / dt * 1e-9,
+                   dt * 1e9 / ((double)(nrows * ncols) / 256));
+        }
         printf("\n");
         fflush(stdout);
         free((void *)w.data);
+        free((void *)w.r16);
         free(act);
         free(y);
     }

@@ -488,7 +488,7 @@ static void check_matmul(rng_t *r, ecs_type_t t, shape_t s, ecs_threadpool_t *tp
         random_floats(r, x, s.ncols, 0.05f);
         quantize_floats(t, x, wdata + (size_t)i * rb, s.ncols);
     }
-    const kcpu_mat_t w = {t, s.ncols, s.nrows, rb, wdata};
+    const kcpu_mat_t w = {t, s.ncols, s.nrows, rb, wdata, NULL};
     const kcpu_vec_dot_fn dot = kcpu_vec_dot_for(t, isa);
     cr_assert_not_null(dot);
     float *yg = xalloc(sizeof(float) * (size_t)(s.nrows * 64));
@@ -657,7 +657,7 @@ static bool exact_case(rng_t *r, ecs_type_t t, int64_t nrows, int64_t ncols, exa
     uint8_t *wd = xalloc(rb * (size_t)nrows);
     for (int64_t i = 0; i < nrows; i++)
         exact_weights(r, t, wd + (size_t)i * rb, ncols);
-    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd};
+    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd, NULL};
     c->act = xalloc(c->as * KCPU_MAX_BATCH);
     c->ref = xalloc(sizeof(float) * (size_t)(nrows * KCPU_MAX_BATCH));
     for (int b = 0; b < KCPU_MAX_BATCH; b++) {
@@ -745,7 +745,7 @@ static void every_nb_realistic(kcpu_isa_t isa)
             random_floats(&r, x, ncols, 2.0f);
             quantize_floats(vdt, x, act + (size_t)b * as, ncols);
         }
-        const kcpu_mat_t w = {t, ncols, nrows, rb, wd};
+        const kcpu_mat_t w = {t, ncols, nrows, rb, wd, NULL};
         /* reference and tolerance scale of every pair, once */
         float *ref = xalloc(sizeof(float) * (size_t)(nrows * KCPU_MAX_BATCH));
         double *mag = xalloc(sizeof(double) * (size_t)(nrows * KCPU_MAX_BATCH));
@@ -859,7 +859,7 @@ Test(kernels, act_bytes)
 Test(kernels, matmul_unknown_type_gives_nan)
 {
     uint8_t data[64] = {0}, act[64] = {0};
-    const kcpu_mat_t w = {(ecs_type_t)5, 32, 2, 32, data};
+    const kcpu_mat_t w = {(ecs_type_t)5, 32, 2, 32, data, NULL};
     float y[2] = {1.0f, 2.0f};
     kcpu_matmul_q(NULL, &w, act, 1, y, 2);
     cr_assert(isnan(y[0]) && isnan(y[1]));
@@ -887,4 +887,138 @@ Test(kernels, matmul_reserve)
     free(y);
     exact_case_free(&c);
     ecs_threadpool_destroy(tp);
+}
+
+/* ---- row-interleaved weights ---- */
+
+Test(kernels, r16_shapes)
+{
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q4_K, 16, 256), KCPU_R16_Q4_K_BLOCK);
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q4_K, 48, 2048), 3 * 8 * KCPU_R16_Q4_K_BLOCK);
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q4_K, 15, 256), 0, "rows not a multiple of 16");
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q4_K, 16, 300), 0, "partial block");
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q4_K, 0, 256), 0);
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q5_0, 16, 256), 0, "no layout for Q5_0");
+    cr_assert(kcpu_r16_fits(ECS_TYPE_Q4_K, 1408, 2048));
+    cr_assert_not(kcpu_r16_fits(ECS_TYPE_Q6_K, 16, 256));
+}
+
+/* One interleaved case: nrows Q4_K rows (realistic data or the exact-sum
+ * data), their interleaved copy, activations for nb rows. */
+typedef struct {
+    kcpu_mat_t w;  /* the rows, r16 NULL */
+    kcpu_mat_t wi; /* the same with r16 */
+    uint8_t *act;
+    size_t as;
+} r16_case_t;
+
+static void r16_case(rng_t *r, int64_t nrows, int64_t ncols, bool exact, r16_case_t *c)
+{
+    const ecs_type_t t = ECS_TYPE_Q4_K, vdt = vdt_of(t);
+    const size_t rb = ecs_row_size(t, ncols);
+    c->as = ecs_row_size(vdt, ncols);
+    uint8_t *wd = xalloc(rb * (size_t)nrows);
+    float *x = xalloc(sizeof(float) * (size_t)ncols);
+    for (int64_t i = 0; i < nrows; i++) {
+        if (exact) {
+            exact_weights(r, t, wd + (size_t)i * rb, ncols);
+        } else {
+            random_floats(r, x, ncols, 0.05f);
+            quantize_floats(t, x, wd + (size_t)i * rb, ncols);
+        }
+    }
+    c->act = xalloc(c->as * 8);
+    for (int b = 0; b < 8; b++) {
+        if (exact) {
+            exact_act(r, vdt, c->act + (size_t)b * c->as, ncols, 64);
+        } else {
+            random_floats(r, x, ncols, 2.0f);
+            quantize_floats(vdt, x, c->act + (size_t)b * c->as, ncols);
+        }
+    }
+    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd, NULL};
+    const size_t bytes = kcpu_r16_bytes(t, nrows, ncols);
+    cr_assert_gt(bytes, 0);
+    void *packed = aligned_alloc(64, bytes);
+    cr_assert_not_null(packed);
+    kcpu_r16_pack(&c->w, 0, nrows, packed);
+    c->wi = c->w;
+    c->wi.r16 = packed;
+    free(x);
+}
+
+static void r16_case_free(r16_case_t *c)
+{
+    free((void *)c->w.data);
+    free((void *)c->wi.r16);
+    free(c->act);
+}
+
+/* y = w x act row b, every way the kernels can take it: the interleaved
+ * copy must give the bits of the rows (and of a batch of 4), on any thread
+ * count and for views that start inside the matrix. */
+static void r16_check(const r16_case_t *c, ecs_threadpool_t *tp, int b)
+{
+    const int64_t n = c->w.nrows;
+    float *plain = xalloc(sizeof(float) * (size_t)n), *got = xalloc(sizeof(float) * (size_t)n);
+    float *batch = xalloc(sizeof(float) * (size_t)n * 4);
+    const uint8_t *a = c->act + (size_t)b * c->as;
+    kcpu_matmul_q(tp, &c->w, a, 1, plain, n);
+    kcpu_matmul_q(tp, &c->wi, a, 1, got, n);
+    kcpu_matmul_q(tp, &c->wi, a, 4, batch, n);
+    for (int64_t i = 0; i < n; i++) {
+        cr_assert_eq(got[i], plain[i], "%lld x %lld row %lld: interleaved %.9g, rows %.9g",
+                     (long long)n, (long long)c->w.ncols, (long long)i, got[i], plain[i]);
+        cr_assert_eq(got[i], batch[i], "row %lld: interleaved %.9g, in a batch of 4 %.9g",
+                     (long long)i, got[i], batch[i]);
+    }
+    /* views: aligned (keeps r16), unaligned (drops it), a partial last group */
+    static const int64_t views[][2] = {{16, 16}, {5, 20}, {0, 9}, {16, 23}};
+    for (size_t v = 0; v < sizeof views / sizeof views[0]; v++) {
+        const int64_t r0 = views[v][0], len = views[v][1];
+        if (r0 + len > n)
+            continue;
+        const kcpu_mat_t sub = kcpu_mat_rows(&c->wi, r0, len);
+        cr_assert_eq(sub.r16 != NULL, r0 % KCPU_R16_ROWS == 0, "view at %lld", (long long)r0);
+        kcpu_matmul_q(tp, &sub, a, 1, got, len);
+        for (int64_t i = 0; i < len; i++)
+            cr_assert_eq(got[i], plain[r0 + i], "view [%lld, +%lld) row %lld: %.9g vs %.9g",
+                         (long long)r0, (long long)len, (long long)i, got[i], plain[r0 + i]);
+    }
+    free(plain), free(got), free(batch);
+}
+
+Test(kernels, r16_same_bits_as_rows)
+{
+    static const int64_t shapes[][2] = {{16, 256}, {48, 512}, {32, 768}, {64, 2048}, {1408, 2048}};
+    rng_t r = {47};
+    ecs_threadpool_t *tp1 = NULL, *tp2 = NULL;
+    cr_assert_eq(ecs_threadpool_create(1, &tp1), ECS_OK);
+    cr_assert_eq(ecs_threadpool_create(2, &tp2), ECS_OK);
+    const bool have = kcpu_gemm(ECS_TYPE_Q4_K).r16 != NULL;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        for (int exact = 0; exact < 2; exact++) {
+            r16_case_t c;
+            r16_case(&r, shapes[s][0], shapes[s][1], exact, &c);
+            for (int b = 0; b < 3; b++) {
+                r16_check(&c, tp1, b);
+                r16_check(&c, tp2, b);
+            }
+            if (exact) { /* integer sums: the reference's value exactly */
+                float *y = xalloc(sizeof(float) * (size_t)c.w.nrows);
+                kcpu_matmul_q(tp2, &c.wi, c.act, 1, y, c.w.nrows);
+                for (int64_t i = 0; i < c.w.nrows; i++)
+                    cr_assert_eq(y[i], ecs_vec_dot_ref(ECS_TYPE_Q4_K, c.w.ncols,
+                                                       (const uint8_t *)c.w.data +
+                                                           (size_t)i * c.w.row_bytes,
+                                                       c.act),
+                                 "exact sums, row %lld", (long long)i);
+                free(y);
+            }
+            r16_case_free(&c);
+        }
+    }
+    ecs_threadpool_destroy(tp1);
+    ecs_threadpool_destroy(tp2);
+    cr_log_info("interleaved Q4_K kernel on this ISA: %s", have ? "yes" : "no (rows used)");
 }

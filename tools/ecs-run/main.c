@@ -22,9 +22,10 @@
 #define MAX_TOP 4096
 
 typedef struct {
-    const char *model, *prompt, *tokens, *dump, *logits_of;
-    int n_predict, threads, ctx, top, pp, tg, reps;
+    const char *model, *prompt, *tokens, *dump, *logits_of, *repack_dir;
+    int n_predict, threads, ctx, top, pp, tg, reps, step;
     bool chat, tokenize, ignore_eos, expanded, absorbed, kv_f32, bench, seed_given, profile;
+    bool no_repack;
     sampler_params_t sp;
 } args_t;
 
@@ -46,9 +47,15 @@ static void usage(FILE *f)
             "                     position's top logits as JSON\n"
             "  --top K            entries per position in --dump-logits (default 5)\n"
             "  --logits-of IDS    also dump the logits of these ids at every position\n"
+            "  --step N           --dump-logits evaluates N tokens per step (default: as\n"
+            "                     many as a step takes; 1: every token a decode step)\n"
             "  --mla-expanded     deepseek2: cache expanded K/V (reference path)\n"
             "  --mla-absorbed     deepseek2: absorbed attention for prompt steps too\n"
             "  --kv-f32           keep the KV cache in F32 (exact attention, for references)\n"
+            "  --repack DIR       where the decode copy of the weights is cached (default:\n"
+            "                     $ECS_CACHE_DIR, else $XDG_CACHE_HOME/ecs, else ~/.cache/ecs);\n"
+            "                     made on first use, the size of the Q4_K weights on disk\n"
+            "  --no-repack        decode from the GGUF alone (same results, slower)\n"
             "  --bench            time prompt processing of --pp random tokens (default 512)\n"
             "                     and decoding of --tg tokens (default 64) from an empty\n"
             "                     context and after the prompt; --reps R runs (default 1);\n"
@@ -133,7 +140,7 @@ static bool takes_value(const char *o)
     static const char *const opts[] = {"-m", "-p", "-n", "--tokens", "--dump-logits",
                                        "--logits-of", "--threads", "--ctx", "--top", "--top-k",
                                        "--seed", "--temp", "--top-p", "--min-p", "--pp", "--tg",
-                                       "--reps"};
+                                       "--reps", "--repack", "--step"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (!strcmp(o, opts[i]))
             return true;
@@ -163,6 +170,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         if (!strcmp(o, "--kv-f32")) { a->kv_f32 = true; continue; }
         if (!strcmp(o, "--bench")) { a->bench = true; continue; }
         if (!strcmp(o, "--profile")) { a->profile = true; continue; }
+        if (!strcmp(o, "--no-repack")) { a->no_repack = true; continue; }
         if (!takes_value(o))
             return fail("unknown option %s (see --help)", o);
         if (i + 1 >= argc)
@@ -175,6 +183,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--tokens")) a->tokens = v;
         else if (!strcmp(o, "--dump-logits")) a->dump = v;
         else if (!strcmp(o, "--logits-of")) a->logits_of = v;
+        else if (!strcmp(o, "--repack")) a->repack_dir = v;
         else if (!strcmp(o, "-n")) {
             if (!parse_long(v, 0, MODEL_MAX_CTX, &l)) return fail("-n: bad count '%s'", v);
             a->n_predict = (int)l;
@@ -187,6 +196,9 @@ static int parse_args(int argc, char **argv, args_t *a)
         } else if (!strcmp(o, "--pp") || !strcmp(o, "--tg")) {
             if (!parse_long(v, 0, MODEL_MAX_CTX, &l)) return fail("%s: bad count '%s'", o, v);
             *(o[3] == 'p' ? &a->pp : &a->tg) = (int)l;
+        } else if (!strcmp(o, "--step")) {
+            if (!parse_long(v, 1, MODEL_MAX_BATCH, &l)) return fail("--step: bad count '%s'", v);
+            a->step = (int)l;
         } else if (!strcmp(o, "--reps")) {
             if (!parse_long(v, 1, 1000, &l)) return fail("--reps: bad count '%s'", v);
             a->reps = (int)l;
@@ -231,6 +243,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         return fail("--tokenize needs -p PROMPT");
     if (a->logits_of && !a->dump)
         return fail("--logits-of needs --dump-logits");
+    if (a->step && !a->dump)
+        return fail("--step needs --dump-logits");
     if (sampler_params_check(&a->sp) != ECS_OK)
         return fail("%s", ecs_errmsg());
     return 0;
@@ -353,8 +367,9 @@ static int cmd_dump(model_t *m, model_ctx_t *c, const args_t *a, const int32_t *
     for (int i = 0; i < n; i++)
         fprintf(f, "%s%" PRId32, i ? ", " : "", toks[i]);
     fprintf(f, "],\n \"positions\": [\n");
-    for (int s = 0; s < n && rc == 0; s += MODEL_MAX_BATCH) {
-        int nb = n - s < MODEL_MAX_BATCH ? n - s : MODEL_MAX_BATCH;
+    const int step = a->step ? a->step : MODEL_MAX_BATCH;
+    for (int s = 0; s < n && rc == 0; s += step) {
+        const int nb = n - s < step ? n - s : step;
         if (model_eval(c, toks + s, nb, buf, true) != ECS_OK) {
             rc = fail("eval: %s", ecs_errmsg());
             break;
@@ -364,7 +379,7 @@ static int cmd_dump(model_t *m, model_ctx_t *c, const args_t *a, const int32_t *
             top_k(l, V, k, ids);
             fprintf(f, "  [");
             for (int j = 0; j < k; j++)
-                fprintf(f, "%s[%" PRId32 ", %.7g]", j ? ", " : "", ids[j], l[ids[j]]);
+                fprintf(f, "%s[%" PRId32 ", %.9g]", j ? ", " : "", ids[j], l[ids[j]]);
             fprintf(f, "]%s\n", s + i + 1 < n ? "," : "");
             for (int j = 0; j < n_extra; j++)
                 xv[(size_t)(s + i) * n_extra + j] = l[extra[j]];
@@ -379,7 +394,7 @@ static int cmd_dump(model_t *m, model_ctx_t *c, const args_t *a, const int32_t *
         for (int i = 0; i < n; i++) {
             fprintf(f, "  [");
             for (int j = 0; j < n_extra; j++)
-                fprintf(f, "%s%.7g", j ? ", " : "", xv[(size_t)i * n_extra + j]);
+                fprintf(f, "%s%.9g", j ? ", " : "", xv[(size_t)i * n_extra + j]);
             fprintf(f, "]%s\n", i + 1 < n ? "," : "");
         }
         fprintf(f, " ]}");
@@ -759,6 +774,39 @@ static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
     return rc;
 }
 
+/* The decode copy's directory: --repack, else the environment's cache
+ * directory; NULL (none) with --no-repack or without any. */
+static const char *repack_dir(const args_t *a, char *buf, size_t cap)
+{
+    if (a->no_repack)
+        return NULL;
+    if (a->repack_dir)
+        return a->repack_dir;
+    const char *e = getenv("ECS_CACHE_DIR");
+    if (e && *e)
+        return e;
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (x && *x && (size_t)snprintf(buf, cap, "%s/ecs", x) < cap)
+        return buf;
+    if (h && *h && (size_t)snprintf(buf, cap, "%s/.cache/ecs", h) < cap)
+        return buf;
+    return NULL;
+}
+
+/* Says what became of the decode copy: made now (it took the load's time),
+ * or not in use and why. */
+static void repack_report(const model_t *m, double load_s)
+{
+    const char *path, *note = model_repack_note(m);
+    bool made;
+    const size_t bytes = model_repack_bytes(m, &path, &made);
+    if (note)
+        fprintf(stderr, "ecs-run: warning: %s; decoding from the GGUF alone\n", note);
+    else if (made)
+        fprintf(stderr, "repack: wrote %s (%.1f MB) in %.1f s\n", path, (double)bytes / 1e6,
+                load_s);
+}
+
 int main(int argc, char **argv)
 {
     args_t a;
@@ -767,9 +815,13 @@ int main(int argc, char **argv)
     if (a.tokenize)
         return cmd_tokenize(&a);
     model_t *m;
-    model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads, .profile = a.profile};
+    char cache[4096];
+    model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads, .profile = a.profile,
+                         .repack_dir = repack_dir(&a, cache, sizeof cache)};
+    const double t0 = now_s();
     if (model_load(a.model, &opts, &m) != ECS_OK)
         return fail("%s", ecs_errmsg());
+    repack_report(m, now_s() - t0);
     const unsigned flags =
         ctx_flags(&a);
     if (a.bench) {
