@@ -65,11 +65,17 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *w, int64_t r0, int64_t n);
  * each group of 16 rows (nrows a multiple of 16) and each 256-value block,
  * 2368 bytes: d[16], dmin[16] (fp16), the 6-bit scales [8][16] and mins
  * [8][16] as bytes, then qs as [4 chunks][8 words][16 rows] 32-bit words
- * (word k of chunk c of a row: its qs bytes 32 c + 4 k .. + 3). */
+ * (word k of chunk c of a row: its qs bytes 32 c + 4 k .. + 3). Q5_0 and
+ * Q8_0: the same bytes per row as the GGUF (r16.c has the details). */
 #define KCPU_R16_ROWS 16
-#define KCPU_R16_Q4_K_BLOCK 2368
+/* Changes whenever the layout does: copies made for another are remade. */
+#define KCPU_R16_LAYOUT 2
+#define KCPU_R16_Q4_K_BLOCK 2368 /* 16 rows x 256 values */
+#define KCPU_R16_Q5_0_BLOCK 352  /* 16 rows x 32 values */
+#define KCPU_R16_Q8_0_BLOCK 544
 
-/* Whether a type/shape has the layout (Q4_K, nrows % 16 == 0, ncols % 256 == 0). */
+/* Whether a type/shape has the layout: Q4_K (ncols % 256 == 0), Q5_0 and
+ * Q8_0 (ncols % 64 == 0), nrows % 16 == 0, ncols >= KCPU_GEMM_SB. */
 bool kcpu_r16_fits(ecs_type_t type, int64_t nrows, int64_t ncols);
 /* Bytes of the interleaved copy of rows of that shape (0 if it does not fit). */
 size_t kcpu_r16_bytes(ecs_type_t type, int64_t nrows, int64_t ncols);

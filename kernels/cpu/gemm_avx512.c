@@ -908,28 +908,47 @@ INLINE void rows_impl(ecs_type_t T, int NA, int64_t n, const void *w, const void
 #define R16_MN 192
 #define R16_QS 320
 
-/* Index of group G in GROUPS_K4 (GROUPS_K4 inverted), the pack_act1
- * position of its values. A table, so that unrolled loops fold it. */
+/* Index of group G in the type's group order (GROUPS_K4 inverted, or G),
+ * the pack_act1 position of its values. A table, so that unrolled loops
+ * fold it. */
 static const uint8_t K4_INDEX[16] = {0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15};
 
-INLINE int k4_index(int G)
+INLINE int grp_index(ecs_type_t T, int G)
 {
-    return K4_INDEX[G];
+    return T == ECS_TYPE_Q4_K ? K4_INDEX[G] : G;
 }
 
 /* Lane of group G after the transpose (lane_groups inverted). */
-INLINE int k4_lane(int G)
+INLINE int grp_lane(ecs_type_t T, int G)
 {
-    const int i = k4_index(G);
+    const int i = grp_index(T, G);
     return 4 * (i % 4) + i / 4;
 }
 
 /* Byte offset of value v (0..31) of group G in a pack_act1 superblock:
- * vector 4 (v / 16) + k, 128-bit lane q, where GROUPS_K4[4 k + q] = G. */
-INLINE size_t k4_act_off(int G, int v)
+ * vector 4 (v / 16) + k, 128-bit lane q, where groups[4 k + q] = G. */
+INLINE size_t grp_act_off(ecs_type_t T, int G, int v)
 {
-    const int i = k4_index(G);
+    const int i = grp_index(T, G);
     return (size_t)(64 * (4 * (v / 16) + i / 4) + 16 * (i % 4) + v % 16);
+}
+
+INLINE float act_lane_f(const uint8_t *a, size_t off, int L)
+{
+    float x;
+    memcpy(&x, a + off + 4 * (size_t)L, 4);
+    return x;
+}
+
+/* acc[G] for G in lane order, summed as row1_impl's reduce16 does. */
+INLINE void r16_store(ecs_type_t T, __m512 *acc, float *out)
+{
+    const uint8_t *groups = type_groups(T);
+    __m512 lanes[16];
+#pragma GCC unroll 16
+    for (int L = 0; L < 16; L++)
+        lanes[L] = acc[groups[4 * (L % 4) + L / 4]];
+    _mm512_storeu_ps(out, reduce16_v(lanes));
 }
 
 INLINE __m512i bcast32(const uint8_t *p)
@@ -939,23 +958,20 @@ INLINE __m512i bcast32(const uint8_t *p)
     return _mm512_set1_epi32(x);
 }
 
-/* acc[G] += group G's term (chain t), as row1_sb adds it to lane k4_lane(G). */
+/* acc[G] += group G's term (chain t), as row1_sb adds it to lane grp_lane(G). */
 INLINE void r16_group(const uint8_t *blk, const uint8_t *a, int G, __m512i t, __m512 d,
                       __m512 mdmin, __m512 *acc)
 {
-    const int g = G % 8, L = k4_lane(G);
+    const int g = G % 8, L = grp_lane(ECS_TYPE_Q4_K, G);
     const __m512 sc = _mm512_mul_ps(
         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + R16_SC + 16 * g)))),
         d);
     const __m512 mn = _mm512_mul_ps(
         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + R16_MN + 16 * g)))),
         mdmin);
-    float asc, amn;
-    memcpy(&asc, a + a_sc(8) + 4 * L, 4);
-    memcpy(&amn, a + a_mn(8) + 4 * L, 4);
-    const __m512 s2 = _mm512_mul_ps(sc, _mm512_set1_ps(asc));
+    const __m512 s2 = _mm512_mul_ps(sc, _mm512_set1_ps(act_lane_f(a, a_sc(8), L)));
     acc[G] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[G]);
-    acc[G] = _mm512_fmadd_ps(mn, _mm512_set1_ps(amn), acc[G]);
+    acc[G] = _mm512_fmadd_ps(mn, _mm512_set1_ps(act_lane_f(a, a_mn(8), L)), acc[G]);
 }
 
 /* Block j (0, 1) of the superblock whose activations are at a. */
@@ -972,9 +988,9 @@ INLINE void r16_block(const uint8_t *blk, const uint8_t *a, int j, __m512 *acc)
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             const __m512i q = _mm512_load_si512((const void *)(blk + R16_QS + 64 * (8 * c + k)));
-            t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(q, m4), bcast32(a + k4_act_off(G0, 4 * k)));
+            t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(q, m4), bcast32(a + grp_act_off(ECS_TYPE_Q4_K, G0, 4 * k)));
             t1 = _mm512_dpbusd_epi32(t1, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
-                                     bcast32(a + k4_act_off(G1, 4 * k)));
+                                     bcast32(a + grp_act_off(ECS_TYPE_Q4_K, G1, 4 * k)));
         }
         r16_group(blk, a, G0, t0, d, mdmin, acc);
         r16_group(blk, a, G1, t1, d, mdmin, acc);
@@ -998,11 +1014,78 @@ static void q4_K_r16(const void *w, int64_t ncols, const void *a, float *out)
             blk += KCPU_R16_Q4_K_BLOCK;
         }
     }
-    __m512 lanes[16]; /* in lane order */
+    r16_store(ECS_TYPE_Q4_K, acc, out);
+}
+
+/* Q5_0 / Q8_0 (r16.c's pairs of blocks; u: the superblock's first pair):
+ * block G's chain starts, as the row kernels' does, at the activation's
+ * -offset x group sum, then one scale multiply and one FMA as in row1_sb. */
+INLINE void r16_legacy_group(ecs_type_t T, const uint8_t *u, const uint8_t *a, int G,
+                             __m512 *acc)
+{
+    const bool q5 = T == ECS_TYPE_Q5_0;
+    const int W = q5 ? 4 : 8, L = grp_lane(T, G), h = G % 2;
+    const uint8_t *pair = u + (size_t)(G / 2) * 2 * (q5 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK);
+    const uint8_t *qp = pair + 64 * W * h, *masks = pair + 128 * W + 64 * h;
+    const uint8_t *dp = pair + 128 * W + (q5 ? 128 : 0) + 32 * h;
+    int32_t init;
+    memcpy(&init, a + a_init(8) + 4 * L, 4);
+    __m512i t = _mm512_set1_epi32(init);
+    if (q5) {
+        const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m512i q = _mm512_load_si512((const void *)(qp + 64 * k));
+            __mmask64 h0, h1;
+            memcpy(&h0, masks + 16 * k, 8);
+            memcpy(&h1, masks + 16 * k + 8, 8);
+            const __m512i lo = _mm512_and_si512(q, m4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            t = _mm512_dpbusd_epi32(t, _mm512_mask_add_epi8(lo, h0, lo, b16),
+                                    bcast32(a + grp_act_off(T, G, 4 * k)));
+            t = _mm512_dpbusd_epi32(t, _mm512_mask_add_epi8(hi, h1, hi, b16),
+                                    bcast32(a + grp_act_off(T, G, 16 + 4 * k)));
+        }
+    } else {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            t = _mm512_dpbusd_epi32(t, _mm512_load_si512((const void *)(qp + 64 * k)),
+                                    bcast32(a + grp_act_off(T, G, 4 * k)));
+    }
+    const __m512 sc = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dp));
+    const __m512 s2 = _mm512_mul_ps(sc, _mm512_set1_ps(act_lane_f(a, a_sc(8), L)));
+    acc[G] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[G]);
+}
+
+INLINE void legacy_r16(ecs_type_t T, const void *w, int64_t ncols, const void *a, float *out)
+{
+    const int64_t nblk = ncols / QK;
+    const size_t asb = a_sb_bytes(8, false);
+    const size_t bb = T == ECS_TYPE_Q5_0 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK;
+    const uint8_t *u = w, *ap = a;
+    __m512 acc[16];
 #pragma GCC unroll 16
-    for (int L = 0; L < 16; L++)
-        lanes[L] = acc[GROUPS_K4[4 * (L % 4) + L / 4]];
-    _mm512_storeu_ps(out, reduce16_v(lanes));
+    for (int G = 0; G < 16; G++)
+        acc[G] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nblk; b += 16, ap += asb) {
+        const int ub = nblk - b < 16 ? (int)(nblk - b) : 16;
+#pragma GCC unroll 16
+        for (int G = 0; G < 16; G++)
+            if (G < ub)
+                r16_legacy_group(T, u, ap, G, acc);
+        u += (size_t)ub * bb;
+    }
+    r16_store(T, acc, out);
+}
+
+static void q5_0_r16(const void *w, int64_t ncols, const void *a, float *out)
+{
+    legacy_r16(ECS_TYPE_Q5_0, w, ncols, a, out);
+}
+
+static void q8_0_r16(const void *w, int64_t ncols, const void *a, float *out)
+{
+    legacy_r16(ECS_TYPE_Q8_0, w, ncols, a, out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1050,9 +1133,17 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
     switch (wtype) {
     case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0);
     case ECS_TYPE_Q4_1: return G(q4_1, ECS_TYPE_Q4_1, tile_8_1);
-    case ECS_TYPE_Q5_0: return G(q5_0, ECS_TYPE_Q5_0, tile_8_0);
+    case ECS_TYPE_Q5_0: {
+        kcpu_gemm_t g = G(q5_0, ECS_TYPE_Q5_0, tile_8_0);
+        g.r16 = q5_0_r16;
+        return g;
+    }
     case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1, tile_8_1);
-    case ECS_TYPE_Q8_0: return G(q8_0, ECS_TYPE_Q8_0, tile_8_0);
+    case ECS_TYPE_Q8_0: {
+        kcpu_gemm_t g = G(q8_0, ECS_TYPE_Q8_0, tile_8_0);
+        g.r16 = q8_0_r16;
+        return g;
+    }
     case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1);
     case ECS_TYPE_Q3_K: return G(q3_K, ECS_TYPE_Q3_K, tile_4_0);
     case ECS_TYPE_Q4_K: {

@@ -7,17 +7,33 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/kscales.h"
 
+/* Bytes per block of 16 rows; 0: no layout. */
+static size_t block_bytes(ecs_type_t type)
+{
+    switch (type) {
+    case ECS_TYPE_Q4_K: return KCPU_R16_Q4_K_BLOCK;
+    case ECS_TYPE_Q5_0: return KCPU_R16_Q5_0_BLOCK;
+    case ECS_TYPE_Q8_0: return KCPU_R16_Q8_0_BLOCK;
+    default: return 0;
+    }
+}
+
+static int64_t block_cols(ecs_type_t type) { return type == ECS_TYPE_Q4_K ? ECS_QK_K : ECS_QK; }
+
 bool kcpu_r16_fits(ecs_type_t type, int64_t nrows, int64_t ncols)
 {
-    return type == ECS_TYPE_Q4_K && nrows > 0 && nrows % KCPU_R16_ROWS == 0 && ncols > 0 &&
-           ncols % ECS_QK_K == 0;
+    /* legacy superblocks: an even number of blocks keeps every part aligned */
+    const int64_t cols = type == ECS_TYPE_Q4_K ? ECS_QK_K : 2 * ECS_QK;
+    return block_bytes(type) && nrows > 0 && nrows % KCPU_R16_ROWS == 0 &&
+           ncols >= KCPU_GEMM_SB && ncols % cols == 0;
 }
 
 size_t kcpu_r16_bytes(ecs_type_t type, int64_t nrows, int64_t ncols)
 {
     if (!kcpu_r16_fits(type, nrows, ncols))
         return 0;
-    return (size_t)(nrows / KCPU_R16_ROWS) * (size_t)(ncols / ECS_QK_K) * KCPU_R16_Q4_K_BLOCK;
+    return (size_t)(nrows / KCPU_R16_ROWS) * (size_t)(ncols / block_cols(type)) *
+           block_bytes(type);
 }
 
 /* Offsets inside a Q4_K row group's block. */
@@ -46,14 +62,63 @@ static void pack_q4_K_block(const uint8_t *rows, size_t row_bytes, int64_t b, ui
     }
 }
 
+/* Q5_0 / Q8_0: pairs of blocks, each pair's bytes together (decode streams
+ * them in order; parts kept in separate runs slowed the stream from DRAM):
+ * qs [2][W][16 rows] 32-bit words, W = 4 (Q5_0: word k's low nibbles are
+ * values 4 k.., the high ones 16 + 4 k..) or 8 (Q8_0: values 4 k.., stored
+ * + 128 as the kernels' unsigned levels); Q5_0 only, the fifth bits as byte
+ * masks [2][8] (mask 2 k + h: bit 4 r + j is the fifth bit of value
+ * 16 h + 4 k + j of row r); d [2][16 rows] (fp16). */
+static void pack_legacy_pair(ecs_type_t type, const uint8_t *rows, size_t row_bytes, int64_t b0,
+                             uint8_t *out)
+{
+    const bool q5 = type == ECS_TYPE_Q5_0;
+    const int W = q5 ? 4 : 8;
+    uint8_t *qp = out, *mp = out + 2 * 64 * W, *dp = mp + (q5 ? 128 : 0);
+    memset(mp, 0, q5 ? 128 : 0);
+    for (int r = 0; r < KCPU_R16_ROWS; r++) {
+        const uint8_t *row = rows + (size_t)r * row_bytes;
+        for (int b = 0; b < 2; b++) {
+            uint8_t q[32]; /* 4 W bytes: the words of the block */
+            if (q5) {
+                const ecs_block_q5_0 *x = (const ecs_block_q5_0 *)row + b0 + b;
+                memcpy(dp + 32 * b + 2 * r, &x->d, 2);
+                memcpy(q, x->qs, 16);
+                uint32_t qh;
+                memcpy(&qh, x->qh, 4);
+                for (int m = 0; m < 8; m++) {
+                    const uint64_t bits = (qh >> (16 * (m % 2) + 4 * (m / 2))) & 0xF;
+                    uint64_t mk;
+                    memcpy(&mk, mp + 64 * b + 8 * m, 8);
+                    mk |= bits << (4 * r);
+                    memcpy(mp + 64 * b + 8 * m, &mk, 8);
+                }
+            } else {
+                const ecs_block_q8_0 *x = (const ecs_block_q8_0 *)row + b0 + b;
+                memcpy(dp + 32 * b + 2 * r, &x->d, 2);
+                for (int i = 0; i < 32; i++)
+                    q[i] = (uint8_t)(x->qs[i] + 128);
+            }
+            for (int k = 0; k < W; k++)
+                memcpy(qp + (size_t)64 * (W * b + k) + 4 * r, q + 4 * k, 4);
+        }
+    }
+}
+
 void kcpu_r16_pack(const kcpu_mat_t *w, int64_t r0, int64_t n, void *out)
 {
-    const int64_t nblk = w->ncols / ECS_QK_K;
+    const int64_t nblk = w->ncols / block_cols(w->type);
+    const size_t bb = block_bytes(w->type);
     uint8_t *o = out;
     for (int64_t g = r0; g < r0 + n; g += KCPU_R16_ROWS) {
         const uint8_t *rows = (const uint8_t *)w->data + (size_t)g * w->row_bytes;
-        for (int64_t b = 0; b < nblk; b++, o += KCPU_R16_Q4_K_BLOCK)
-            pack_q4_K_block(rows, w->row_bytes, b, o);
+        if (w->type == ECS_TYPE_Q4_K) {
+            for (int64_t b = 0; b < nblk; b++, o += bb)
+                pack_q4_K_block(rows, w->row_bytes, b, o);
+            continue;
+        }
+        for (int64_t b = 0; b < nblk; b += 2, o += 2 * bb)
+            pack_legacy_pair(w->type, rows, w->row_bytes, b, o);
     }
 }
 

@@ -898,9 +898,16 @@ Test(kernels, r16_shapes)
     cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q4_K, 15, 256), 0, "rows not a multiple of 16");
     cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q4_K, 16, 300), 0, "partial block");
     cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q4_K, 0, 256), 0);
-    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q5_0, 16, 256), 0, "no layout for Q5_0");
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q5_0, 16, 256), 8 * KCPU_R16_Q5_0_BLOCK);
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q8_0, 32, 1408), 2 * 44 * KCPU_R16_Q8_0_BLOCK);
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q5_0, 16, 288), 0, "odd block count");
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q8_0, 16, 128), 0, "shorter than KCPU_GEMM_SB");
+    /* same bytes as the rows */
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q5_0, 16, 512), 16 * ecs_row_size(ECS_TYPE_Q5_0, 512));
+    cr_assert_eq(kcpu_r16_bytes(ECS_TYPE_Q8_0, 16, 512), 16 * ecs_row_size(ECS_TYPE_Q8_0, 512));
     cr_assert(kcpu_r16_fits(ECS_TYPE_Q4_K, 1408, 2048));
-    cr_assert_not(kcpu_r16_fits(ECS_TYPE_Q6_K, 16, 256));
+    cr_assert_not(kcpu_r16_fits(ECS_TYPE_Q6_K, 16, 256), "no layout for Q6_K");
+    cr_assert_not(kcpu_r16_fits(ECS_TYPE_Q4_0, 16, 256), "no layout for Q4_0");
 }
 
 /* One interleaved case: nrows Q4_K rows (realistic data or the exact-sum
@@ -912,9 +919,10 @@ typedef struct {
     size_t as;
 } r16_case_t;
 
-static void r16_case(rng_t *r, int64_t nrows, int64_t ncols, bool exact, r16_case_t *c)
+static void r16_case(rng_t *r, ecs_type_t t, int64_t nrows, int64_t ncols, bool exact,
+                     r16_case_t *c)
 {
-    const ecs_type_t t = ECS_TYPE_Q4_K, vdt = vdt_of(t);
+    const ecs_type_t vdt = vdt_of(t);
     const size_t rb = ecs_row_size(t, ncols);
     c->as = ecs_row_size(vdt, ncols);
     uint8_t *wd = xalloc(rb * (size_t)nrows);
@@ -928,9 +936,11 @@ static void r16_case(rng_t *r, int64_t nrows, int64_t ncols, bool exact, r16_cas
         }
     }
     c->act = xalloc(c->as * 8);
+    int64_t amp = ((1 << 24) - 1) / (2 * ncols * level_bound(t)); /* as exact_case */
+    amp = amp > 64 ? 64 : amp < 1 ? 1 : amp;
     for (int b = 0; b < 8; b++) {
         if (exact) {
-            exact_act(r, vdt, c->act + (size_t)b * c->as, ncols, 64);
+            exact_act(r, vdt, c->act + (size_t)b * c->as, ncols, (int)amp);
         } else {
             random_floats(r, x, ncols, 2.0f);
             quantize_floats(vdt, x, c->act + (size_t)b * c->as, ncols);
@@ -967,8 +977,9 @@ static void r16_check(const r16_case_t *c, ecs_threadpool_t *tp, int b)
     kcpu_matmul_q(tp, &c->wi, a, 1, got, n);
     kcpu_matmul_q(tp, &c->wi, a, 4, batch, n);
     for (int64_t i = 0; i < n; i++) {
-        cr_assert_eq(got[i], plain[i], "%lld x %lld row %lld: interleaved %.9g, rows %.9g",
-                     (long long)n, (long long)c->w.ncols, (long long)i, got[i], plain[i]);
+        cr_assert_eq(got[i], plain[i], "%s %lld x %lld row %lld: interleaved %.9g, rows %.9g",
+                     ecs_type_name(c->w.type), (long long)n, (long long)c->w.ncols, (long long)i,
+                     got[i], plain[i]);
         cr_assert_eq(got[i], batch[i], "row %lld: interleaved %.9g, in a batch of 4 %.9g",
                      (long long)i, got[i], batch[i]);
     }
@@ -988,18 +999,17 @@ static void r16_check(const r16_case_t *c, ecs_threadpool_t *tp, int b)
     free(plain), free(got), free(batch);
 }
 
-Test(kernels, r16_same_bits_as_rows)
+static void r16_same_bits(ecs_type_t t, const int64_t (*shapes)[2], size_t nshapes)
 {
-    static const int64_t shapes[][2] = {{16, 256}, {48, 512}, {32, 768}, {64, 2048}, {1408, 2048}};
     rng_t r = {47};
     ecs_threadpool_t *tp1 = NULL, *tp2 = NULL;
     cr_assert_eq(ecs_threadpool_create(1, &tp1), ECS_OK);
     cr_assert_eq(ecs_threadpool_create(2, &tp2), ECS_OK);
-    const bool have = kcpu_gemm(ECS_TYPE_Q4_K).r16 != NULL;
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    const bool have = kcpu_gemm(t).r16 != NULL;
+    for (size_t s = 0; s < nshapes; s++) {
         for (int exact = 0; exact < 2; exact++) {
             r16_case_t c;
-            r16_case(&r, shapes[s][0], shapes[s][1], exact, &c);
+            r16_case(&r, t, shapes[s][0], shapes[s][1], exact, &c);
             for (int b = 0; b < 3; b++) {
                 r16_check(&c, tp1, b);
                 r16_check(&c, tp2, b);
@@ -1008,11 +1018,11 @@ Test(kernels, r16_same_bits_as_rows)
                 float *y = xalloc(sizeof(float) * (size_t)c.w.nrows);
                 kcpu_matmul_q(tp2, &c.wi, c.act, 1, y, c.w.nrows);
                 for (int64_t i = 0; i < c.w.nrows; i++)
-                    cr_assert_eq(y[i], ecs_vec_dot_ref(ECS_TYPE_Q4_K, c.w.ncols,
+                    cr_assert_eq(y[i], ecs_vec_dot_ref(t, c.w.ncols,
                                                        (const uint8_t *)c.w.data +
                                                            (size_t)i * c.w.row_bytes,
                                                        c.act),
-                                 "exact sums, row %lld", (long long)i);
+                                 "%s exact sums, row %lld", ecs_type_name(t), (long long)i);
                 free(y);
             }
             r16_case_free(&c);
@@ -1020,5 +1030,22 @@ Test(kernels, r16_same_bits_as_rows)
     }
     ecs_threadpool_destroy(tp1);
     ecs_threadpool_destroy(tp2);
-    cr_log_info("interleaved Q4_K kernel on this ISA: %s", have ? "yes" : "no (rows used)");
+    cr_log_info("interleaved %s kernel on this ISA: %s", ecs_type_name(t),
+                have ? "yes" : "no (rows used)");
+}
+
+Test(kernels, r16_same_bits_as_rows_q4_K)
+{
+    static const int64_t shapes[][2] = {{16, 256}, {48, 512}, {32, 768}, {64, 2048}, {1408, 2048}};
+    r16_same_bits(ECS_TYPE_Q4_K, shapes, sizeof shapes / sizeof shapes[0]);
+}
+
+/* Q5_0 / Q8_0: whole and short superblocks (1408 = 2 x 512 + 384, 576 =
+ * 512 + 64), the ds2 expert down shape. */
+Test(kernels, r16_same_bits_as_rows_legacy)
+{
+    static const int64_t shapes[][2] = {{16, 256}, {48, 1408}, {32, 576}, {64, 2048},
+                                        {16, 320}, {2048, 1408}};
+    r16_same_bits(ECS_TYPE_Q5_0, shapes, sizeof shapes / sizeof shapes[0]);
+    r16_same_bits(ECS_TYPE_Q8_0, shapes, sizeof shapes / sizeof shapes[0]);
 }
