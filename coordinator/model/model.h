@@ -153,8 +153,12 @@ typedef struct {
      * cache file there on first load (a few seconds per GB, the size of the
      * matrices again on disk) and mapped, as the GGUF is, on later loads
      * while the GGUF is unchanged. Results are bit for bit the same, decode
-     * is faster. NULL: decode reads the GGUF. */
+     * is faster. Prompt steps still read the GGUF, so both files are read:
+     * the copy is only made / used when both fit in repack_ram bytes
+     * (0: 90 % of the physical memory), else the model reports why
+     * (model_repack_note). NULL: decode reads the GGUF. */
     const char *repack_dir;
+    size_t repack_ram;
 } model_opts_t;
 
 /* Maps and validates path; every tensor the architecture needs must exist
@@ -182,6 +186,8 @@ const char *model_repack_note(const model_t *m);
 /* Bytes of the mapped decode copy (0: none); its path, and whether this
  * load made it, where path / made are not NULL. */
 size_t model_repack_bytes(const model_t *m, const char **path, bool *made);
+/* The decode copy's mapping (NULL: none), model_repack_bytes long. */
+const void *model_repack_map(const model_t *m);
 /* Phases of a forward step, as model_profile reports them. */
 typedef enum {
     MODEL_PH_EMBED,     /* embedding rows, rope tables */

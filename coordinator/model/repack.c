@@ -203,6 +203,24 @@ static ecs_err_t cache_path(const char *dir, const char *gguf, char *out, size_t
     return ECS_OK;
 }
 
+/* Prompt steps read the GGUF and decode reads the copy: both must stay in
+ * the page cache, or every step reads the disk. */
+static ecs_err_t check_ram(const model_t *m, size_t copy)
+{
+    size_t ram = m->opts.repack_ram;
+    if (!ram) {
+        const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        ram = pages > 0 && page > 0 ? (size_t)pages / 10 * 9 * (size_t)page : 0;
+    }
+    const size_t gguf = gguf_file_size(m->file);
+    if (gguf + copy <= ram)
+        return ECS_OK;
+    return ecs_error(ECS_ERR_NOMEM,
+                     "repack: the GGUF (%.1f GB) and its decode copy (%.1f GB) would not both "
+                     "stay in memory (%.1f GB for them)",
+                     (double)gguf / 1e9, (double)copy / 1e9, (double)ram / 1e9);
+}
+
 static ecs_err_t repack(model_t *m, const char *dir)
 {
     struct stat st;
@@ -222,6 +240,8 @@ static ecs_err_t repack(model_t *m, const char *dir)
     if (e == ECS_OK && n)
         e = cache_path(dir, gpath, m->r16_path, sizeof m->r16_path);
     const size_t fb = head ? (size_t)((const r16_head_t *)head)->file_bytes : 0;
+    if (e == ECS_OK && n)
+        e = check_ram(m, fb);
     if (e == ECS_OK && n) {
         m->r16_map = map_cache(m->r16_path, head, hb, fb);
         if (!m->r16_map) {
@@ -259,6 +279,8 @@ void model_repack_free(model_t *m)
         munmap(m->r16_map, m->r16_bytes);
     m->r16_map = NULL;
 }
+
+const void *model_repack_map(const model_t *m) { return m->r16_map; }
 
 const char *model_repack_note(const model_t *m) { return m->r16_note[0] ? m->r16_note : NULL; }
 

@@ -57,6 +57,15 @@ for arch in deepseek2 qwen3moe; do
         bad "$arch: no warning for an unwritable cache: $(cat "$tmp/r6.json.err")"
     cmp -s "$tmp/plain.json" "$tmp/r6.json" || bad "$arch: logits differ without a cache"
     echo "ok   $arch: unwritable cache directory is a warning"
+
+    # too little memory for the GGUF and the copy: not made, a warning
+    ECS_REPACK_RAM=1000000 dump "$model" "$tmp/r7.json" --repack "$tmp/small-$arch" ||
+        bad "$arch: small memory fails the run"
+    grep -q "warning: repack: the GGUF (.* GB) and its decode copy (.* GB) would not both stay in memory" \
+        "$tmp/r7.json.err" || bad "$arch: no warning for small memory: $(cat "$tmp/r7.json.err")"
+    [ -e "$tmp/small-$arch/$arch.gguf.r16" ] && bad "$arch: copy made despite small memory"
+    cmp -s "$tmp/plain.json" "$tmp/r7.json" || bad "$arch: logits differ without a copy"
+    echo "ok   $arch: too little memory is a warning"
 done
 
 # bad flags are clear errors

@@ -54,8 +54,10 @@ static void usage(FILE *f)
             "  --kv-f32           keep the KV cache in F32 (exact attention, for references)\n"
             "  --repack DIR       where the decode copy of the weights is cached (default:\n"
             "                     $ECS_CACHE_DIR, else $XDG_CACHE_HOME/ecs, else ~/.cache/ecs);\n"
-            "                     made on first use, the size of the Q4_K weights on disk\n"
-            "  --no-repack        decode from the GGUF alone (same results, slower)\n"
+            "                     made on first use: a copy of the Q4_K, Q5_0, Q8_0 matrices\n"
+            "  --no-repack        decode from the GGUF alone (same results, slower); also\n"
+            "                     when the GGUF and the copy would not both fit in 90 %% of\n"
+            "                     the memory (ECS_REPACK_RAM=bytes: assume that much)\n"
             "  --bench            time prompt processing of --pp random tokens (default 512)\n"
             "                     and decoding of --tg tokens (default 64) from an empty\n"
             "                     context and after the prompt; --reps R runs (default 1);\n"
@@ -518,6 +520,9 @@ static double prefault(const model_t *m)
         for (size_t o = 0; o < t->nbytes; o += 4096)
             acc ^= p[o];
     }
+    const unsigned char *r = model_repack_map(m); /* the decode copy */
+    for (size_t o = 0, n = model_repack_bytes(m, NULL, NULL); r && o < n; o += 4096)
+        acc ^= r[o];
     sink = acc;
     (void)sink;
     return now_s() - t0;
@@ -818,6 +823,9 @@ int main(int argc, char **argv)
     char cache[4096];
     model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads, .profile = a.profile,
                          .repack_dir = repack_dir(&a, cache, sizeof cache)};
+    const char *ram = getenv("ECS_REPACK_RAM"); /* bytes to assume (tests, ops) */
+    if (ram && *ram)
+        opts.repack_ram = (size_t)strtoull(ram, NULL, 10);
     const double t0 = now_s();
     if (model_load(a.model, &opts, &m) != ECS_OK)
         return fail("%s", ecs_errmsg());
