@@ -997,26 +997,6 @@ INLINE void r16_block(const uint8_t *blk, const uint8_t *a, int j, __m512 *acc)
     }
 }
 
-static void q4_K_r16(const void *w, int64_t ncols, const void *a, float *out)
-{
-    const int64_t nblk = ncols / QK_K;
-    const size_t asb = a_sb_bytes(8, true);
-    const uint8_t *blk = w, *ap = a;
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int G = 0; G < 16; G++)
-        acc[G] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nblk; b += 2, ap += asb) {
-        r16_block(blk, ap, 0, acc);
-        blk += KCPU_R16_Q4_K_BLOCK;
-        if (b + 1 < nblk) {
-            r16_block(blk, ap, 1, acc);
-            blk += KCPU_R16_Q4_K_BLOCK;
-        }
-    }
-    r16_store(ECS_TYPE_Q4_K, acc, out);
-}
-
 /* Q5_0 / Q8_0 (r16.c's pairs of blocks; u: the superblock's first pair):
  * block G's chain starts, as the row kernels' does, at the activation's
  * -offset x group sum, then one scale multiply and one FMA as in row1_sb. */
@@ -1057,35 +1037,53 @@ INLINE void r16_legacy_group(ecs_type_t T, const uint8_t *u, const uint8_t *a, i
     acc[G] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[G]);
 }
 
-INLINE void legacy_r16(ecs_type_t T, const void *w, int64_t ncols, const void *a, float *out)
+/* One 512-value superblock at u: two Q4_K blocks (the second may be
+ * missing at the end of a row) or up to 16 Q5_0 / Q8_0 blocks; returns the
+ * bytes it took. */
+INLINE size_t r16_sb(ecs_type_t T, const uint8_t *u, int64_t left, const uint8_t *a, __m512 *acc)
 {
-    const int64_t nblk = ncols / QK;
-    const size_t asb = a_sb_bytes(8, false);
-    const size_t bb = T == ECS_TYPE_Q5_0 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK;
+    if (T == ECS_TYPE_Q4_K) {
+        r16_block(u, a, 0, acc);
+        if (left > 1)
+            r16_block(u + KCPU_R16_Q4_K_BLOCK, a, 1, acc);
+        return (left > 1 ? 2 : 1) * (size_t)KCPU_R16_Q4_K_BLOCK;
+    }
+    const int ub = left < 16 ? (int)left : 16;
+#pragma GCC unroll 16
+    for (int G = 0; G < 16; G++)
+        if (G < ub)
+            r16_legacy_group(T, u, a, G, acc);
+    return (size_t)ub * (T == ECS_TYPE_Q5_0 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK);
+}
+
+INLINE void r16_impl(ecs_type_t T, const void *w, int64_t ncols, const void *a, float *out)
+{
+    const int bpsb = T == ECS_TYPE_Q4_K ? 2 : 16; /* blocks per superblock */
+    const int64_t nblk = ncols / (T == ECS_TYPE_Q4_K ? QK_K : QK);
+    const size_t asb = a_sb_bytes(8, type_has_min(T));
     const uint8_t *u = w, *ap = a;
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int G = 0; G < 16; G++)
         acc[G] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nblk; b += 16, ap += asb) {
-        const int ub = nblk - b < 16 ? (int)(nblk - b) : 16;
-#pragma GCC unroll 16
-        for (int G = 0; G < 16; G++)
-            if (G < ub)
-                r16_legacy_group(T, u, ap, G, acc);
-        u += (size_t)ub * bb;
-    }
+    for (int64_t b = 0; b < nblk; b += bpsb, ap += asb)
+        u += r16_sb(T, u, nblk - b, ap, acc);
     r16_store(T, acc, out);
+}
+
+static void q4_K_r16(const void *w, int64_t ncols, const void *a, float *out)
+{
+    r16_impl(ECS_TYPE_Q4_K, w, ncols, a, out);
 }
 
 static void q5_0_r16(const void *w, int64_t ncols, const void *a, float *out)
 {
-    legacy_r16(ECS_TYPE_Q5_0, w, ncols, a, out);
+    r16_impl(ECS_TYPE_Q5_0, w, ncols, a, out);
 }
 
 static void q8_0_r16(const void *w, int64_t ncols, const void *a, float *out)
 {
-    legacy_r16(ECS_TYPE_Q8_0, w, ncols, a, out);
+    r16_impl(ECS_TYPE_Q8_0, w, ncols, a, out);
 }
 
 /* ------------------------------------------------------------------------ */

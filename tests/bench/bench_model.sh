@@ -13,6 +13,9 @@
 #   ECS_BENCH_THREADS threads (default 2)   ECS_BENCH_PP / ECS_BENCH_TG (512 / 64)
 #   ECS_BENCH_REPS    repetitions (default 1)
 #   ECS_BENCH_PROFILE=1 adds the time per phase of the forward pass
+#   ECS_BENCH_REPACK  both (default): runs with the decode copy of the weights
+#                     (ecs-run --repack, kept in models/ecs-cache) and without
+#                     it (--no-repack); on / off: only one of them
 # --quick: a smoke run on a tiny model made in a temporary folder.
 # Timed runs hold /tmp/ecs-bench.lock (flock) so that benchmarks of different
 # people do not overlap; the load average before and after is printed.
@@ -68,6 +71,17 @@ lock() {
 echo "load before: $(uptime)"
 profile=()
 [ "${ECS_BENCH_PROFILE:-0}" = 1 ] && profile=(--profile)
-lock "$run" -m "$model" --bench --pp "$pp" --tg "$tg" --reps "$reps" --threads "$threads" \
-    --ctx "$ctx" "${profile[@]}"
+modes=(on off)
+case "${ECS_BENCH_REPACK:-both}" in on) modes=(on) ;; off) modes=(off) ;; esac
+for mode in "${modes[@]}"; do
+    if [ "$mode" = on ]; then
+        echo "-- with the decode copy (--repack $(dirname "$model")/ecs-cache)"
+        flags=(--repack "$(dirname "$model")/ecs-cache")
+    else
+        echo "-- decoding from the GGUF (--no-repack)"
+        flags=(--no-repack)
+    fi
+    lock "$run" -m "$model" --bench --pp "$pp" --tg "$tg" --reps "$reps" --threads "$threads" \
+        --ctx "$ctx" "${flags[@]}" "${profile[@]}"
+done
 echo "load after:  $(uptime)"
