@@ -193,6 +193,27 @@ static void *map_cache(const char *path, const void *head, size_t hb, size_t fil
     return p;
 }
 
+/* mkdir -p dir (0 or -1 with errno). */
+static int make_dirs(const char *dir)
+{
+    char p[4096];
+    const size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof p) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(p, dir, n + 1);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *s = '/';
+    }
+    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 /* dir/<name of the GGUF>.r16 */
 static ecs_err_t cache_path(const char *dir, const char *gguf, char *out, size_t cap)
 {
@@ -245,7 +266,7 @@ static ecs_err_t repack(model_t *m, const char *dir)
     if (e == ECS_OK && n) {
         m->r16_map = map_cache(m->r16_path, head, hb, fb);
         if (!m->r16_map) {
-            if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            if (make_dirs(dir) != 0)
                 e = ecs_error(ECS_ERR_IO, "repack: cannot create %s: %s", dir, strerror(errno));
             else if ((e = write_cache(m->r16_path, head, hb, mats, n)) == ECS_OK)
                 m->r16_map = map_cache(m->r16_path, head, hb, fb);

@@ -50,6 +50,12 @@ for arch in deepseek2 qwen3moe; do
     ls "$cache" | grep -q tmp && bad "$arch: temporary files left in $cache"
     echo "ok   $arch: remade after touch, bad header, truncation"
 
+    # a directory that does not exist yet is made, parents included
+    dump "$model" "$tmp/r8.json" --repack "$tmp/new/a/b" || bad "$arch: run with a new directory"
+    [ -f "$tmp/new/a/b/$arch.gguf.r16" ] || bad "$arch: no copy in a new directory: $(cat "$tmp/r8.json.err")"
+    cmp -s "$tmp/plain.json" "$tmp/r8.json" || bad "$arch: logits differ in a new directory"
+    rm -rf "$tmp/new"
+
     # cannot be made: warning, still runs, same logits
     : >"$tmp/not-a-dir"
     dump "$model" "$tmp/r6.json" --repack "$tmp/not-a-dir/sub" || bad "$arch: unwritable cache fails the run"
