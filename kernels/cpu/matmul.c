@@ -61,7 +61,8 @@ typedef struct {
     size_t stride;
     kcpu_kernel_t k;
     bool tiled; /* nb >= KCPU_GEMM_MIN_NB: unpacked weight tiles */
-    bool r16;   /* nb = 1 and the matrix has its interleaved copy */
+    bool r16;   /* nb < KCPU_GEMM_MIN_NB and the matrix has its interleaved copy:
+                 * activations in the lone-row layout */
 } mm_view_t;
 
 /* ---- per-thread scratch ---- */
@@ -165,17 +166,21 @@ static bool gemm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_
 }
 
 /* Rows [r0, r1) (r0 a multiple of KCPU_R16_ROWS) from the interleaved
- * copy; a last partial group of rows from the rows themselves. */
+ * copy, each group of rows against every activation row while it is in
+ * L1; a last partial group of rows from the rows themselves. */
 static void r16_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
 {
     const kcpu_mat_t *w = t->w;
     const size_t group = kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols);
     int64_t r = r0;
     for (; r + KCPU_R16_ROWS <= r1; r += KCPU_R16_ROWS)
-        t->gemm.r16((const uint8_t *)w->r16 + (size_t)(r / KCPU_R16_ROWS) * group, w->ncols,
-                    v->act, t->y + r);
-    if (r < r1)
-        mm_rows(t, v, r, r1);
+        for (int b = 0; b < t->nb; b++)
+            t->gemm.r16((const uint8_t *)w->r16 + (size_t)(r / KCPU_R16_ROWS) * group, w->ncols,
+                        v->act + (size_t)b * v->stride, t->y + (int64_t)b * t->ldy + r);
+    for (; r < r1; r++) /* lone-row layout: one activation row per call */
+        for (int b = 0; b < t->nb; b++)
+            v->k.multi(w->ncols, (const uint8_t *)w->data + (size_t)r * w->row_bytes,
+                       v->act + (size_t)b * v->stride, v->stride, 1, t->y + (int64_t)b * t->ldy + r);
 }
 
 static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
@@ -197,14 +202,16 @@ static mm_view_t mm_view(const mm_task_t *t)
     uint8_t *packed = scratch(SCRATCH_ACT, t->packed_row * (size_t)t->nb);
     if (!packed)
         return v;
+    /* below KCPU_GEMM_MIN_NB rows the interleaved copy takes one row at a
+     * time (in the lone-row layout), where the matrix has one */
+    v.r16 = t->nb < KCPU_GEMM_MIN_NB && t->w->r16 && t->gemm.r16;
     for (int b = 0; b < t->nb; b++)
-        (t->nb == 1 ? t->gemm.pack_act1 : t->gemm.pack_act)(
+        (t->nb == 1 || v.r16 ? t->gemm.pack_act1 : t->gemm.pack_act)(
             t->act + (size_t)b * t->act_stride, t->w->ncols, packed + (size_t)b * t->packed_row);
     v.act = packed;
     v.stride = t->packed_row;
     v.k.multi = t->gemm.multi;
     v.tiled = t->nb >= KCPU_GEMM_MIN_NB;
-    v.r16 = t->nb == 1 && t->w->r16 && t->gemm.r16;
     return v;
 }
 
@@ -280,7 +287,7 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
         rows = min_rows;
     /* whole microkernels (not whole tiles: that unbalances the threads),
      * whole interleaved row groups */
-    const int64_t align = w->r16 && t.gemm.r16 && nb == 1 ? KCPU_R16_ROWS : t.gemm.mr;
+    const int64_t align = w->r16 && t.gemm.r16 && nb < KCPU_GEMM_MIN_NB ? KCPU_R16_ROWS : t.gemm.mr;
     if (t.gemm.w_sb)
         rows = (rows + align - 1) / align * align;
     t.chunk_rows = rows;

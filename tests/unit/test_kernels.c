@@ -974,6 +974,18 @@ static void r16_check(const r16_case_t *c, ecs_threadpool_t *tp, int b)
     float *batch = xalloc(sizeof(float) * (size_t)n * 4);
     const uint8_t *a = c->act + (size_t)b * c->as;
     kcpu_matmul_q(tp, &c->w, a, 1, plain, n);
+    /* 2 and 3 rows: the copy takes them one by one */
+    for (int nb = 2; nb <= 3; nb++) {
+        kcpu_matmul_q(tp, &c->wi, a, nb, batch, n);
+        for (int j = 0; j < nb; j++) {
+            kcpu_matmul_q(tp, &c->w, a + (size_t)j * c->as, 1, got, n);
+            for (int64_t i = 0; i < n; i++)
+                cr_assert_eq(batch[(int64_t)j * n + i], got[i],
+                             "%s nb=%d row %d/%lld: interleaved %.9g, rows %.9g",
+                             ecs_type_name(c->w.type), nb, j, (long long)i,
+                             batch[(int64_t)j * n + i], got[i]);
+        }
+    }
     kcpu_matmul_q(tp, &c->wi, a, 1, got, n);
     kcpu_matmul_q(tp, &c->wi, a, 4, batch, n);
     for (int64_t i = 0; i < n; i++) {
@@ -995,6 +1007,10 @@ static void r16_check(const r16_case_t *c, ecs_threadpool_t *tp, int b)
         for (int64_t i = 0; i < len; i++)
             cr_assert_eq(got[i], plain[r0 + i], "view [%lld, +%lld) row %lld: %.9g vs %.9g",
                          (long long)r0, (long long)len, (long long)i, got[i], plain[r0 + i]);
+        kcpu_matmul_q(tp, &sub, a, 2, batch, len); /* two rows: row 0 is a */
+        for (int64_t i = 0; i < len; i++)
+            cr_assert_eq(batch[i], plain[r0 + i], "view [%lld, +%lld) nb=2 row %lld",
+                         (long long)r0, (long long)len, (long long)i);
     }
     free(plain), free(got), free(batch);
 }
