@@ -153,10 +153,12 @@ typedef struct {
      * cache file there on first load (a few seconds per GB, the size of the
      * matrices again on disk) and mapped, as the GGUF is, on later loads
      * while the GGUF is unchanged. Results are bit for bit the same, decode
-     * is faster. Prompt steps still read the GGUF, so both files are read:
-     * the copy is only made / used when both fit in repack_ram bytes
-     * (0: 90 % of the physical memory), else the model reports why
-     * (model_repack_note). NULL: decode reads the GGUF. */
+     * is faster. The copied matrices are then read from the copy only
+     * (prompt steps unpack their tiles from it too), so what must stay in
+     * memory is the copy plus the rest of the GGUF: the copy is only made /
+     * used when that fits in repack_ram bytes (0: 90 % of the physical
+     * memory), else the model reports why (model_repack_note). NULL:
+     * everything is read from the GGUF. */
     const char *repack_dir;
     size_t repack_ram;
 } model_opts_t;
@@ -188,6 +190,9 @@ const char *model_repack_note(const model_t *m);
 size_t model_repack_bytes(const model_t *m, const char **path, bool *made);
 /* The decode copy's mapping (NULL: none), model_repack_bytes long. */
 const void *model_repack_map(const model_t *m);
+/* Whether the tensor whose data starts at data is read from the copy (its
+ * bytes in the GGUF are then not read at all). */
+bool model_repack_has(const model_t *m, const void *data);
 /* Phases of a forward step, as model_profile reports them. */
 typedef enum {
     MODEL_PH_EMBED,     /* embedding rows, rope tables */

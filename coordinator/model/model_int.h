@@ -211,6 +211,8 @@ struct model {
     /* repack.c: the interleaved decode copy (opts.repack_dir) */
     void *r16_map;
     size_t r16_bytes;
+    const void **r16_src; /* [r16_n] data of the copied matrices */
+    int r16_n;
     bool r16_made;        /* made by this load (not found) */
     char r16_path[4096];
     char r16_note[512];   /* why there is none, if it was asked for */

@@ -92,7 +92,7 @@ static int64_t job_align(const par_job_t *j)
     int64_t a = 1;
     if (j->kind == PAR_SWIGLU && j->hq)
         a = ecs_type_traits(j->hq_vdt)->blck_size;
-    if (j->w.r16 && j->nb < KCPU_GEMM_MIN_NB && a < KCPU_R16_ROWS)
+    if (j->w.r16 && a < KCPU_R16_ROWS)
         a = KCPU_R16_ROWS;
     return a;
 }

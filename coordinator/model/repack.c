@@ -224,22 +224,25 @@ static ecs_err_t cache_path(const char *dir, const char *gguf, char *out, size_t
     return ECS_OK;
 }
 
-/* Prompt steps read the GGUF and decode reads the copy: both must stay in
- * the page cache, or every step reads the disk. */
-static ecs_err_t check_ram(const model_t *m, size_t copy)
+/* The copied matrices are read from the copy alone (decode and prompt
+ * steps), the other tensors from the GGUF: both must stay in the page
+ * cache, or steps read the disk. */
+static ecs_err_t check_ram(const model_t *m, kcpu_mat_t *const *mats, int n, size_t copy)
 {
     size_t ram = m->opts.repack_ram;
     if (!ram) {
         const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         ram = pages > 0 && page > 0 ? (size_t)pages / 10 * 9 * (size_t)page : 0;
     }
-    const size_t gguf = gguf_file_size(m->file);
-    if (gguf + copy <= ram)
+    size_t rest = gguf_file_size(m->file);
+    for (int i = 0; i < n; i++)
+        rest -= (size_t)mats[i]->nrows * mats[i]->row_bytes;
+    if (rest + copy <= ram)
         return ECS_OK;
     return ecs_error(ECS_ERR_NOMEM,
-                     "repack: the GGUF (%.1f GB) and its decode copy (%.1f GB) would not both "
-                     "stay in memory (%.1f GB for them)",
-                     (double)gguf / 1e9, (double)copy / 1e9, (double)ram / 1e9);
+                     "repack: the decode copy (%.1f GB) and the rest of the GGUF (%.1f GB) would "
+                     "not stay in memory (%.1f GB for them)",
+                     (double)copy / 1e9, (double)rest / 1e9, (double)ram / 1e9);
 }
 
 static ecs_err_t repack(model_t *m, const char *dir)
@@ -262,7 +265,7 @@ static ecs_err_t repack(model_t *m, const char *dir)
         e = cache_path(dir, gpath, m->r16_path, sizeof m->r16_path);
     const size_t fb = head ? (size_t)((const r16_head_t *)head)->file_bytes : 0;
     if (e == ECS_OK && n)
-        e = check_ram(m, fb);
+        e = check_ram(m, mats, n, fb);
     if (e == ECS_OK && n) {
         m->r16_map = map_cache(m->r16_path, head, hb, fb);
         if (!m->r16_map) {
@@ -275,11 +278,19 @@ static ecs_err_t repack(model_t *m, const char *dir)
             m->r16_made = e == ECS_OK;
         }
     }
+    if (m->r16_map && !(m->r16_src = calloc((size_t)n, sizeof *m->r16_src))) {
+        munmap(m->r16_map, fb);
+        m->r16_map = NULL;
+        e = ecs_error(ECS_ERR_NOMEM, "repack: out of memory");
+    }
     if (m->r16_map) {
         m->r16_bytes = fb;
+        m->r16_n = n;
         const r16_entry_t *en = (const r16_entry_t *)((const uint8_t *)head + sizeof(r16_head_t));
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             mats[i]->r16 = (const uint8_t *)m->r16_map + en[i].off;
+            m->r16_src[i] = mats[i]->data;
+        }
     }
     free(head);
     free(mats);
@@ -299,6 +310,17 @@ void model_repack_free(model_t *m)
     if (m->r16_map)
         munmap(m->r16_map, m->r16_bytes);
     m->r16_map = NULL;
+    free(m->r16_src);
+    m->r16_src = NULL;
+    m->r16_n = 0;
+}
+
+bool model_repack_has(const model_t *m, const void *data)
+{
+    for (int i = 0; i < m->r16_n; i++)
+        if (m->r16_src[i] == data)
+            return true;
+    return false;
 }
 
 const void *model_repack_map(const model_t *m) { return m->r16_map; }

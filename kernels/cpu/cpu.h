@@ -69,7 +69,7 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *w, int64_t r0, int64_t n);
  * Q8_0: the same bytes per row as the GGUF (r16.c has the details). */
 #define KCPU_R16_ROWS 16
 /* Changes whenever the layout does: copies made for another are remade. */
-#define KCPU_R16_LAYOUT 2
+#define KCPU_R16_LAYOUT 3
 #define KCPU_R16_Q4_K_BLOCK 2368 /* 16 rows x 256 values */
 #define KCPU_R16_Q5_0_BLOCK 352  /* 16 rows x 32 values */
 #define KCPU_R16_Q8_0_BLOCK 544
@@ -173,6 +173,10 @@ typedef struct {
      * (kcpu_r16_pack) against one activation row packed by pack_act1, with
      * multi's arithmetic; NULL where the type has no interleaved layout */
     void (*r16)(const void *w, int64_t ncols, const void *a, float *out);
+    /* the 16 rows of an interleaved row group unpacked as unpack_w does
+     * (rows out_row bytes apart), so batched products need not read the
+     * rows themselves; NULL with r16 */
+    void (*unpack_r16)(const void *w, int64_t ncols, void *out, size_t out_row);
 } kcpu_gemm_t;
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype);

@@ -229,23 +229,20 @@ INLINE __m512i add16_where(__m512i q, __m512i h, __m512i bits)
     return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, bits), q, _mm512_set1_epi8(16));
 }
 
-/* Block j (0, 1) of a Q4_K / Q5_K superblock pair: the qs bytes 0-15,
- * 32-47, 64-79, 96-111 hold values 0-15 of sub-blocks 0, 2, 4, 6 (low
- * nibbles) and 1, 3, 5, 7 (high); bytes 16-31, ... their values 16-31. */
-INLINE void unpack_k4_block(bool five, const uint8_t *b, int j, wsb_t *u)
+/* Block j (0, 1) of a Q4_K / Q5_K superblock pair from its qs bytes 0-63
+ * (x0) and 64-127 (x1): bytes 0-15, 32-47, 64-79, 96-111 hold values 0-15
+ * of sub-blocks 0, 2, 4, 6 (low nibbles) and 1, 3, 5, 7 (high); bytes
+ * 16-31, ... their values 16-31. qh: Q5_K's fifth bits (NULL for Q4_K). */
+INLINE void k4_block_v(__m512i x0, __m512i x1, const uint8_t *qh, int j, wsb_t *u)
 {
-    const size_t o_qs = five ? offsetof(ecs_block_q5_K, qs) : offsetof(ecs_block_q4_K, qs);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i x0 = _mm512_loadu_si512((const void *)(b + o_qs));
-    const __m512i x1 = _mm512_loadu_si512((const void *)(b + o_qs + 64));
     const __m512i x = _mm512_shuffle_i64x2(x0, x1, LANES_EVEN);
     const __m512i y = _mm512_shuffle_i64x2(x0, x1, LANES_ODD);
     u->q[2 * j] = _mm512_and_si512(x, m4);
     u->q[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
     u->q[4 + 2 * j] = _mm512_and_si512(y, m4);
     u->q[5 + 2 * j] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m4);
-    if (five) { /* bit s of qh[i]: sub-block s, value i */
-        const uint8_t *qh = b + offsetof(ecs_block_q5_K, qh);
+    if (qh) { /* bit s of qh[i]: sub-block s, value i */
         const __m512i ha = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)qh));
         const __m512i hb = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(qh + 16)));
         u->q[2 * j] = add16_where(u->q[2 * j], ha, lane_bits(false));
@@ -253,6 +250,39 @@ INLINE void unpack_k4_block(bool five, const uint8_t *b, int j, wsb_t *u)
         u->q[4 + 2 * j] = add16_where(u->q[4 + 2 * j], hb, lane_bits(false));
         u->q[5 + 2 * j] = add16_where(u->q[5 + 2 * j], hb, lane_bits(true));
     }
+}
+
+INLINE void unpack_k4_block(bool five, const uint8_t *b, int j, wsb_t *u)
+{
+    const size_t o_qs = five ? offsetof(ecs_block_q5_K, qs) : offsetof(ecs_block_q4_K, qs);
+    k4_block_v(_mm512_loadu_si512((const void *)(b + o_qs)),
+               _mm512_loadu_si512((const void *)(b + o_qs + 64)),
+               five ? b + offsetof(ecs_block_q5_K, qh) : NULL, j, u);
+}
+
+/* The scales and mins of a block pair (raw: k4_scales_mins' layout, one
+ * 16-byte [scale 0..7, min 0..7] per block) and their d, dmin words h0, h1
+ * into u's per-lane factors. */
+INLINE void k4_factors(__m256i raw, uint32_t h0, uint32_t h1, bool two, __m512i lg, wsb_t *u)
+{
+    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, (int)h1, (int)h0)),
+                                 _mm_set_ps(-1, 1, -1, 1)); /* d0, -dmin0, d1, -dmin1 */
+    /* group g = 8 j + sub-block: [scales of block 0, of block 1], mins alike */
+    __m256i sm = _mm256_permute4x64_epi64(raw, 0xD8);
+    if (!two)
+        sm = _mm256_and_si256(sm, _mm256_set_epi64x(0, -1, 0, -1));
+    /* straight to the lanes' order: bytes by pshufb (both halves), the
+     * block factors by one permute each (lane L: block lg[L] / 8) */
+    const __m128i lg8 = _mm512_cvtepi32_epi8(lg);
+    sm = _mm256_shuffle_epi8(sm, _mm256_broadcastsi128_si256(lg8));
+    const __m512i blk2 = _mm512_slli_epi32(_mm512_srli_epi32(lg, 3), 1);
+    const __m512 dv = _mm512_castps128_ps512(dd);
+    const __m512 fd = _mm512_permutexvar_ps(blk2, dv);
+    const __m512 fm = _mm512_permutexvar_ps(_mm512_add_epi32(blk2, _mm512_set1_epi32(1)), dv);
+    u->sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(sm))),
+                          fd);
+    u->mn = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(sm, 1))), fm);
 }
 
 /* Two Q4_K / Q5_K blocks (the second missing at the end of an odd row). */
@@ -273,24 +303,7 @@ INLINE void unpack_k4(bool five, sbsrc_t s, __m512i lg, wsb_t *u)
     memcpy(&h0, s.p, 4);
     if (two)
         memcpy(&h1, b1, 4);
-    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_set_epi32(0, 0, (int)h1, (int)h0)),
-                                 _mm_set_ps(-1, 1, -1, 1)); /* d0, -dmin0, d1, -dmin1 */
-    /* group g = 8 j + sub-block: [scales of block 0, of block 1], mins alike */
-    __m256i sm = _mm256_permute4x64_epi64(k4_scales_mins(s.p + o_sc, b1 + o_sc), 0xD8);
-    if (!two)
-        sm = _mm256_and_si256(sm, _mm256_set_epi64x(0, -1, 0, -1));
-    /* straight to the lanes' order: bytes by pshufb (both halves), the
-     * block factors by one permute each (lane L: block lg[L] / 8) */
-    const __m128i lg8 = _mm512_cvtepi32_epi8(lg);
-    sm = _mm256_shuffle_epi8(sm, _mm256_broadcastsi128_si256(lg8));
-    const __m512i blk2 = _mm512_slli_epi32(_mm512_srli_epi32(lg, 3), 1);
-    const __m512 dv = _mm512_castps128_ps512(dd);
-    const __m512 fd = _mm512_permutexvar_ps(blk2, dv);
-    const __m512 fm = _mm512_permutexvar_ps(_mm512_add_epi32(blk2, _mm512_set1_epi32(1)), dv);
-    u->sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(sm))),
-                          fd);
-    u->mn = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(sm, 1))), fm);
+    k4_factors(k4_scales_mins(s.p + o_sc, b1 + o_sc), h0, h1, two, lg, u);
 }
 
 INLINE void unpack_k16(k16_kind_t K, const void *blk, __m512i lg, wsb_t *u)
@@ -997,6 +1010,21 @@ INLINE void r16_block(const uint8_t *blk, const uint8_t *a, int j, __m512 *acc)
     }
 }
 
+/* Q5_0's fifth bits of word k (half h: values 16 h + 4 k ..) of 16 rows as
+ * a byte mask (bit 4 r + j: value 16 h + 4 k + j of row r), from the rows'
+ * 32-bit qh words: the byte holding the four bits is copied to the lane's
+ * four bytes, byte j tests bit j of them. */
+INLINE __mmask64 q5_fifth(__m512i qh, int k, int h)
+{
+    const int bit = 16 * h + 4 * k, byte = bit / 8, sh = bit % 8;
+    /* pshufb works within 128-bit lanes (four rows each) */
+    const __m512i idx = _mm512_add_epi8(
+        _mm512_set1_epi8((char)byte),
+        _mm512_broadcast_i32x4(_mm_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0)));
+    return _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, idx),
+                                 _mm512_set1_epi32((int)(0x08040201u << sh)));
+}
+
 /* Q5_0 / Q8_0 (r16.c's pairs of blocks; u: the superblock's first pair):
  * block G's chain starts, as the row kernels' does, at the activation's
  * -offset x group sum, then one scale multiply and one FMA as in row1_sb. */
@@ -1006,24 +1034,22 @@ INLINE void r16_legacy_group(ecs_type_t T, const uint8_t *u, const uint8_t *a, i
     const bool q5 = T == ECS_TYPE_Q5_0;
     const int W = q5 ? 4 : 8, L = grp_lane(T, G), h = G % 2;
     const uint8_t *pair = u + (size_t)(G / 2) * 2 * (q5 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK);
-    const uint8_t *qp = pair + 64 * W * h, *masks = pair + 128 * W + 64 * h;
+    const uint8_t *qp = pair + 64 * W * h, *qhp = pair + 128 * W + 64 * h;
     const uint8_t *dp = pair + 128 * W + (q5 ? 128 : 0) + 32 * h;
     int32_t init;
     memcpy(&init, a + a_init(8) + 4 * L, 4);
     __m512i t = _mm512_set1_epi32(init);
     if (q5) {
         const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
+        const __m512i qh = _mm512_load_si512((const void *)qhp);
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             const __m512i q = _mm512_load_si512((const void *)(qp + 64 * k));
-            __mmask64 h0, h1;
-            memcpy(&h0, masks + 16 * k, 8);
-            memcpy(&h1, masks + 16 * k + 8, 8);
             const __m512i lo = _mm512_and_si512(q, m4);
             const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-            t = _mm512_dpbusd_epi32(t, _mm512_mask_add_epi8(lo, h0, lo, b16),
+            t = _mm512_dpbusd_epi32(t, _mm512_mask_add_epi8(lo, q5_fifth(qh, k, 0), lo, b16),
                                     bcast32(a + grp_act_off(T, G, 4 * k)));
-            t = _mm512_dpbusd_epi32(t, _mm512_mask_add_epi8(hi, h1, hi, b16),
+            t = _mm512_dpbusd_epi32(t, _mm512_mask_add_epi8(hi, q5_fifth(qh, k, 1), hi, b16),
                                     bcast32(a + grp_act_off(T, G, 16 + 4 * k)));
         }
     } else {
@@ -1076,6 +1102,202 @@ static void q4_K_r16(const void *w, int64_t ncols, const void *a, float *out)
     r16_impl(ECS_TYPE_Q4_K, w, ncols, a, out);
 }
 
+/* ---- unpacking tiles from the interleaved copy (batched products) ---- */
+
+/* r[i] becomes column i of the 16 x 16 block of 32-bit words whose rows
+ * were r[0..15]. */
+INLINE void transpose16_epi32(__m512i r[16])
+{
+    __m512i t[16], u[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        t[k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+        t[4 + k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+        t[8 + k] = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+        t[12 + k] = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
+        r[8 + k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xdd);
+    }
+}
+
+/* out[i] = column i of the 16 x 16 bytes whose rows are a[0..15]. */
+INLINE void transpose16_epi8(const __m128i a[16], __m128i out[16])
+{
+    __m128i s1[16], s2[16], s3[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) { /* [half of the columns][row pair] */
+        s1[i] = _mm_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
+        s1[8 + i] = _mm_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) /* [column quad][row quad] */
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            s2[8 * h + i] = _mm_unpacklo_epi16(s1[8 * h + 2 * i], s1[8 * h + 2 * i + 1]);
+            s2[8 * h + 4 + i] = _mm_unpackhi_epi16(s1[8 * h + 2 * i], s1[8 * h + 2 * i + 1]);
+        }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) /* [column quad][row octet][column pair] */
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; i++) {
+            s3[4 * c + 2 * i] = _mm_unpacklo_epi32(s2[4 * c + 2 * i], s2[4 * c + 2 * i + 1]);
+            s3[4 * c + 2 * i + 1] = _mm_unpackhi_epi32(s2[4 * c + 2 * i], s2[4 * c + 2 * i + 1]);
+        }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) {
+            out[4 * c + 2 * p] = _mm_unpacklo_epi64(s3[4 * c + p], s3[4 * c + 2 + p]);
+            out[4 * c + 2 * p + 1] = _mm_unpackhi_epi64(s3[4 * c + p], s3[4 * c + 2 + p]);
+        }
+}
+
+/* 16 consecutive 64-byte vectors at p, transposed: v[r] = lane r of each. */
+INLINE void load_t16(const uint8_t *p, size_t stride, __m512i v[16])
+{
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        v[i] = _mm512_load_si512((const void *)(p + stride * (size_t)i));
+    transpose16_epi32(v);
+}
+
+/* The 16 rows of a Q4_K group (r16.c), as unpack_row makes them. */
+static void q4_K_unpack_r16(const void *group, int64_t ncols, void *out, size_t out_row)
+{
+    const int64_t nblk = ncols / QK_K;
+    const __m512i lg = lane_groups(ECS_TYPE_Q4_K);
+    const size_t wsb = w_sb_bytes(8, true);
+    const uint8_t *g = group;
+    for (int64_t b = 0; b < nblk; b += 2) {
+        const bool two = b + 1 < nblk;
+        __m512i x[2][2][16]; /* [block][qs half][row] */
+        __m128i sm[2][16];   /* [block][row]: scales 0..7, mins 0..7 */
+        uint32_t hw[2][16];  /* d | dmin << 16 */
+        for (int j = 0; j < (two ? 2 : 1); j++) {
+            const uint8_t *blk = g + (size_t)(b + j) * KCPU_R16_Q4_K_BLOCK;
+            load_t16(blk + R16_QS, 64, x[j][0]);
+            load_t16(blk + R16_QS + 16 * 64, 64, x[j][1]);
+            __m128i a[16];
+            for (int i = 0; i < 8; i++) {
+                a[i] = _mm_load_si128((const __m128i *)(blk + R16_SC + 16 * i));
+                a[8 + i] = _mm_load_si128((const __m128i *)(blk + R16_MN + 16 * i));
+            }
+            transpose16_epi8(a, sm[j]);
+            for (int r = 0; r < 16; r++) {
+                uint16_t d, m;
+                memcpy(&d, blk + 2 * r, 2);
+                memcpy(&m, blk + 32 + 2 * r, 2);
+                hw[j][r] = (uint32_t)d | (uint32_t)m << 16;
+            }
+        }
+        for (int r = 0; r < 16; r++) {
+            wsb_t u;
+            k4_block_v(x[0][0][r], x[0][1][r], NULL, 0, &u);
+            if (two)
+                k4_block_v(x[1][0][r], x[1][1][r], NULL, 1, &u);
+            else
+                u.q[2] = u.q[3] = u.q[6] = u.q[7] = _mm512_setzero_si512();
+            const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(sm[0][r]),
+                                                        two ? sm[1][r] : sm[0][r], 1);
+            k4_factors(raw, hw[0][r], two ? hw[1][r] : 0, two, lg, &u);
+            store_wsb(8, true, &u, (uint8_t *)out + (size_t)r * out_row + (size_t)(b / 2) * wsb);
+        }
+    }
+}
+
+/* The 16 rows of a Q5_0 / Q8_0 group, as unpack_row makes them: per
+ * superblock, the words of blocks 4 v .. 4 v + 3 transposed are unpack_legacy's
+ * legacy_x4 vectors, the qh words and scales transposed its masks and d. */
+INLINE void legacy_unpack_r16(ecs_type_t T, const void *group, int64_t ncols, void *out,
+                              size_t out_row)
+{
+    const bool q5 = T == ECS_TYPE_Q5_0;
+    const int W = q5 ? 4 : 8;
+    const size_t bb = q5 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK, wsb = w_sb_bytes(8, false);
+    const int64_t nblk = ncols / QK;
+    const __m512i lg = lane_groups(T);
+    const uint8_t *u = group;
+    for (int64_t b0 = 0; b0 < nblk; b0 += 16) {
+        const int ub = nblk - b0 < 16 ? (int)(nblk - b0) : 16;
+        /* block b: its pair's bytes, then its half */
+#define BLK(b) (u + (size_t)((b) / 2) * 2 * bb)
+#define QW(b, k) (BLK(b) + (size_t)64 * (W * ((b) % 2) + (k)))
+        __m512i d[16], qh[16], q[8][16]; /* [row] after the transposes */
+        for (int b = 0; b < 16; b++) {
+            d[b] = b < ub ? _mm512_castps_si512(_mm512_cvtph_ps(_mm256_load_si256(
+                                (const __m256i *)(BLK(b) + 128 * W + (q5 ? 128 : 0) + 32 * (b % 2)))))
+                          : _mm512_setzero_si512();
+            qh[b] = q5 && b < ub ? _mm512_load_si512((const void *)(BLK(b) + 128 * W + 64 * (b % 2)))
+                                 : _mm512_setzero_si512();
+        }
+        transpose16_epi32(d);
+        if (q5)
+            transpose16_epi32(qh);
+        for (int v = 0; v < 4; v++)
+            for (int s = 0; s < W / 4; s++) { /* Q8_0: values 0-15, then 16-31 */
+                __m512i *x = q[4 * s + v];
+                for (int i = 0; i < 16; i++) { /* block 4 v + i / 4, word 4 s + i % 4 */
+                    const int b = 4 * v + i / 4;
+                    /* a missing block: unpack_legacy's levels of zeros (Q8_0: + 128) */
+                    x[i] = b < ub ? _mm512_load_si512((const void *)QW(b, 4 * s + i % 4))
+                                  : _mm512_set1_epi8(q5 ? 0 : -128);
+                }
+                transpose16_epi32(x);
+            }
+#undef QW
+#undef BLK
+        for (int r = 0; r < 16; r++) {
+            wsb_t w;
+            w.sc = _mm512_permutexvar_ps(lg, _mm512_castsi512_ps(d[r]));
+            w.mn = _mm512_setzero_ps();
+            if (q5) {
+                const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
+                uint64_t lo[4], hi[4]; /* fifth_bits' masks of blocks 4 v .. 4 v + 3 */
+                _mm256_storeu_si256((__m256i *)lo, _mm512_cvtepi32_epi16(qh[r]));
+                _mm256_storeu_si256((__m256i *)hi,
+                                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(qh[r], 16)));
+                for (int v = 0; v < 4; v++) {
+                    const __m512i x = q[v][r];
+                    const __m512i l = _mm512_and_si512(x, m4);
+                    const __m512i h = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+                    w.q[v] = _mm512_mask_add_epi8(l, lo[v], l, b16);
+                    w.q[4 + v] = _mm512_mask_add_epi8(h, hi[v], h, b16);
+                }
+            } else {
+                for (int k = 0; k < 8; k++)
+                    w.q[k] = q[k][r];
+            }
+            store_wsb(8, false, &w, (uint8_t *)out + (size_t)r * out_row + (size_t)(b0 / 16) * wsb);
+        }
+        u += (size_t)ub * bb;
+    }
+}
+
+static void q5_0_unpack_r16(const void *group, int64_t ncols, void *out, size_t out_row)
+{
+    legacy_unpack_r16(ECS_TYPE_Q5_0, group, ncols, out, out_row);
+}
+
+static void q8_0_unpack_r16(const void *group, int64_t ncols, void *out, size_t out_row)
+{
+    legacy_unpack_r16(ECS_TYPE_Q8_0, group, ncols, out, out_row);
+}
+
 static void q5_0_r16(const void *w, int64_t ncols, const void *a, float *out)
 {
     r16_impl(ECS_TYPE_Q5_0, w, ncols, a, out);
@@ -1126,7 +1348,7 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
     {                                                                                         \
         w_sb_bytes(type_kv(T), type_has_min(T)), a_sb_bytes(type_kv(T), type_has_min(T)),    \
             64 * type_kv(T), GEMM_MR, name##_unpack, name##_pack, name##_pack1, tl,           \
-            name##_multi, NULL                                                                \
+            name##_multi, NULL, NULL                                                          \
     }
     switch (wtype) {
     case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0);
@@ -1134,12 +1356,14 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
     case ECS_TYPE_Q5_0: {
         kcpu_gemm_t g = G(q5_0, ECS_TYPE_Q5_0, tile_8_0);
         g.r16 = q5_0_r16;
+        g.unpack_r16 = q5_0_unpack_r16;
         return g;
     }
     case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1, tile_8_1);
     case ECS_TYPE_Q8_0: {
         kcpu_gemm_t g = G(q8_0, ECS_TYPE_Q8_0, tile_8_0);
         g.r16 = q8_0_r16;
+        g.unpack_r16 = q8_0_unpack_r16;
         return g;
     }
     case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1);
@@ -1147,11 +1371,12 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
     case ECS_TYPE_Q4_K: {
         kcpu_gemm_t g = G(q4_K, ECS_TYPE_Q4_K, tile_8_1);
         g.r16 = q4_K_r16;
+        g.unpack_r16 = q4_K_unpack_r16;
         return g;
     }
     case ECS_TYPE_Q5_K: return G(q5_K, ECS_TYPE_Q5_K, tile_8_1);
     case ECS_TYPE_Q6_K: return G(q6_K, ECS_TYPE_Q6_K, tile_4_0);
-    default: return (kcpu_gemm_t){0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    default: return (kcpu_gemm_t){0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     }
 #undef G
 }

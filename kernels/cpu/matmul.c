@@ -155,9 +155,18 @@ static bool gemm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_
     uint8_t *buf = scratch(SCRATCH_TILE, wrow * (size_t)t->tile_rows);
     if (!buf)
         return false;
+    /* whole groups of the interleaved copy where the matrix has one: then
+     * the rows themselves are not read (same bytes, tests) */
+    const bool il = w->r16 && t->gemm.unpack_r16 && r0 % KCPU_R16_ROWS == 0;
+    const size_t group = il ? kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols) : 0;
     for (int64_t t0 = r0; t0 < r1; t0 += t->tile_rows) {
         const int nw = (int)(t0 + t->tile_rows < r1 ? t->tile_rows : r1 - t0);
-        for (int i = 0; i < nw; i++)
+        int i = 0;
+        for (; il && i + KCPU_R16_ROWS <= nw; i += KCPU_R16_ROWS)
+            t->gemm.unpack_r16((const uint8_t *)w->r16 +
+                                   (size_t)((t0 + i) / KCPU_R16_ROWS) * group,
+                               w->ncols, buf + (size_t)i * wrow, wrow);
+        for (; i < nw; i++)
             t->gemm.unpack_w((const uint8_t *)w->data + (size_t)(t0 + i) * w->row_bytes,
                              w->ncols, buf + (size_t)i * wrow);
         t->gemm.tile(buf, nw, v->act, t->nb, t->nsb, t->y + t0, t->ldy);
@@ -253,8 +262,10 @@ static void gemm_prepare(mm_task_t *t)
     t->nsb = (t->w->ncols + g.sb_cols - 1) / g.sb_cols;
     t->packed_row = (size_t)t->nsb * g.a_sb;
     const size_t wrow = (size_t)t->nsb * g.w_sb;
-    const int64_t rows = (int64_t)(GEMM_TILE_BYTES / wrow) / g.mr * g.mr;
-    t->tile_rows = rows > g.mr ? rows : g.mr;
+    /* whole interleaved groups per tile where the copy is read */
+    const int64_t unit = t->w->r16 && g.unpack_r16 ? KCPU_R16_ROWS : g.mr;
+    const int64_t rows = (int64_t)(GEMM_TILE_BYTES / wrow) / unit * unit;
+    t->tile_rows = rows > unit ? rows : unit;
 }
 
 static void fill_nan(float *y, int64_t ldy, int nb, int64_t nrows)
@@ -287,7 +298,7 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
         rows = min_rows;
     /* whole microkernels (not whole tiles: that unbalances the threads),
      * whole interleaved row groups */
-    const int64_t align = w->r16 && t.gemm.r16 && nb < KCPU_GEMM_MIN_NB ? KCPU_R16_ROWS : t.gemm.mr;
+    const int64_t align = w->r16 && t.gemm.r16 ? KCPU_R16_ROWS : t.gemm.mr;
     if (t.gemm.w_sb)
         rows = (rows + align - 1) / align * align;
     t.chunk_rows = rows;

@@ -66,16 +66,14 @@ static void pack_q4_K_block(const uint8_t *rows, size_t row_bytes, int64_t b, ui
  * them in order; parts kept in separate runs slowed the stream from DRAM):
  * qs [2][W][16 rows] 32-bit words, W = 4 (Q5_0: word k's low nibbles are
  * values 4 k.., the high ones 16 + 4 k..) or 8 (Q8_0: values 4 k.., stored
- * + 128 as the kernels' unsigned levels); Q5_0 only, the fifth bits as byte
- * masks [2][8] (mask 2 k + h: bit 4 r + j is the fifth bit of value
- * 16 h + 4 k + j of row r); d [2][16 rows] (fp16). */
+ * + 128 as the kernels' unsigned levels); Q5_0 only, qh [2][16 rows] (the
+ * block's 32 fifth bits as a 32-bit word per row); d [2][16 rows] (fp16). */
 static void pack_legacy_pair(ecs_type_t type, const uint8_t *rows, size_t row_bytes, int64_t b0,
                              uint8_t *out)
 {
     const bool q5 = type == ECS_TYPE_Q5_0;
     const int W = q5 ? 4 : 8;
-    uint8_t *qp = out, *mp = out + 2 * 64 * W, *dp = mp + (q5 ? 128 : 0);
-    memset(mp, 0, q5 ? 128 : 0);
+    uint8_t *qp = out, *hp = out + 2 * 64 * W, *dp = hp + (q5 ? 128 : 0);
     for (int r = 0; r < KCPU_R16_ROWS; r++) {
         const uint8_t *row = rows + (size_t)r * row_bytes;
         for (int b = 0; b < 2; b++) {
@@ -83,16 +81,8 @@ static void pack_legacy_pair(ecs_type_t type, const uint8_t *rows, size_t row_by
             if (q5) {
                 const ecs_block_q5_0 *x = (const ecs_block_q5_0 *)row + b0 + b;
                 memcpy(dp + 32 * b + 2 * r, &x->d, 2);
+                memcpy(hp + 64 * b + 4 * r, x->qh, 4);
                 memcpy(q, x->qs, 16);
-                uint32_t qh;
-                memcpy(&qh, x->qh, 4);
-                for (int m = 0; m < 8; m++) {
-                    const uint64_t bits = (qh >> (16 * (m % 2) + 4 * (m / 2))) & 0xF;
-                    uint64_t mk;
-                    memcpy(&mk, mp + 64 * b + 8 * m, 8);
-                    mk |= bits << (4 * r);
-                    memcpy(mp + 64 * b + 8 * m, &mk, 8);
-                }
             } else {
                 const ecs_block_q8_0 *x = (const ecs_block_q8_0 *)row + b0 + b;
                 memcpy(dp + 32 * b + 2 * r, &x->d, 2);

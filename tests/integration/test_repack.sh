@@ -32,7 +32,13 @@ for arch in deepseek2 qwen3moe; do
     dump "$model" "$tmp/r2.json" --repack "$cache" || bad "$arch: second --repack run"
     grep -q "repack:" "$tmp/r2.json.err" && bad "$arch: second run remade the cache"
     cmp -s "$tmp/plain.json" "$tmp/r2.json" || bad "$arch: logits differ from the found cache"
-    echo "ok   $arch: same logits, cache made once ($(stat -c %s "$cache/$arch.gguf.r16") bytes)"
+    # batched steps (prompt): tiles unpacked from the copy, same bits
+    "$run" -m "$model" --threads 2 --tokens "$toks" --dump-logits "$tmp/pb.json" --top 8 \
+        --no-repack 2>/dev/null || bad "$arch: batched --no-repack run"
+    "$run" -m "$model" --threads 2 --tokens "$toks" --dump-logits "$tmp/rb.json" --top 8 \
+        --repack "$cache" 2>/dev/null || bad "$arch: batched --repack run"
+    cmp -s "$tmp/pb.json" "$tmp/rb.json" || bad "$arch: batched logits differ with the copy"
+    echo "ok   $arch: same logits (one token per step and batched), cache made once ($(stat -c %s "$cache/$arch.gguf.r16") bytes)"
 
     # a newer GGUF: remade
     touch -d '+1 min' "$model"
@@ -67,7 +73,7 @@ for arch in deepseek2 qwen3moe; do
     # too little memory for the GGUF and the copy: not made, a warning
     ECS_REPACK_RAM=1000000 dump "$model" "$tmp/r7.json" --repack "$tmp/small-$arch" ||
         bad "$arch: small memory fails the run"
-    grep -q "warning: repack: the GGUF (.* GB) and its decode copy (.* GB) would not both stay in memory" \
+    grep -q "warning: repack: the decode copy (.* GB) and the rest of the GGUF (.* GB) would not stay in memory" \
         "$tmp/r7.json.err" || bad "$arch: no warning for small memory: $(cat "$tmp/r7.json.err")"
     [ -e "$tmp/small-$arch/$arch.gguf.r16" ] && bad "$arch: copy made despite small memory"
     cmp -s "$tmp/plain.json" "$tmp/r7.json" || bad "$arch: logits differ without a copy"

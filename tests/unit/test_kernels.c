@@ -1065,3 +1065,51 @@ Test(kernels, r16_same_bits_as_rows_legacy)
     r16_same_bits(ECS_TYPE_Q5_0, shapes, sizeof shapes / sizeof shapes[0]);
     r16_same_bits(ECS_TYPE_Q8_0, shapes, sizeof shapes / sizeof shapes[0]);
 }
+
+/* Tiles unpacked from the interleaved copy are byte for byte those that the
+ * rows give (so batched products may read the copy alone). */
+Test(kernels, r16_unpack_equals_rows)
+{
+    static const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q5_0, ECS_TYPE_Q8_0};
+    static const int64_t cols[] = {256, 512, 768, 1408, 2048, 576};
+    rng_t r = {53};
+    int checked = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const kcpu_gemm_t g = kcpu_gemm(types[ti]);
+        if (!g.unpack_r16) {
+            cr_log_warn("%s: no interleaved unpacking on this ISA", ecs_type_name(types[ti]));
+            continue;
+        }
+        for (size_t ci = 0; ci < sizeof cols / sizeof cols[0]; ci++) {
+            if (!kcpu_r16_fits(types[ti], 32, cols[ci]))
+                continue;
+            for (int exact = 0; exact < 2; exact++) {
+                r16_case_t c;
+                r16_case(&r, types[ti], 32, cols[ci], exact, &c);
+                const int64_t nsb = (cols[ci] + g.sb_cols - 1) / g.sb_cols;
+                const size_t wrow = (size_t)nsb * g.w_sb;
+                uint8_t *a = aligned_alloc(64, wrow * 16), *b = aligned_alloc(64, wrow * 16);
+                cr_assert(a && b);
+                for (int grp = 0; grp < 2; grp++) {
+                    memset(a, 0xA5, wrow * 16);
+                    memset(b, 0x5A, wrow * 16);
+                    g.unpack_r16((const uint8_t *)c.wi.r16 +
+                                     (size_t)grp * kcpu_r16_bytes(types[ti], 16, cols[ci]),
+                                 cols[ci], a, wrow);
+                    for (int i = 0; i < 16; i++)
+                        g.unpack_w((const uint8_t *)c.w.data +
+                                       (size_t)(16 * grp + i) * c.w.row_bytes,
+                                   cols[ci], b + (size_t)i * wrow);
+                    for (int i = 0; i < 16; i++)
+                        cr_assert_eq(memcmp(a + (size_t)i * wrow, b + (size_t)i * wrow, wrow), 0,
+                                     "%s %lld cols, group %d row %d: unpacked tiles differ",
+                                     ecs_type_name(types[ti]), (long long)cols[ci], grp, i);
+                    checked++;
+                }
+                free(a), free(b);
+                r16_case_free(&c);
+            }
+        }
+    }
+    cr_log_info("interleaved unpacking: %d groups equal to the rows'", checked);
+}

@@ -517,6 +517,8 @@ static double prefault(const model_t *m)
     for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
         const gguf_tensor_t *t = gguf_tensor_at(f, i);
         const unsigned char *p = t->data;
+        if (model_repack_has(m, t->data)) /* read from the copy instead */
+            continue;
         for (size_t o = 0; o < t->nbytes; o += 4096)
             acc ^= p[o];
     }
@@ -566,6 +568,10 @@ static double read_bandwidth(const model_t *m, int nth)
         const gguf_tensor_t *t = gguf_tensor_at(f, i);
         lo = (uintptr_t)t->data < lo ? (uintptr_t)t->data : lo;
         hi = (uintptr_t)t->data + t->nbytes > hi ? (uintptr_t)t->data + t->nbytes : hi;
+    }
+    if (model_repack_map(m)) { /* decode reads the copy, and the GGUF less */
+        lo = (uintptr_t)model_repack_map(m);
+        hi = lo + model_repack_bytes(m, NULL, NULL);
     }
     lo = (lo + 63) & ~(uintptr_t)63;
     const size_t bytes = hi - lo < BW_BYTES ? (hi - lo) & ~(size_t)63 : BW_BYTES;
@@ -806,7 +812,7 @@ static void repack_report(const model_t *m, double load_s)
     bool made;
     const size_t bytes = model_repack_bytes(m, &path, &made);
     if (note)
-        fprintf(stderr, "ecs-run: warning: %s; decoding from the GGUF alone\n", note);
+        fprintf(stderr, "ecs-run: warning: %s; running from the GGUF alone\n", note);
     else if (made)
         fprintf(stderr, "repack: wrote %s (%.1f MB) in %.1f s\n", path, (double)bytes / 1e6,
                 load_s);
