@@ -153,12 +153,12 @@ typedef struct {
      * cache file there on first load (a few seconds per GB, the size of the
      * matrices again on disk) and mapped, as the GGUF is, on later loads
      * while the GGUF is unchanged. Results are bit for bit the same, decode
-     * is faster. The copied matrices are then read from the copy only
-     * (prompt steps unpack their tiles from it too), so what must stay in
-     * memory is the copy plus the rest of the GGUF: the copy is only made /
-     * used when that fits in repack_ram bytes (0: 90 % of the physical
-     * memory), else the model reports why (model_repack_note). NULL:
-     * everything is read from the GGUF. */
+     * is faster. Where the GGUF and the copy both fit in repack_ram bytes
+     * (0: 90 % of the physical memory), prompt steps keep reading the GGUF
+     * (their tiles unpack a few % faster from it); where only the copy and
+     * the rest of the GGUF fit, the copied matrices are read from the copy
+     * alone (model_repack_tiles); else there is no copy and the model says
+     * why (model_repack_note). NULL: everything is read from the GGUF. */
     const char *repack_dir;
     size_t repack_ram;
 } model_opts_t;
@@ -190,8 +190,10 @@ const char *model_repack_note(const model_t *m);
 size_t model_repack_bytes(const model_t *m, const char **path, bool *made);
 /* The decode copy's mapping (NULL: none), model_repack_bytes long. */
 const void *model_repack_map(const model_t *m);
-/* Whether the tensor whose data starts at data is read from the copy (its
- * bytes in the GGUF are then not read at all). */
+/* Whether prompt steps read the copy too (memory too short for the GGUF and
+ * the copy; see opts.repack_dir), and whether the tensor whose data starts
+ * at data is then read from the copy alone (its GGUF bytes never). */
+bool model_repack_tiles(const model_t *m);
 bool model_repack_has(const model_t *m, const void *data);
 /* Phases of a forward step, as model_profile reports them. */
 typedef enum {

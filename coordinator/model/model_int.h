@@ -214,6 +214,7 @@ struct model {
     const void **r16_src; /* [r16_n] data of the copied matrices */
     int r16_n;
     bool r16_made;        /* made by this load (not found) */
+    bool r16_tiles;       /* prompt tiles from the copy too (memory is short) */
     char r16_path[4096];
     char r16_note[512];   /* why there is none, if it was asked for */
 };

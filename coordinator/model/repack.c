@@ -224,19 +224,24 @@ static ecs_err_t cache_path(const char *dir, const char *gguf, char *out, size_t
     return ECS_OK;
 }
 
-/* The copied matrices are read from the copy alone (decode and prompt
- * steps), the other tensors from the GGUF: both must stay in the page
- * cache, or steps read the disk. */
-static ecs_err_t check_ram(const model_t *m, kcpu_mat_t *const *mats, int n, size_t copy)
+/* Where the GGUF and the copy both stay in memory, prompt steps unpack
+ * their tiles from the GGUF (a few % faster) and decode reads the copy;
+ * where only the copy and the rest of the GGUF do, the copied matrices are
+ * read from the copy alone (*tiles); else no copy: steps would read the
+ * disk. */
+static ecs_err_t check_ram(const model_t *m, kcpu_mat_t *const *mats, int n, size_t copy,
+                           bool *tiles)
 {
     size_t ram = m->opts.repack_ram;
     if (!ram) {
         const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         ram = pages > 0 && page > 0 ? (size_t)pages / 10 * 9 * (size_t)page : 0;
     }
-    size_t rest = gguf_file_size(m->file);
+    const size_t gguf = gguf_file_size(m->file);
+    size_t rest = gguf;
     for (int i = 0; i < n; i++)
         rest -= (size_t)mats[i]->nrows * mats[i]->row_bytes;
+    *tiles = gguf + copy > ram;
     if (rest + copy <= ram)
         return ECS_OK;
     return ecs_error(ECS_ERR_NOMEM,
@@ -265,7 +270,7 @@ static ecs_err_t repack(model_t *m, const char *dir)
         e = cache_path(dir, gpath, m->r16_path, sizeof m->r16_path);
     const size_t fb = head ? (size_t)((const r16_head_t *)head)->file_bytes : 0;
     if (e == ECS_OK && n)
-        e = check_ram(m, mats, n, fb);
+        e = check_ram(m, mats, n, fb, &m->r16_tiles);
     if (e == ECS_OK && n) {
         m->r16_map = map_cache(m->r16_path, head, hb, fb);
         if (!m->r16_map) {
@@ -289,6 +294,7 @@ static ecs_err_t repack(model_t *m, const char *dir)
         const r16_entry_t *en = (const r16_entry_t *)((const uint8_t *)head + sizeof(r16_head_t));
         for (int i = 0; i < n; i++) {
             mats[i]->r16 = (const uint8_t *)m->r16_map + en[i].off;
+            mats[i]->r16_tiles = m->r16_tiles;
             m->r16_src[i] = mats[i]->data;
         }
     }
@@ -317,7 +323,7 @@ void model_repack_free(model_t *m)
 
 bool model_repack_has(const model_t *m, const void *data)
 {
-    for (int i = 0; i < m->r16_n; i++)
+    for (int i = 0; m->r16_tiles && i < m->r16_n; i++)
         if (m->r16_src[i] == data)
             return true;
     return false;
@@ -326,6 +332,8 @@ bool model_repack_has(const model_t *m, const void *data)
 const void *model_repack_map(const model_t *m) { return m->r16_map; }
 
 const char *model_repack_note(const model_t *m) { return m->r16_note[0] ? m->r16_note : NULL; }
+
+bool model_repack_tiles(const model_t *m) { return m->r16_map && m->r16_tiles; }
 
 size_t model_repack_bytes(const model_t *m, const char **path, bool *made)
 {

@@ -42,8 +42,10 @@ void kcpu_quantize_act(ecs_type_t vdt, const float *x, void *out, int64_t n);
 
 /* A weight matrix: nrows rows of ncols elements of type, row_bytes apart.
  * r16, when not NULL, is the same matrix in the row-interleaved layout
- * below (kcpu_r16_pack): decode products read it instead of data, with the
- * same arithmetic, so results do not change. */
+ * below (kcpu_r16_pack): products of fewer than KCPU_GEMM_MIN_NB rows
+ * (decode) read it instead of data, with the same arithmetic, so results do
+ * not change. With r16_tiles, batched products unpack their tiles from it
+ * too (a few % slower than from the rows, but data is then never read). */
 typedef struct {
     ecs_type_t type;
     int64_t ncols;
@@ -51,6 +53,7 @@ typedef struct {
     size_t row_bytes;
     const void *data;
     const void *r16;
+    bool r16_tiles;
 } kcpu_mat_t;
 
 /* Rows [r0, r0 + n) of w as a matrix of their own (r16 kept where r0 is a

@@ -157,7 +157,7 @@ static bool gemm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_
         return false;
     /* whole groups of the interleaved copy where the matrix has one: then
      * the rows themselves are not read (same bytes, tests) */
-    const bool il = w->r16 && t->gemm.unpack_r16 && r0 % KCPU_R16_ROWS == 0;
+    const bool il = w->r16 && w->r16_tiles && t->gemm.unpack_r16 && r0 % KCPU_R16_ROWS == 0;
     const size_t group = il ? kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols) : 0;
     for (int64_t t0 = r0; t0 < r1; t0 += t->tile_rows) {
         const int nw = (int)(t0 + t->tile_rows < r1 ? t->tile_rows : r1 - t0);
@@ -263,7 +263,7 @@ static void gemm_prepare(mm_task_t *t)
     t->packed_row = (size_t)t->nsb * g.a_sb;
     const size_t wrow = (size_t)t->nsb * g.w_sb;
     /* whole interleaved groups per tile where the copy is read */
-    const int64_t unit = t->w->r16 && g.unpack_r16 ? KCPU_R16_ROWS : g.mr;
+    const int64_t unit = t->w->r16 && t->w->r16_tiles && g.unpack_r16 ? KCPU_R16_ROWS : g.mr;
     const int64_t rows = (int64_t)(GEMM_TILE_BYTES / wrow) / unit * unit;
     t->tile_rows = rows > unit ? rows : unit;
 }

@@ -185,7 +185,7 @@ static kcpu_mat_t make_matrix(ecs_type_t type, int64_t ncols, size_t bytes)
     for (int64_t r = DISTINCT; r < nrows; r++)
         memcpy(data + (size_t)r * rb, data + (size_t)(r % DISTINCT) * rb, rb);
     free(x);
-    kcpu_mat_t m = {type, ncols, nrows, rb, data, NULL};
+    kcpu_mat_t m = {type, ncols, nrows, rb, data, NULL, false};
     return m;
 }
 

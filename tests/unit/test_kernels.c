@@ -488,7 +488,7 @@ static void check_matmul(rng_t *r, ecs_type_t t, shape_t s, ecs_threadpool_t *tp
         random_floats(r, x, s.ncols, 0.05f);
         quantize_floats(t, x, wdata + (size_t)i * rb, s.ncols);
     }
-    const kcpu_mat_t w = {t, s.ncols, s.nrows, rb, wdata, NULL};
+    const kcpu_mat_t w = {t, s.ncols, s.nrows, rb, wdata, NULL, false};
     const kcpu_vec_dot_fn dot = kcpu_vec_dot_for(t, isa);
     cr_assert_not_null(dot);
     float *yg = xalloc(sizeof(float) * (size_t)(s.nrows * 64));
@@ -657,7 +657,7 @@ static bool exact_case(rng_t *r, ecs_type_t t, int64_t nrows, int64_t ncols, exa
     uint8_t *wd = xalloc(rb * (size_t)nrows);
     for (int64_t i = 0; i < nrows; i++)
         exact_weights(r, t, wd + (size_t)i * rb, ncols);
-    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd, NULL};
+    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd, NULL, false};
     c->act = xalloc(c->as * KCPU_MAX_BATCH);
     c->ref = xalloc(sizeof(float) * (size_t)(nrows * KCPU_MAX_BATCH));
     for (int b = 0; b < KCPU_MAX_BATCH; b++) {
@@ -745,7 +745,7 @@ static void every_nb_realistic(kcpu_isa_t isa)
             random_floats(&r, x, ncols, 2.0f);
             quantize_floats(vdt, x, act + (size_t)b * as, ncols);
         }
-        const kcpu_mat_t w = {t, ncols, nrows, rb, wd, NULL};
+        const kcpu_mat_t w = {t, ncols, nrows, rb, wd, NULL, false};
         /* reference and tolerance scale of every pair, once */
         float *ref = xalloc(sizeof(float) * (size_t)(nrows * KCPU_MAX_BATCH));
         double *mag = xalloc(sizeof(double) * (size_t)(nrows * KCPU_MAX_BATCH));
@@ -859,7 +859,7 @@ Test(kernels, act_bytes)
 Test(kernels, matmul_unknown_type_gives_nan)
 {
     uint8_t data[64] = {0}, act[64] = {0};
-    const kcpu_mat_t w = {(ecs_type_t)5, 32, 2, 32, data, NULL};
+    const kcpu_mat_t w = {(ecs_type_t)5, 32, 2, 32, data, NULL, false};
     float y[2] = {1.0f, 2.0f};
     kcpu_matmul_q(NULL, &w, act, 1, y, 2);
     cr_assert(isnan(y[0]) && isnan(y[1]));
@@ -946,7 +946,7 @@ static void r16_case(rng_t *r, ecs_type_t t, int64_t nrows, int64_t ncols, bool 
             quantize_floats(vdt, x, c->act + (size_t)b * c->as, ncols);
         }
     }
-    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd, NULL};
+    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd, NULL, false};
     const size_t bytes = kcpu_r16_bytes(t, nrows, ncols);
     cr_assert_gt(bytes, 0);
     void *packed = aligned_alloc(64, bytes);
@@ -954,6 +954,7 @@ static void r16_case(rng_t *r, ecs_type_t t, int64_t nrows, int64_t ncols, bool 
     kcpu_r16_pack(&c->w, 0, nrows, packed);
     c->wi = c->w;
     c->wi.r16 = packed;
+    c->wi.r16_tiles = true;
     free(x);
 }
 
@@ -986,6 +987,12 @@ static void r16_check(const r16_case_t *c, ecs_threadpool_t *tp, int b)
                              batch[(int64_t)j * n + i], got[i]);
         }
     }
+    kcpu_mat_t rows_tiles = c->wi; /* batched tiles from the rows */
+    rows_tiles.r16_tiles = false;
+    kcpu_matmul_q(tp, &rows_tiles, a, 4, batch, n);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(batch[i], plain[i], "row %lld: tiles from the rows %.9g, one by one %.9g",
+                     (long long)i, batch[i], plain[i]);
     kcpu_matmul_q(tp, &c->wi, a, 1, got, n);
     kcpu_matmul_q(tp, &c->wi, a, 4, batch, n);
     for (int64_t i = 0; i < n; i++) {

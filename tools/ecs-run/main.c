@@ -816,6 +816,9 @@ static void repack_report(const model_t *m, double load_s)
     else if (made)
         fprintf(stderr, "repack: wrote %s (%.1f MB) in %.1f s\n", path, (double)bytes / 1e6,
                 load_s);
+    if (bytes && model_repack_tiles(m))
+        fprintf(stderr, "repack: too little memory for the GGUF and the copy: prompt steps "
+                        "read the copy too (a few %% slower)\n");
 }
 
 int main(int argc, char **argv)
