@@ -33,6 +33,9 @@
 /* Weight bytes (unpacked) per tile in the batched path: with the packed
  * activations it stays in L2. */
 #define GEMM_TILE_BYTES (96 * 1024)
+/* Activation rows per tile call in the batched path, between prefetches of
+ * the next tile's weights. */
+#define PREFETCH_ROWS 8
 /* Scratch larger than this is not worth having: the row kernels take over. */
 #define SCRATCH_MAX ((size_t)256 << 20)
 
@@ -169,7 +172,23 @@ static bool gemm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_
         for (; i < nw; i++)
             t->gemm.unpack_w((const uint8_t *)w->data + (size_t)(t0 + i) * w->row_bytes,
                              w->ncols, buf + (size_t)i * wrow);
-        t->gemm.tile(buf, nw, v->act, t->nb, t->nsb, t->y + t0, t->ldy);
+        /* the next tile's weights come from DRAM while this one computes:
+         * its lines are prefetched a slice per block of activation rows */
+        const int64_t n1 = t0 + t->tile_rows < r1 ? t0 + t->tile_rows : r1;
+        const int64_t n2 = n1 + t->tile_rows < r1 ? n1 + t->tile_rows : r1;
+        const uint8_t *next = il ? (const uint8_t *)w->r16 + (size_t)(n1 / KCPU_R16_ROWS) * group
+                                 : (const uint8_t *)w->data + (size_t)n1 * w->row_bytes;
+        const size_t next_bytes = il ? (size_t)((n2 - n1) / KCPU_R16_ROWS) * group
+                                     : (size_t)(n2 - n1) * w->row_bytes;
+        for (int b = 0; b < t->nb; b += PREFETCH_ROWS) {
+            const int na = t->nb - b < PREFETCH_ROWS ? t->nb - b : PREFETCH_ROWS;
+            t->gemm.tile(buf, nw, v->act + (size_t)b * v->stride, na, t->nsb,
+                         t->y + (int64_t)b * t->ldy + t0, t->ldy);
+            const size_t p0 = next_bytes * (size_t)b / (size_t)t->nb / 64 * 64;
+            const size_t p1 = next_bytes * (size_t)(b + na) / (size_t)t->nb;
+            for (size_t o = p0; o < p1; o += 64)
+                __builtin_prefetch(next + o, 0, 2);
+        }
     }
     return true;
 }
