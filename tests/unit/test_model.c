@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/gguf.h"
@@ -109,6 +110,7 @@ typedef struct {
     bool norm, tied, bias, yarn;
     float scale;
     const char *skip; /* a tensor left out, to test the error */
+    bool q8;          /* matrices with rows of a multiple of 32 in Q8_0 */
 } spec_t;
 
 static spec_t ds2_spec(void)
@@ -273,6 +275,12 @@ static void set_meta(gguf_writer_t *w, const spec_t *s)
 #undef F32
 }
 
+/* F32, or Q8_0 for s->q8 matrices whose rows split into blocks. */
+static ecs_type_t tensor_type(const spec_t *s, const tdesc_t *t)
+{
+    return s->q8 && t->n_dims >= 2 && t->ne[0] % 32 == 0 ? ECS_TYPE_Q8_0 : ECS_TYPE_F32;
+}
+
 /* Writes a random F32 model for s to a fresh temporary path. */
 static void write_model(const spec_t *s, char *path, size_t cap, uint64_t seed)
 {
@@ -286,8 +294,9 @@ static void write_model(const spec_t *s, char *path, size_t cap, uint64_t seed)
     set_meta(w, s);
     for (int i = 0; i < n; i++)
         if (!s->skip || strcmp(t[i].name, s->skip))
-            cr_assert_eq(gguf_writer_add_tensor(w, t[i].name, ECS_TYPE_F32, (uint32_t)t[i].n_dims,
-                                                t[i].ne), ECS_OK, "%s", ecs_errmsg());
+            cr_assert_eq(gguf_writer_add_tensor(w, t[i].name, tensor_type(s, &t[i]),
+                                                (uint32_t)t[i].n_dims, t[i].ne),
+                         ECS_OK, "%s", ecs_errmsg());
     cr_assert_eq(gguf_writer_begin(w, path), ECS_OK, "%s", ecs_errmsg());
     rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
     for (int i = 0; i < n; i++) {
@@ -298,7 +307,20 @@ static void write_model(const spec_t *s, char *path, size_t cap, uint64_t seed)
         cr_assert_not_null(d);
         for (size_t j = 0; j < cnt; j++)
             d[j] = t[i].base + t[i].amp * urand();
-        cr_assert_eq(gguf_writer_write_tensor(w, d, cnt * sizeof *d), ECS_OK, "%s", ecs_errmsg());
+        size_t bytes = cnt * sizeof *d;
+        if (tensor_type(s, &t[i]) == ECS_TYPE_Q8_0) { /* rows quantized in place */
+            const size_t rs = ecs_row_size(ECS_TYPE_Q8_0, t[i].ne[0]);
+            const size_t rows = cnt / (size_t)t[i].ne[0];
+            uint8_t *q = malloc(rs * rows);
+            cr_assert_not_null(q);
+            for (size_t r = 0; r < rows; r++)
+                ecs_quantize_row(ECS_TYPE_Q8_0, d + r * (size_t)t[i].ne[0], q + r * rs,
+                                 t[i].ne[0]);
+            memcpy(d, q, rs * rows);
+            free(q);
+            bytes = rs * rows;
+        }
+        cr_assert_eq(gguf_writer_write_tensor(w, d, bytes), ECS_OK, "%s", ecs_errmsg());
         free(d);
     }
     cr_assert_eq(gguf_writer_finish(w), ECS_OK, "%s", ecs_errmsg());
@@ -1325,4 +1347,75 @@ Test(budget, steps_allocate_no_kernel_scratch)
 {
     check_no_scratch_growth(DS2_Q8);
     check_no_scratch_growth(QWEN_Q8);
+}
+
+/* ---------------------------------------------- decode copy (repack.c) */
+
+static size_t file_size(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 ? (size_t)st.st_size : 0;
+}
+
+/* A Q8_0 deepseek2 whose matrices of 256-value rows get a decode copy:
+ * logits bit for bit those without it (one token per step, batched, with
+ * prompt tiles from the copy), the copy found again, remade when damaged,
+ * and refused (the model still runs) when memory is short. Here, unlike
+ * the integration test, under the sanitizers too. */
+Test(repack, decode_copy_same_bits_and_cache)
+{
+    if (!kcpu_gemm(ECS_TYPE_Q8_0).r16) {
+        cr_log_warn("no interleaved kernels on this CPU: the copy is never made");
+        return;
+    }
+    spec_t s = ds2_spec();
+    s.n_embd = 256, s.q8 = true;
+    char path[128], dir[] = "/tmp/ecs_repack_XXXXXX", copy[256];
+    write_model(&s, path, sizeof path, 7);
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(copy, sizeof copy, "%s/%s.r16", dir, strrchr(path, '/') + 1);
+    int32_t toks[20];
+    random_tokens(toks, 20, s.n_vocab, 5);
+    const size_t cnt = (size_t)20 * s.n_vocab;
+    const model_opts_t plain = {.n_ctx = 64, .n_threads = 2};
+    model_opts_t o = plain;
+    o.repack_dir = dir;
+
+    model_t *m = load_opts(path, plain);
+    float *ref1 = eval_one_by_one(m, 0, toks, 20), *refb = eval_all(m, 0, toks, 20);
+    model_free(m);
+
+    bool made;
+    const char *where;
+    for (int round = 0; round < 4; round++) {
+        /* 0: made, 1: found, 2: damaged -> made, 3: prompt tiles from the copy */
+        if (round == 2) {
+            FILE *f = fopen(copy, "r+b");
+            cr_assert_not_null(f);
+            fputs("XXXXXXXX", f);
+            fclose(f);
+        }
+        o.repack_ram = round == 3 ? file_size(path) + file_size(copy) - 1 : 0;
+        m = load_opts(path, o);
+        cr_assert_null(model_repack_note(m), "round %d: %s", round, model_repack_note(m));
+        cr_assert_gt(model_repack_bytes(m, &where, &made), 0, "round %d: no copy", round);
+        cr_assert_str_eq(where, copy);
+        cr_assert_eq(made, round == 0 || round == 2, "round %d: made %d", round, made);
+        cr_assert_eq(model_repack_tiles(m), round == 3, "round %d", round);
+        float *a = eval_one_by_one(m, 0, toks, 20), *b = eval_all(m, 0, toks, 20);
+        cr_assert_eq(memcmp(a, ref1, cnt * sizeof *a), 0, "round %d: decode logits differ", round);
+        cr_assert_eq(memcmp(b, refb, cnt * sizeof *b), 0, "round %d: batched logits differ", round);
+        free(a), free(b);
+        model_free(m);
+    }
+    o.repack_ram = 1000; /* nothing fits: no copy, a reason, same results */
+    m = load_opts(path, o);
+    cr_assert_not_null(model_repack_note(m));
+    cr_assert_eq(model_repack_bytes(m, NULL, NULL), 0);
+    float *a = eval_one_by_one(m, 0, toks, 20);
+    cr_assert_eq(memcmp(a, ref1, cnt * sizeof *a), 0, "logits differ without the copy");
+    free(a);
+    model_free(m);
+    free(ref1), free(refb);
+    unlink(copy), unlink(path), rmdir(dir);
 }
