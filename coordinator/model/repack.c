@@ -160,6 +160,7 @@ static ecs_err_t write_cache(const char *path, const void *head, size_t hb, kcpu
     if (ok)
         posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     const int err = errno;
+    const bool nomem = !buf;
     free(buf);
     if (close(fd) != 0 && ok)
         ok = false;
@@ -167,7 +168,7 @@ static ecs_err_t write_cache(const char *path, const void *head, size_t hb, kcpu
         return ECS_OK;
     unlink(tmp);
     return ecs_error(ECS_ERR_IO, "repack: cannot write %s: %s", path,
-                     buf ? strerror(err ? err : EIO) : "out of memory");
+                     nomem ? "out of memory" : strerror(err ? err : EIO));
 }
 
 /* Maps path if its header is exactly head; NULL otherwise. */

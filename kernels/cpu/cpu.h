@@ -74,6 +74,13 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *w, int64_t r0, int64_t n);
 /* Changes whenever the layout does: copies made for another are remade. */
 #define KCPU_R16_LAYOUT 3
 #define KCPU_R16_Q4_K_BLOCK 2368 /* 16 rows x 256 values */
+/* Offsets inside a Q4_K block (internal to kernels/cpu: r16.c packs,
+ * gemm_avx512.c reads). */
+#define KCPU_R16_Q4_K_D 0
+#define KCPU_R16_Q4_K_DMIN 32
+#define KCPU_R16_Q4_K_SC 64
+#define KCPU_R16_Q4_K_MN 192
+#define KCPU_R16_Q4_K_QS 320
 #define KCPU_R16_Q5_0_BLOCK 352  /* 16 rows x 32 values */
 #define KCPU_R16_Q8_0_BLOCK 544
 

@@ -917,9 +917,10 @@ INLINE void rows_impl(ecs_type_t T, int NA, int64_t n, const void *w, const void
  * is lane lane_of(G) of the row kernels' sum; the sixteen are added in
  * reduce16's tree at the end. So every float operation of row1_sb is done
  * in the same order and the bits are the same. */
-#define R16_SC 64
-#define R16_MN 192
-#define R16_QS 320
+#define R16_DMIN KCPU_R16_Q4_K_DMIN
+#define R16_SC KCPU_R16_Q4_K_SC
+#define R16_MN KCPU_R16_Q4_K_MN
+#define R16_QS KCPU_R16_Q4_K_QS
 
 /* Index of group G in the type's group order (GROUPS_K4 inverted, or G),
  * the pack_act1 position of its values. A table, so that unrolled loops
@@ -991,7 +992,7 @@ INLINE void r16_group(const uint8_t *blk, const uint8_t *a, int G, __m512i t, __
 INLINE void r16_block(const uint8_t *blk, const uint8_t *a, int j, __m512 *acc)
 {
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)blk));
-    const __m512 mdmin = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk + 32))),
+    const __m512 mdmin = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk + R16_DMIN))),
                                        _mm512_set1_ps(-1.0f));
     const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
@@ -1201,7 +1202,7 @@ static void q4_K_unpack_r16(const void *group, int64_t ncols, void *out, size_t 
             for (int r = 0; r < 16; r++) {
                 uint16_t d, m;
                 memcpy(&d, blk + 2 * r, 2);
-                memcpy(&m, blk + 32 + 2 * r, 2);
+                memcpy(&m, blk + R16_DMIN + 2 * r, 2);
                 hw[j][r] = (uint32_t)d | (uint32_t)m << 16;
             }
         }
@@ -1343,39 +1344,24 @@ GEMM_TYPE(q6_K, ECS_TYPE_Q6_K, pack_q8_K)
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
 {
-#define G(name, T, tl)                                                                        \
+#define G(name, T, tl, r16, unpack_r16)                                                       \
     (kcpu_gemm_t)                                                                             \
     {                                                                                         \
         w_sb_bytes(type_kv(T), type_has_min(T)), a_sb_bytes(type_kv(T), type_has_min(T)),    \
             64 * type_kv(T), GEMM_MR, name##_unpack, name##_pack, name##_pack1, tl,           \
-            name##_multi, NULL, NULL                                                          \
+            name##_multi, r16, unpack_r16                                                     \
     }
     switch (wtype) {
-    case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0);
-    case ECS_TYPE_Q4_1: return G(q4_1, ECS_TYPE_Q4_1, tile_8_1);
-    case ECS_TYPE_Q5_0: {
-        kcpu_gemm_t g = G(q5_0, ECS_TYPE_Q5_0, tile_8_0);
-        g.r16 = q5_0_r16;
-        g.unpack_r16 = q5_0_unpack_r16;
-        return g;
-    }
-    case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1, tile_8_1);
-    case ECS_TYPE_Q8_0: {
-        kcpu_gemm_t g = G(q8_0, ECS_TYPE_Q8_0, tile_8_0);
-        g.r16 = q8_0_r16;
-        g.unpack_r16 = q8_0_unpack_r16;
-        return g;
-    }
-    case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1);
-    case ECS_TYPE_Q3_K: return G(q3_K, ECS_TYPE_Q3_K, tile_4_0);
-    case ECS_TYPE_Q4_K: {
-        kcpu_gemm_t g = G(q4_K, ECS_TYPE_Q4_K, tile_8_1);
-        g.r16 = q4_K_r16;
-        g.unpack_r16 = q4_K_unpack_r16;
-        return g;
-    }
-    case ECS_TYPE_Q5_K: return G(q5_K, ECS_TYPE_Q5_K, tile_8_1);
-    case ECS_TYPE_Q6_K: return G(q6_K, ECS_TYPE_Q6_K, tile_4_0);
+    case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0, NULL, NULL);
+    case ECS_TYPE_Q4_1: return G(q4_1, ECS_TYPE_Q4_1, tile_8_1, NULL, NULL);
+    case ECS_TYPE_Q5_0: return G(q5_0, ECS_TYPE_Q5_0, tile_8_0, q5_0_r16, q5_0_unpack_r16);
+    case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1, tile_8_1, NULL, NULL);
+    case ECS_TYPE_Q8_0: return G(q8_0, ECS_TYPE_Q8_0, tile_8_0, q8_0_r16, q8_0_unpack_r16);
+    case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1, NULL, NULL);
+    case ECS_TYPE_Q3_K: return G(q3_K, ECS_TYPE_Q3_K, tile_4_0, NULL, NULL);
+    case ECS_TYPE_Q4_K: return G(q4_K, ECS_TYPE_Q4_K, tile_8_1, q4_K_r16, q4_K_unpack_r16);
+    case ECS_TYPE_Q5_K: return G(q5_K, ECS_TYPE_Q5_K, tile_8_1, NULL, NULL);
+    case ECS_TYPE_Q6_K: return G(q6_K, ECS_TYPE_Q6_K, tile_4_0, NULL, NULL);
     default: return (kcpu_gemm_t){0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     }
 #undef G

@@ -36,12 +36,11 @@ size_t kcpu_r16_bytes(ecs_type_t type, int64_t nrows, int64_t ncols)
            block_bytes(type);
 }
 
-/* Offsets inside a Q4_K row group's block. */
-#define R16_D 0
-#define R16_DMIN 32
-#define R16_SC 64
-#define R16_MN 192
-#define R16_QS 320
+#define R16_D KCPU_R16_Q4_K_D
+#define R16_DMIN KCPU_R16_Q4_K_DMIN
+#define R16_SC KCPU_R16_Q4_K_SC
+#define R16_MN KCPU_R16_Q4_K_MN
+#define R16_QS KCPU_R16_Q4_K_QS
 
 /* Block b of 16 consecutive Q4_K rows (row_bytes apart) into out. */
 static void pack_q4_K_block(const uint8_t *rows, size_t row_bytes, int64_t b, uint8_t *out)
