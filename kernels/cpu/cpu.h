@@ -42,8 +42,8 @@ void kcpu_quantize_act(ecs_type_t vdt, const float *x, void *out, int64_t n);
 
 /* A weight matrix: nrows rows of ncols elements of type, row_bytes apart.
  * r16, when not NULL, is the same matrix in the row-interleaved layout
- * below (kcpu_r16_pack): products of fewer than KCPU_GEMM_MIN_NB rows
- * (decode) read it instead of data, with the same arithmetic, so results do
+ * below (kcpu_r16_pack): products of one or two activation rows (decode)
+ * read it instead of data, with the same arithmetic, so results do
  * not change. With r16_tiles, batched products unpack their tiles from it
  * too (a few % slower than from the rows, but data is then never read). */
 typedef struct {

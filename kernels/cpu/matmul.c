@@ -33,6 +33,10 @@
 /* Weight bytes (unpacked) per tile in the batched path: with the packed
  * activations it stays in L2. */
 #define GEMM_TILE_BYTES (96 * 1024)
+/* Most activation rows the decode copy takes (one at a time): from DRAM,
+ * three rows ran 16-20 % slower on it than the row kernels' shared unpacking
+ * for Q4_K and Q5_0, two rows 6-19 % faster (bench_matvec --only copy). */
+#define R16_MAX_NB 2
 /* Activation rows per tile call in the batched path, between prefetches of
  * the next tile's weights. */
 #define PREFETCH_ROWS 8
@@ -230,9 +234,9 @@ static mm_view_t mm_view(const mm_task_t *t)
     uint8_t *packed = scratch(SCRATCH_ACT, t->packed_row * (size_t)t->nb);
     if (!packed)
         return v;
-    /* below KCPU_GEMM_MIN_NB rows the interleaved copy takes one row at a
-     * time (in the lone-row layout), where the matrix has one */
-    v.r16 = t->nb < KCPU_GEMM_MIN_NB && t->w->r16 && t->gemm.r16;
+    /* up to R16_MAX_NB rows the interleaved copy takes one row at a time
+     * (in the lone-row layout), where the matrix has one */
+    v.r16 = t->nb <= R16_MAX_NB && t->w->r16 && t->gemm.r16;
     for (int b = 0; b < t->nb; b++)
         (t->nb == 1 || v.r16 ? t->gemm.pack_act1 : t->gemm.pack_act)(
             t->act + (size_t)b * t->act_stride, t->w->ncols, packed + (size_t)b * t->packed_row);

@@ -11,10 +11,13 @@
  *    relative to nb = 1.
  * 4. Each kernel's compute ceiling: one thread, weights in L2.
  * 5. Prefill: the shapes of DeepSeek-V2-Lite's experts for nb = 1 .. 64.
- * 6. The thread pool's cost per ecs_threadpool_run (decode makes hundreds of
+ * 6. The decode copy (kcpu_r16_*) against the rows for 1-3 activation rows
+ *    (decode steps of 1-3 sequences), one thread, on the expert shapes:
+ *    one matrix (cache-resident) and 40 of them (from DRAM).
+ * 7. The thread pool's cost per ecs_threadpool_run (decode makes hundreds of
  *    calls per token), back to back, after serial gaps, and with work.
  *
- * usage: bench_matvec [--quick] [--only triad|matvec|batch|kernel|prefill|pool]
+ * usage: bench_matvec [--quick] [--only triad|matvec|batch|kernel|prefill|copy|pool]
  *   --quick: small sizes (a smoke run; the arrays then fit in the caches)
  *   --only:  one section (matvec still measures the triad it compares to) */
 #include <stdbool.h>
@@ -387,6 +390,70 @@ static void bench_prefill(ecs_threadpool_t *const *pools, const int *nths, int n
 
 /* ---- thread pool overhead ---- */
 
+/* ms per call of one thread over nmat matrices of one expert shape, from
+ * the rows and from the decode copy, for 1-3 activation rows. */
+typedef struct {
+    const kcpu_mat_t *w;
+    int nmat, nb, copy;
+    const void *act;
+    float *y;
+} copy_run_t;
+
+static void copy_run(void *p)
+{
+    const copy_run_t *r = p;
+    for (int i = 0; i < r->nmat; i++) {
+        kcpu_mat_t v = r->w[i];
+        if (!r->copy)
+            v.r16 = NULL;
+        kcpu_matmul_q(NULL, &v, r->act, r->nb, r->y, v.nrows);
+    }
+}
+
+static void bench_copy(int reps)
+{
+    static const struct {
+        ecs_type_t type;
+        int64_t nrows, ncols;
+    } shapes[] = {{ECS_TYPE_Q4_K, 1408, 2048}, {ECS_TYPE_Q5_0, 2048, 1408},
+                  {ECS_TYPE_Q8_0, 2048, 1408}};
+    static const int nmats[] = {1, 40};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const ecs_type_t t = shapes[si].type;
+        const int64_t nrows = shapes[si].nrows, ncols = shapes[si].ncols;
+        kcpu_mat_t w[40];
+        bool ok = true;
+        for (int i = 0; i < 40; i++) {
+            w[i] = make_matrix(t, ncols, ecs_row_size(t, ncols) * (size_t)nrows);
+            ok = ok && add_r16(&w[i]);
+        }
+        void *act = make_act(t, ncols, 3);
+        float *y = xmalloc(sizeof(float) * (size_t)nrows * 3);
+        for (size_t mi = 0; ok && mi < sizeof nmats / sizeof nmats[0]; mi++) {
+            printf("copy    %-5s %4lld x %4lld x %-2d ms/call rows -> copy:", ecs_type_name(t),
+                   (long long)nrows, (long long)ncols, nmats[mi]);
+            for (int nb = 1; nb <= 3; nb++) {
+                double ms[2];
+                for (int c = 0; c < 2; c++) {
+                    copy_run_t r = {w, nmats[mi], nb, c, act, y};
+                    ms[c] = best_of(copy_run, &r, reps, 1).wall * 1e3;
+                }
+                printf("  nb=%d %.3f -> %.3f", nb, ms[0], ms[1]);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+        if (!ok)
+            printf("copy    %-5s: no decode copy on this ISA\n", ecs_type_name(t));
+        for (int i = 0; i < 40; i++) {
+            free((void *)w[i].data);
+            free((void *)w[i].r16);
+        }
+        free(act);
+        free(y);
+    }
+}
+
 static void empty_task(void *arg, int ith, int nth)
 {
     (void)arg, (void)ith, (void)nth;
@@ -472,7 +539,7 @@ int main(int argc, char **argv)
             only = argv[++i];
         } else {
             fprintf(stderr,
-                    "usage: %s [--quick] [--only triad|matvec|batch|kernel|prefill|pool]\n",
+                    "usage: %s [--quick] [--only triad|matvec|batch|kernel|prefill|copy|pool]\n",
                     argv[0]);
             return 2;
         }
@@ -516,6 +583,8 @@ int main(int argc, char **argv)
         bench_kernels();
     if (wanted(only, "prefill"))
         bench_prefill(pools, nths, NPOOLS, cfg.reps * 4);
+    if (wanted(only, "copy"))
+        bench_copy(cfg.reps * 4);
     if (wanted(only, "pool"))
         bench_pool(pools, nths, NPOOLS);
     for (int p = 0; p < NPOOLS; p++)

@@ -975,7 +975,7 @@ static void r16_check(const r16_case_t *c, ecs_threadpool_t *tp, int b)
     float *batch = xalloc(sizeof(float) * (size_t)n * 4);
     const uint8_t *a = c->act + (size_t)b * c->as;
     kcpu_matmul_q(tp, &c->w, a, 1, plain, n);
-    /* 2 and 3 rows: the copy takes them one by one */
+    /* 2 rows: the copy one row at a time; 3: the rows. The same bits. */
     for (int nb = 2; nb <= 3; nb++) {
         kcpu_matmul_q(tp, &c->wi, a, nb, batch, n);
         for (int j = 0; j < nb; j++) {
