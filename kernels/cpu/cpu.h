@@ -74,8 +74,9 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *w, int64_t r0, int64_t n);
 /* Changes whenever the layout does: copies made for another are remade. */
 #define KCPU_R16_LAYOUT 3
 #define KCPU_R16_Q4_K_BLOCK 2368 /* 16 rows x 256 values */
-/* Offsets inside a Q4_K block (internal to kernels/cpu: r16.c packs,
- * gemm_avx512.c reads). */
+/* Offsets inside a Q4_K block (internal to kernels/cpu: r16.c and
+ * k4_avx512.c pack, k4_avx512.c reads; every Q4_K product on AVX-512 runs
+ * on this layout). */
 #define KCPU_R16_Q4_K_D 0
 #define KCPU_R16_Q4_K_DMIN 32
 #define KCPU_R16_Q4_K_SC 64
@@ -187,9 +188,20 @@ typedef struct {
      * (rows out_row bytes apart), so batched products need not read the
      * rows themselves; NULL with r16 */
     void (*unpack_r16)(const void *w, int64_t ncols, void *out, size_t out_row);
+    /* Types whose every product runs on interleaved groups of 16 rows
+     * (Q4_K, k4_avx512.c; w_sb is 0 and the tile fields NULL): grp takes a
+     * group (the copy's, or rows that grp_pack put in its layout) against
+     * na <= KCPU_MAX_NA activation rows packed by pack_act, as bytes apart:
+     * y[j * ldy + i] for i < 16, j < na. grp_pack packs nrows <= 16 rows
+     * (row_bytes apart; the rest of the group zeros) into
+     * kcpu_r16_bytes(type, 16, ncols) bytes, 64-byte aligned. */
+    void (*grp)(const void *g, int64_t ncols, const void *a, size_t as, int na, float *y,
+                int64_t ldy);
+    void (*grp_pack)(const void *rows, size_t row_bytes, int nrows, int64_t ncols, void *out);
 } kcpu_gemm_t;
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype);
+kcpu_gemm_t kcpu_gemm_q4_K_avx512(void);
 /* The kernels for wtype at the ISA in use (w_sb == 0: none). */
 kcpu_gemm_t kcpu_gemm(ecs_type_t wtype);
 

@@ -185,7 +185,7 @@ kcpu_gemm_t kcpu_gemm(ecs_type_t wtype)
 {
     if (kcpu_isa() >= KCPU_ISA_AVX512)
         return kcpu_gemm_avx512(wtype);
-    return (kcpu_gemm_t){0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    return (kcpu_gemm_t){0};
 }
 
 void kcpu_quantize_act(ecs_type_t vdt, const float *x, void *out, int64_t n)

@@ -907,44 +907,28 @@ INLINE void rows_impl(ecs_type_t T, int NA, int64_t n, const void *w, const void
 }
 
 /* ------------------------------------------------------------------------ */
-/* Row-interleaved Q4_K (decode)                                             */
+/* Row-interleaved Q5_0 / Q8_0 (decode; Q4_K: k4_avx512.c)                   */
 /* ------------------------------------------------------------------------ */
 
 /* 16 weight rows (kcpu_r16_pack) against one activation row in the pack_act1
- * layout. Lane r of every vector is row r: a group's chain broadcasts four
- * activation bytes per vpdpbusd, and each group of the 512-value superblock
- * keeps its own float sum (acc[G], G = 8 j + sub-block of block j), which
- * is lane lane_of(G) of the row kernels' sum; the sixteen are added in
- * reduce16's tree at the end. So every float operation of row1_sb is done
- * in the same order and the bits are the same. */
-#define R16_DMIN KCPU_R16_Q4_K_DMIN
-#define R16_SC KCPU_R16_Q4_K_SC
-#define R16_MN KCPU_R16_Q4_K_MN
-#define R16_QS KCPU_R16_Q4_K_QS
-
-/* Index of group G in the type's group order (GROUPS_K4 inverted, or G),
- * the pack_act1 position of its values. A table, so that unrolled loops
- * fold it. */
-static const uint8_t K4_INDEX[16] = {0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15};
-
-INLINE int grp_index(ecs_type_t T, int G)
-{
-    return T == ECS_TYPE_Q4_K ? K4_INDEX[G] : G;
-}
+ * layout. Lane r of every vector is row r: a block's chain broadcasts four
+ * activation bytes per vpdpbusd, and each block G of the 512-value
+ * superblock keeps its own float sum (acc[G]), which is lane G's of the row
+ * kernels' sum after their transpose; the sixteen are added in reduce16's
+ * tree at the end. So every float operation of row1_sb is done in the same
+ * order and the bits are the same. */
 
 /* Lane of group G after the transpose (lane_groups inverted). */
-INLINE int grp_lane(ecs_type_t T, int G)
+INLINE int grp_lane(int G)
 {
-    const int i = grp_index(T, G);
-    return 4 * (i % 4) + i / 4;
+    return 4 * (G % 4) + G / 4;
 }
 
 /* Byte offset of value v (0..31) of group G in a pack_act1 superblock:
- * vector 4 (v / 16) + k, 128-bit lane q, where groups[4 k + q] = G. */
-INLINE size_t grp_act_off(ecs_type_t T, int G, int v)
+ * vector 4 (v / 16) + G / 4, 128-bit lane G % 4. */
+INLINE size_t grp_act_off(int G, int v)
 {
-    const int i = grp_index(T, G);
-    return (size_t)(64 * (4 * (v / 16) + i / 4) + 16 * (i % 4) + v % 16);
+    return (size_t)(64 * (4 * (v / 16) + G / 4) + 16 * (G % 4) + v % 16);
 }
 
 INLINE float act_lane_f(const uint8_t *a, size_t off, int L)
@@ -955,13 +939,12 @@ INLINE float act_lane_f(const uint8_t *a, size_t off, int L)
 }
 
 /* acc[G] for G in lane order, summed as row1_impl's reduce16 does. */
-INLINE void r16_store(ecs_type_t T, __m512 *acc, float *out)
+INLINE void r16_store(__m512 *acc, float *out)
 {
-    const uint8_t *groups = type_groups(T);
     __m512 lanes[16];
 #pragma GCC unroll 16
     for (int L = 0; L < 16; L++)
-        lanes[L] = acc[groups[4 * (L % 4) + L / 4]];
+        lanes[L] = acc[4 * (L % 4) + L / 4];
     _mm512_storeu_ps(out, reduce16_v(lanes));
 }
 
@@ -970,45 +953,6 @@ INLINE __m512i bcast32(const uint8_t *p)
     int32_t x;
     memcpy(&x, p, 4);
     return _mm512_set1_epi32(x);
-}
-
-/* acc[G] += group G's term (chain t), as row1_sb adds it to lane grp_lane(G). */
-INLINE void r16_group(const uint8_t *blk, const uint8_t *a, int G, __m512i t, __m512 d,
-                      __m512 mdmin, __m512 *acc)
-{
-    const int g = G % 8, L = grp_lane(ECS_TYPE_Q4_K, G);
-    const __m512 sc = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + R16_SC + 16 * g)))),
-        d);
-    const __m512 mn = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + R16_MN + 16 * g)))),
-        mdmin);
-    const __m512 s2 = _mm512_mul_ps(sc, _mm512_set1_ps(act_lane_f(a, a_sc(8), L)));
-    acc[G] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[G]);
-    acc[G] = _mm512_fmadd_ps(mn, _mm512_set1_ps(act_lane_f(a, a_mn(8), L)), acc[G]);
-}
-
-/* Block j (0, 1) of the superblock whose activations are at a. */
-INLINE void r16_block(const uint8_t *blk, const uint8_t *a, int j, __m512 *acc)
-{
-    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)blk));
-    const __m512 mdmin = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk + R16_DMIN))),
-                                       _mm512_set1_ps(-1.0f));
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) { /* low nibbles: sub-block 2 c, high: 2 c + 1 */
-        const int G0 = 8 * j + 2 * c, G1 = G0 + 1;
-        __m512i t0 = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            const __m512i q = _mm512_load_si512((const void *)(blk + R16_QS + 64 * (8 * c + k)));
-            t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(q, m4), bcast32(a + grp_act_off(ECS_TYPE_Q4_K, G0, 4 * k)));
-            t1 = _mm512_dpbusd_epi32(t1, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
-                                     bcast32(a + grp_act_off(ECS_TYPE_Q4_K, G1, 4 * k)));
-        }
-        r16_group(blk, a, G0, t0, d, mdmin, acc);
-        r16_group(blk, a, G1, t1, d, mdmin, acc);
-    }
 }
 
 /* Q5_0's fifth bits of word k (half h: values 16 h + 4 k ..) of 16 rows as
@@ -1033,7 +977,7 @@ INLINE void r16_legacy_group(ecs_type_t T, const uint8_t *u, const uint8_t *a, i
                              __m512 *acc)
 {
     const bool q5 = T == ECS_TYPE_Q5_0;
-    const int W = q5 ? 4 : 8, L = grp_lane(T, G), h = G % 2;
+    const int W = q5 ? 4 : 8, L = grp_lane(G), h = G % 2;
     const uint8_t *pair = u + (size_t)(G / 2) * 2 * (q5 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK);
     const uint8_t *qp = pair + 64 * W * h, *qhp = pair + 128 * W + 64 * h;
     const uint8_t *dp = pair + 128 * W + (q5 ? 128 : 0) + 32 * h;
@@ -1049,32 +993,25 @@ INLINE void r16_legacy_group(ecs_type_t T, const uint8_t *u, const uint8_t *a, i
             const __m512i lo = _mm512_and_si512(q, m4);
             const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
             t = _mm512_dpbusd_epi32(t, _mm512_mask_add_epi8(lo, q5_fifth(qh, k, 0), lo, b16),
-                                    bcast32(a + grp_act_off(T, G, 4 * k)));
+                                    bcast32(a + grp_act_off(G, 4 * k)));
             t = _mm512_dpbusd_epi32(t, _mm512_mask_add_epi8(hi, q5_fifth(qh, k, 1), hi, b16),
-                                    bcast32(a + grp_act_off(T, G, 16 + 4 * k)));
+                                    bcast32(a + grp_act_off(G, 16 + 4 * k)));
         }
     } else {
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
             t = _mm512_dpbusd_epi32(t, _mm512_load_si512((const void *)(qp + 64 * k)),
-                                    bcast32(a + grp_act_off(T, G, 4 * k)));
+                                    bcast32(a + grp_act_off(G, 4 * k)));
     }
     const __m512 sc = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dp));
     const __m512 s2 = _mm512_mul_ps(sc, _mm512_set1_ps(act_lane_f(a, a_sc(8), L)));
     acc[G] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[G]);
 }
 
-/* One 512-value superblock at u: two Q4_K blocks (the second may be
- * missing at the end of a row) or up to 16 Q5_0 / Q8_0 blocks; returns the
+/* One 512-value superblock at u: up to 16 Q5_0 / Q8_0 blocks; returns the
  * bytes it took. */
 INLINE size_t r16_sb(ecs_type_t T, const uint8_t *u, int64_t left, const uint8_t *a, __m512 *acc)
 {
-    if (T == ECS_TYPE_Q4_K) {
-        r16_block(u, a, 0, acc);
-        if (left > 1)
-            r16_block(u + KCPU_R16_Q4_K_BLOCK, a, 1, acc);
-        return (left > 1 ? 2 : 1) * (size_t)KCPU_R16_Q4_K_BLOCK;
-    }
     const int ub = left < 16 ? (int)left : 16;
 #pragma GCC unroll 16
     for (int G = 0; G < 16; G++)
@@ -1085,88 +1022,19 @@ INLINE size_t r16_sb(ecs_type_t T, const uint8_t *u, int64_t left, const uint8_t
 
 INLINE void r16_impl(ecs_type_t T, const void *w, int64_t ncols, const void *a, float *out)
 {
-    const int bpsb = T == ECS_TYPE_Q4_K ? 2 : 16; /* blocks per superblock */
-    const int64_t nblk = ncols / (T == ECS_TYPE_Q4_K ? QK_K : QK);
+    const int64_t nblk = ncols / QK;
     const size_t asb = a_sb_bytes(8, type_has_min(T));
     const uint8_t *u = w, *ap = a;
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int G = 0; G < 16; G++)
         acc[G] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nblk; b += bpsb, ap += asb)
+    for (int64_t b = 0; b < nblk; b += 16, ap += asb)
         u += r16_sb(T, u, nblk - b, ap, acc);
-    r16_store(T, acc, out);
-}
-
-static void q4_K_r16(const void *w, int64_t ncols, const void *a, float *out)
-{
-    r16_impl(ECS_TYPE_Q4_K, w, ncols, a, out);
+    r16_store(acc, out);
 }
 
 /* ---- unpacking tiles from the interleaved copy (batched products) ---- */
-
-/* r[i] becomes column i of the 16 x 16 block of 32-bit words whose rows
- * were r[0..15]. */
-INLINE void transpose16_epi32(__m512i r[16])
-{
-    __m512i t[16], u[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        t[k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
-        t[4 + k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
-        t[8 + k] = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
-        t[12 + k] = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
-    }
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        r[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
-        r[8 + k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xdd);
-    }
-}
-
-/* out[i] = column i of the 16 x 16 bytes whose rows are a[0..15]. */
-INLINE void transpose16_epi8(const __m128i a[16], __m128i out[16])
-{
-    __m128i s1[16], s2[16], s3[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) { /* [half of the columns][row pair] */
-        s1[i] = _mm_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
-        s1[8 + i] = _mm_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
-    }
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) /* [column quad][row quad] */
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            s2[8 * h + i] = _mm_unpacklo_epi16(s1[8 * h + 2 * i], s1[8 * h + 2 * i + 1]);
-            s2[8 * h + 4 + i] = _mm_unpackhi_epi16(s1[8 * h + 2 * i], s1[8 * h + 2 * i + 1]);
-        }
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) /* [column quad][row octet][column pair] */
-#pragma GCC unroll 2
-        for (int i = 0; i < 2; i++) {
-            s3[4 * c + 2 * i] = _mm_unpacklo_epi32(s2[4 * c + 2 * i], s2[4 * c + 2 * i + 1]);
-            s3[4 * c + 2 * i + 1] = _mm_unpackhi_epi32(s2[4 * c + 2 * i], s2[4 * c + 2 * i + 1]);
-        }
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++)
-#pragma GCC unroll 2
-        for (int p = 0; p < 2; p++) {
-            out[4 * c + 2 * p] = _mm_unpacklo_epi64(s3[4 * c + p], s3[4 * c + 2 + p]);
-            out[4 * c + 2 * p + 1] = _mm_unpackhi_epi64(s3[4 * c + p], s3[4 * c + 2 + p]);
-        }
-}
 
 /* 16 consecutive 64-byte vectors at p, transposed: v[r] = lane r of each. */
 INLINE void load_t16(const uint8_t *p, size_t stride, __m512i v[16])
@@ -1175,50 +1043,6 @@ INLINE void load_t16(const uint8_t *p, size_t stride, __m512i v[16])
     for (int i = 0; i < 16; i++)
         v[i] = _mm512_load_si512((const void *)(p + stride * (size_t)i));
     transpose16_epi32(v);
-}
-
-/* The 16 rows of a Q4_K group (r16.c), as unpack_row makes them. */
-static void q4_K_unpack_r16(const void *group, int64_t ncols, void *out, size_t out_row)
-{
-    const int64_t nblk = ncols / QK_K;
-    const __m512i lg = lane_groups(ECS_TYPE_Q4_K);
-    const size_t wsb = w_sb_bytes(8, true);
-    const uint8_t *g = group;
-    for (int64_t b = 0; b < nblk; b += 2) {
-        const bool two = b + 1 < nblk;
-        __m512i x[2][2][16]; /* [block][qs half][row] */
-        __m128i sm[2][16];   /* [block][row]: scales 0..7, mins 0..7 */
-        uint32_t hw[2][16];  /* d | dmin << 16 */
-        for (int j = 0; j < (two ? 2 : 1); j++) {
-            const uint8_t *blk = g + (size_t)(b + j) * KCPU_R16_Q4_K_BLOCK;
-            load_t16(blk + R16_QS, 64, x[j][0]);
-            load_t16(blk + R16_QS + 16 * 64, 64, x[j][1]);
-            __m128i a[16];
-            for (int i = 0; i < 8; i++) {
-                a[i] = _mm_load_si128((const __m128i *)(blk + R16_SC + 16 * i));
-                a[8 + i] = _mm_load_si128((const __m128i *)(blk + R16_MN + 16 * i));
-            }
-            transpose16_epi8(a, sm[j]);
-            for (int r = 0; r < 16; r++) {
-                uint16_t d, m;
-                memcpy(&d, blk + 2 * r, 2);
-                memcpy(&m, blk + R16_DMIN + 2 * r, 2);
-                hw[j][r] = (uint32_t)d | (uint32_t)m << 16;
-            }
-        }
-        for (int r = 0; r < 16; r++) {
-            wsb_t u;
-            k4_block_v(x[0][0][r], x[0][1][r], NULL, 0, &u);
-            if (two)
-                k4_block_v(x[1][0][r], x[1][1][r], NULL, 1, &u);
-            else
-                u.q[2] = u.q[3] = u.q[6] = u.q[7] = _mm512_setzero_si512();
-            const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(sm[0][r]),
-                                                        two ? sm[1][r] : sm[0][r], 1);
-            k4_factors(raw, hw[0][r], two ? hw[1][r] : 0, two, lg, &u);
-            store_wsb(8, true, &u, (uint8_t *)out + (size_t)r * out_row + (size_t)(b / 2) * wsb);
-        }
-    }
 }
 
 /* The 16 rows of a Q5_0 / Q8_0 group, as unpack_row makes them: per
@@ -1338,18 +1162,19 @@ GEMM_TYPE(q5_1, ECS_TYPE_Q5_1, pack_q8_legacy)
 GEMM_TYPE(q8_0, ECS_TYPE_Q8_0, pack_q8_legacy)
 GEMM_TYPE(q2_K, ECS_TYPE_Q2_K, pack_q8_K)
 GEMM_TYPE(q3_K, ECS_TYPE_Q3_K, pack_q8_K)
-GEMM_TYPE(q4_K, ECS_TYPE_Q4_K, pack_q8_K)
 GEMM_TYPE(q5_K, ECS_TYPE_Q5_K, pack_q8_K)
 GEMM_TYPE(q6_K, ECS_TYPE_Q6_K, pack_q8_K)
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
 {
-#define G(name, T, tl, r16, unpack_r16)                                                       \
+#define G(name, T, tl, r16_, unpack_r16_)                                                      \
     (kcpu_gemm_t)                                                                             \
     {                                                                                         \
-        w_sb_bytes(type_kv(T), type_has_min(T)), a_sb_bytes(type_kv(T), type_has_min(T)),    \
-            64 * type_kv(T), GEMM_MR, name##_unpack, name##_pack, name##_pack1, tl,           \
-            name##_multi, r16, unpack_r16                                                     \
+        .w_sb = w_sb_bytes(type_kv(T), type_has_min(T)),                                      \
+        .a_sb = a_sb_bytes(type_kv(T), type_has_min(T)), .sb_cols = 64 * type_kv(T),          \
+        .mr = GEMM_MR, .unpack_w = name##_unpack, .pack_act = name##_pack,                    \
+        .pack_act1 = name##_pack1, .tile = tl, .multi = name##_multi, .r16 = r16_,            \
+        .unpack_r16 = unpack_r16_                                                             \
     }
     switch (wtype) {
     case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0, NULL, NULL);
@@ -1359,10 +1184,10 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
     case ECS_TYPE_Q8_0: return G(q8_0, ECS_TYPE_Q8_0, tile_8_0, q8_0_r16, q8_0_unpack_r16);
     case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1, NULL, NULL);
     case ECS_TYPE_Q3_K: return G(q3_K, ECS_TYPE_Q3_K, tile_4_0, NULL, NULL);
-    case ECS_TYPE_Q4_K: return G(q4_K, ECS_TYPE_Q4_K, tile_8_1, q4_K_r16, q4_K_unpack_r16);
+    case ECS_TYPE_Q4_K: return kcpu_gemm_q4_K_avx512(); /* k4_avx512.c */
     case ECS_TYPE_Q5_K: return G(q5_K, ECS_TYPE_Q5_K, tile_8_1, NULL, NULL);
     case ECS_TYPE_Q6_K: return G(q6_K, ECS_TYPE_Q6_K, tile_4_0, NULL, NULL);
-    default: return (kcpu_gemm_t){0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    default: return (kcpu_gemm_t){0};
     }
 #undef G
 }

@@ -70,6 +70,7 @@ typedef struct {
     bool tiled; /* nb >= KCPU_GEMM_MIN_NB: unpacked weight tiles */
     bool r16;   /* nb < KCPU_GEMM_MIN_NB and the matrix has its interleaved copy:
                  * activations in the lone-row layout */
+    bool grp;   /* every product on interleaved row groups (kcpu_gemm_t.grp) */
 } mm_view_t;
 
 /* ---- per-thread scratch ---- */
@@ -215,9 +216,66 @@ static void r16_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
                        v->act + (size_t)b * v->stride, v->stride, 1, t->y + (int64_t)b * t->ldy + r);
 }
 
+/* Rows [r0, r1) (r0 a multiple of KCPU_R16_ROWS) a group of 16 at a time,
+ * from the interleaved copy where the matrix has one, else packed into that
+ * layout here (the same bytes); each group against every activation row
+ * while it is in L1. */
+static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
+{
+    const kcpu_mat_t *w = t->w;
+    const size_t group = kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols);
+    uint8_t *buf = NULL;
+    for (int64_t r = r0; r < r1; r += KCPU_R16_ROWS) {
+        const int nr = (int)(r1 - r < KCPU_R16_ROWS ? r1 - r : KCPU_R16_ROWS);
+        const uint8_t *g;
+        if (w->r16 && nr == KCPU_R16_ROWS) {
+            g = (const uint8_t *)w->r16 + (size_t)(r / KCPU_R16_ROWS) * group;
+        } else {
+            if (!buf && !(buf = scratch(SCRATCH_TILE, group)))
+                return false;
+            t->gemm.grp_pack((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->row_bytes,
+                             nr, w->ncols, buf);
+            g = buf;
+        }
+        /* the copy's next group comes from DRAM while this one computes: a
+         * slice of its lines per block of activation rows */
+        const uint8_t *next = w->r16 && r + 2 * KCPU_R16_ROWS <= r1
+                                  ? (const uint8_t *)w->r16 +
+                                        (size_t)(r / KCPU_R16_ROWS + 1) * group
+                                  : NULL;
+        for (int b = 0; b < t->nb; b += KCPU_MAX_NA) {
+            const int na = t->nb - b < KCPU_MAX_NA ? t->nb - b : KCPU_MAX_NA;
+            const uint8_t *a = v->act + (size_t)b * v->stride;
+            float *y = t->y + (int64_t)b * t->ldy + r;
+            if (next) {
+                const size_t p0 = group * (size_t)b / (size_t)t->nb / 64 * 64;
+                const size_t p1 = group * (size_t)(b + na) / (size_t)t->nb;
+                for (size_t o = p0; o < p1; o += 64)
+                    __builtin_prefetch(next + o, 0, 2);
+            }
+            if (nr == KCPU_R16_ROWS) {
+                t->gemm.grp(g, w->ncols, a, v->stride, na, y, t->ldy);
+                continue;
+            }
+            float part[KCPU_MAX_NA * KCPU_R16_ROWS];
+            t->gemm.grp(g, w->ncols, a, v->stride, na, part, KCPU_R16_ROWS);
+            for (int j = 0; j < na; j++)
+                memcpy(y + (int64_t)j * t->ldy, part + j * KCPU_R16_ROWS,
+                       (size_t)nr * sizeof *part);
+        }
+    }
+    return true;
+}
+
 static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
 {
-    if (v->r16) /* all kernels compute alike */
+    if (v->grp) {
+        if (grp_rows(t, v, r0, r1))
+            return;
+        /* no scratch: the row kernels below, on the raw activations */
+        mm_view_t raw = {t->act, t->act_stride, t->k, false, false, false};
+        mm_rows(t, &raw, r0, r1);
+    } else if (v->r16) /* all kernels compute alike */
         r16_rows(t, v, r0, r1);
     else if (!v->tiled || !gemm_rows(t, v, r0, r1))
         mm_rows(t, v, r0, r1);
@@ -228,12 +286,21 @@ static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
  * every call, which costs more than packing (~25 cycles per 256 values). */
 static mm_view_t mm_view(const mm_task_t *t)
 {
-    mm_view_t v = {t->act, t->act_stride, t->k, false, false};
-    if (!t->gemm.w_sb)
+    mm_view_t v = {t->act, t->act_stride, t->k, false, false, false};
+    if (!t->gemm.w_sb && !t->gemm.grp)
         return v;
     uint8_t *packed = scratch(SCRATCH_ACT, t->packed_row * (size_t)t->nb);
     if (!packed)
         return v;
+    if (t->gemm.grp) {
+        for (int b = 0; b < t->nb; b++)
+            t->gemm.pack_act(t->act + (size_t)b * t->act_stride, t->w->ncols,
+                             packed + (size_t)b * t->packed_row);
+        v.act = packed;
+        v.stride = t->packed_row;
+        v.grp = true;
+        return v;
+    }
     /* up to R16_MAX_NB rows the interleaved copy takes one row at a time
      * (in the lone-row layout), where the matrix has one */
     v.r16 = t->nb <= R16_MAX_NB && t->w->r16 && t->gemm.r16;
@@ -279,11 +346,15 @@ static void mm_worker(void *arg, int ith, int nth)
 static void gemm_prepare(mm_task_t *t)
 {
     const kcpu_gemm_t g = kcpu_gemm(t->w->type);
-    if (!g.w_sb || t->w->ncols < KCPU_GEMM_SB)
+    if ((!g.w_sb && !g.grp) || t->w->ncols < KCPU_GEMM_SB)
         return;
     t->gemm = g;
     t->nsb = (t->w->ncols + g.sb_cols - 1) / g.sb_cols;
     t->packed_row = (size_t)t->nsb * g.a_sb;
+    if (g.grp) { /* one group of rows packed at a time where there is no copy */
+        t->tile_rows = KCPU_R16_ROWS;
+        return;
+    }
     const size_t wrow = (size_t)t->nsb * g.w_sb;
     /* whole interleaved groups per tile where the copy is read */
     const int64_t unit = t->w->r16 && t->w->r16_tiles && g.unpack_r16 ? KCPU_R16_ROWS : g.mr;
@@ -321,8 +392,8 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
         rows = min_rows;
     /* whole microkernels (not whole tiles: that unbalances the threads),
      * whole interleaved row groups */
-    const int64_t align = w->r16 && t.gemm.r16 ? KCPU_R16_ROWS : t.gemm.mr;
-    if (t.gemm.w_sb)
+    const int64_t align = (w->r16 && t.gemm.r16) || t.gemm.grp ? KCPU_R16_ROWS : t.gemm.mr;
+    if (t.gemm.w_sb || t.gemm.grp)
         rows = (rows + align - 1) / align * align;
     t.chunk_rows = rows;
     t.nchunks = (w->nrows + rows - 1) / rows;
@@ -392,8 +463,9 @@ static void scratch_need(const kcpu_mat_t *w, int nb, size_t need[SCRATCH_SLOTS]
 {
     mm_task_t t = {.w = w, .nb = nb};
     gemm_prepare(&t);
-    need[SCRATCH_ACT] = t.gemm.w_sb ? t.packed_row * (size_t)nb : 0;
-    need[SCRATCH_TILE] = t.gemm.w_sb && nb >= KCPU_GEMM_MIN_NB
+    need[SCRATCH_ACT] = t.gemm.w_sb || t.gemm.grp ? t.packed_row * (size_t)nb : 0;
+    need[SCRATCH_TILE] = t.gemm.grp ? kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols)
+                         : t.gemm.w_sb && nb >= KCPU_GEMM_MIN_NB
                              ? (size_t)t.nsb * t.gemm.w_sb * (size_t)t.tile_rows
                              : 0;
 }

@@ -103,6 +103,69 @@ INLINE __m512 reduce16_v(__m512 v[16])
     return _mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3]));
 }
 
+/* r[i] becomes column i of the 16 x 16 block of 32-bit words whose rows
+ * were r[0..15]. */
+INLINE void transpose16_epi32(__m512i r[16])
+{
+    __m512i t[16], u[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        t[k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+        t[4 + k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+        t[8 + k] = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+        t[12 + k] = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
+        r[8 + k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xdd);
+    }
+}
+
+/* out[i] = column i of the 16 x 16 bytes whose rows are a[0..15]. */
+INLINE void transpose16_epi8(const __m128i a[16], __m128i out[16])
+{
+    __m128i s1[16], s2[16], s3[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) { /* [half of the columns][row pair] */
+        s1[i] = _mm_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
+        s1[8 + i] = _mm_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) /* [column quad][row quad] */
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            s2[8 * h + i] = _mm_unpacklo_epi16(s1[8 * h + 2 * i], s1[8 * h + 2 * i + 1]);
+            s2[8 * h + 4 + i] = _mm_unpackhi_epi16(s1[8 * h + 2 * i], s1[8 * h + 2 * i + 1]);
+        }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) /* [column quad][row octet][column pair] */
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; i++) {
+            s3[4 * c + 2 * i] = _mm_unpacklo_epi32(s2[4 * c + 2 * i], s2[4 * c + 2 * i + 1]);
+            s3[4 * c + 2 * i + 1] = _mm_unpackhi_epi32(s2[4 * c + 2 * i], s2[4 * c + 2 * i + 1]);
+        }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) {
+            out[4 * c + 2 * p] = _mm_unpacklo_epi64(s3[4 * c + p], s3[4 * c + 2 + p]);
+            out[4 * c + 2 * p + 1] = _mm_unpackhi_epi64(s3[4 * c + p], s3[4 * c + 2 + p]);
+        }
+}
+
 /* The k-quants with 16 groups of 16 values, one scale each. */
 typedef enum { K_Q2, K_Q3, K_Q6 } k16_kind_t;
 

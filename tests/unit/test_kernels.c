@@ -451,13 +451,67 @@ typedef struct {
     int64_t nrows, ncols;
 } shape_t;
 
+/* Scale and min j of a Q4_K block's 12 packed bytes (written here apart
+ * from the kernels' own unpacking). */
+static void k4_scale_min(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* The arithmetic of every AVX-512 Q4_K product (k4_avx512.c), in scalar C:
+ * integer sums per 256-value block scaled by the 6-bit scales, the mins'
+ * integer term, then two fused float operations per block in order. */
+static float q4_K_exact(int64_t ncols, const void *w, const void *a)
+{
+    const ecs_block_q4_K *x = w;
+    const ecs_block_q8_K *y = a;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < ncols / ECS_QK_K; b++) {
+        int32_t I = 0, M = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            k4_scale_min(j, x[b].scales, &sc, &m);
+            int32_t s = 0, sum = 0;
+            for (int i = 0; i < 32; i++) {
+                const uint8_t byte = x[b].qs[32 * (j / 2) + i];
+                const int8_t v = y[b].qs[32 * j + i];
+                s += (j % 2 ? byte >> 4 : byte & 15) * v;
+                sum += v;
+            }
+            I += sc * s;
+            M += m * sum;
+        }
+        const float d = ecs_fp16_to_f32(x[b].d), dmin = ecs_fp16_to_f32(x[b].dmin);
+        const float xb = fmaf((float)I, d, -((float)M * dmin));
+        acc = fmaf(xb, y[b].d, acc);
+    }
+    return acc;
+}
+
 /* What kcpu_matmul_q computes where the ISA in use has the shared-layout
  * kernels and rows are at least a superblock long (for any nb: the row
- * kernel and the tiles compute alike), done as one tile of all rows; false
- * otherwise (then the row kernels are the expectation). y: nb x nrows. */
+ * kernel and the tiles compute alike), done as one tile of all rows, or,
+ * for the types on interleaved row groups, the scalar version of their
+ * arithmetic; false otherwise (then the row kernels are the expectation).
+ * y: nb x nrows. */
 static bool gemm_direct(const kcpu_mat_t *w, const void *act, int nb, float *y)
 {
     const kcpu_gemm_t g = kcpu_gemm(w->type);
+    const size_t rb = w->row_bytes, qb = ecs_row_size(vdt_of(w->type), w->ncols);
+    if (g.grp) {
+        cr_assert_eq(w->type, ECS_TYPE_Q4_K, "no scalar version for %s", ecs_type_name(w->type));
+        for (int b = 0; b < nb; b++)
+            for (int64_t i = 0; i < w->nrows; i++)
+                y[b * w->nrows + i] = q4_K_exact(w->ncols, (const uint8_t *)w->data + i * rb,
+                                                 (const uint8_t *)act + b * qb);
+        return true;
+    }
     if (!g.w_sb || w->ncols < KCPU_GEMM_SB)
         return false;
     const int64_t nsb = (w->ncols + g.sb_cols - 1) / g.sb_cols;
@@ -1073,11 +1127,53 @@ Test(kernels, r16_same_bits_as_rows_legacy)
     r16_same_bits(ECS_TYPE_Q8_0, shapes, sizeof shapes / sizeof shapes[0]);
 }
 
+/* Q4_K: rows packed into the interleaved layout on the fly (products of
+ * matrices without the copy) are byte for byte the copy's groups, and a
+ * partial group is the copy of its rows followed by zero rows. */
+Test(kernels, r16_grp_pack_equals_copy)
+{
+    const kcpu_gemm_t g = kcpu_gemm(ECS_TYPE_Q4_K);
+    if (!g.grp_pack) {
+        cr_log_warn("q4_K: products on interleaved groups not on this ISA (%s): skipped",
+                    kcpu_isa_name(kcpu_isa()));
+        return;
+    }
+    static const int64_t cols[] = {256, 512, 768, 2048};
+    rng_t r = {59};
+    for (size_t ci = 0; ci < sizeof cols / sizeof cols[0]; ci++) {
+        r16_case_t c;
+        r16_case(&r, ECS_TYPE_Q4_K, 32, cols[ci], false, &c);
+        const size_t gb = kcpu_r16_bytes(ECS_TYPE_Q4_K, 16, cols[ci]);
+        uint8_t *a = aligned_alloc(64, gb), *z = aligned_alloc(64, gb);
+        uint8_t *rows = calloc(16, c.w.row_bytes);
+        cr_assert(a && z && rows);
+        for (int grp = 0; grp < 2; grp++) {
+            memset(a, 0xA5, gb);
+            g.grp_pack((const uint8_t *)c.w.data + (size_t)16 * grp * c.w.row_bytes,
+                       c.w.row_bytes, 16, cols[ci], a);
+            cr_assert_eq(memcmp(a, (const uint8_t *)c.wi.r16 + (size_t)grp * gb, gb), 0,
+                         "%lld cols, group %d: packed rows differ from the copy",
+                         (long long)cols[ci], grp);
+        }
+        for (int nr = 1; nr < 16; nr += 7) { /* rows 0..nr-1, then zeros */
+            memcpy(rows, c.w.data, (size_t)nr * c.w.row_bytes);
+            const kcpu_mat_t part = {ECS_TYPE_Q4_K, cols[ci], 16, c.w.row_bytes, rows, NULL, false};
+            kcpu_r16_pack(&part, 0, 16, z);
+            memset(a, 0xA5, gb);
+            g.grp_pack(c.w.data, c.w.row_bytes, nr, cols[ci], a);
+            cr_assert_eq(memcmp(a, z, gb), 0, "%lld cols, %d rows: partial group differs",
+                         (long long)cols[ci], nr);
+        }
+        free(a), free(z), free(rows);
+        r16_case_free(&c);
+    }
+}
+
 /* Tiles unpacked from the interleaved copy are byte for byte those that the
  * rows give (so batched products may read the copy alone). */
 Test(kernels, r16_unpack_equals_rows)
 {
-    static const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q5_0, ECS_TYPE_Q8_0};
+    static const ecs_type_t types[] = {ECS_TYPE_Q5_0, ECS_TYPE_Q8_0};
     static const int64_t cols[] = {256, 512, 768, 1408, 2048, 576};
     rng_t r = {53};
     int checked = 0;
