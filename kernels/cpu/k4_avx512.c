@@ -22,6 +22,8 @@
  * these, in this order, for any number of activation rows and from either
  * source: a product's bits depend neither on the batch nor on the copy
  * (tests check them against a scalar version of the above). */
+#include <math.h>
+
 #include "kernels/cpu/simd_avx512.h"
 
 #define K4_D KCPU_R16_Q4_K_D
@@ -31,12 +33,22 @@
 #define K4_QS KCPU_R16_Q4_K_QS
 #define K4_BLOCK KCPU_R16_Q4_K_BLOCK
 
-/* A packed activation block (256 values): the Q8_K values, the eight
- * 32-value group sums as int16 (|sum| <= 32 * 127), the scale. */
+/* A packed activation block (256 values): the Q8_K values in the row
+ * kernel's order (act_pos), the eight 32-value group sums as int16 (|sum| <=
+ * 32 * 127), the scale. */
 #define ACT_QS 0
 #define ACT_B 256
 #define ACT_D 272
 #define ACT_BYTES 288
+
+/* Where value v of a block sits: four 64-byte vectors that match the nibbles
+ * of a row's two 64-byte halves of qs (bytes 32 c + i hold values 64 c + i
+ * and 64 c + 32 + i): [0-31 | 64-95], [32-63 | 96-127], [128-159 |
+ * 192-223], [160-191 | 224-255]. */
+INLINE int act_pos(int v)
+{
+    return 64 * ((v / 128) * 2 + (v % 64) / 32) + 32 * ((v % 128) / 64) + v % 32;
+}
 
 INLINE __m512i bcast32(const uint8_t *p)
 {
@@ -51,7 +63,8 @@ static void k4_pack_act(const void *a, int64_t ncols, void *out)
     const ecs_block_q8_K *x = a;
     uint8_t *o = out;
     for (int64_t b = 0; b < ncols / QK_K; b++, o += ACT_BYTES) {
-        memcpy(o + ACT_QS, x[b].qs, QK_K);
+        for (int v = 0; v < QK_K; v += 32)
+            memcpy(o + ACT_QS + act_pos(v), x[b].qs + v, 32);
         /* adjacent 16-value sums, added as int32 and narrowed (they fit) */
         const __m256i s = _mm256_madd_epi16(
             _mm256_loadu_si256((const __m256i *)x[b].bsums), _mm256_set1_epi16(1));
@@ -79,9 +92,9 @@ INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as,
             const __m512i qh = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
 #pragma GCC unroll 4
             for (int n = 0; n < NA; n++) {
-                const uint8_t *an = a + (size_t)n * as + ACT_QS + 64 * c + 4 * k;
-                lo[n] = _mm512_dpbusd_epi32(lo[n], ql, bcast32(an));
-                hi[n] = _mm512_dpbusd_epi32(hi[n], qh, bcast32(an + 32));
+                const uint8_t *an = a + (size_t)n * as + ACT_QS;
+                lo[n] = _mm512_dpbusd_epi32(lo[n], ql, bcast32(an + act_pos(64 * c + 4 * k)));
+                hi[n] = _mm512_dpbusd_epi32(hi[n], qh, bcast32(an + act_pos(64 * c + 32 + 4 * k)));
             }
         }
         const __m512i s0 =
@@ -157,6 +170,78 @@ static void k4_r16(const void *w, int64_t ncols, const void *a, float *out)
     grp_impl(1, w, ncols, a, 0, out, 0);
 }
 
+/* ---- one row at a time (no copy, few activation rows) ---- */
+
+INLINE int32_t hsum_epi32(__m512i v)
+{
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
+    return _mm_cvtsi128_si32(q) + _mm_extract_epi32(q, 1);
+}
+
+/* Per-lane scales for the four chains of a block: bytes [sc_j x 8, sc_j' x 8]
+ * for (j, j') = (0, 2), (1, 3), (4, 6), (5, 7). */
+INLINE void row_scales(__m128i scmn, __m512i s[4])
+{
+    static const uint8_t pick[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const __m128i idx = _mm_unpacklo_epi64(_mm_set1_epi8((char)pick[i][0]),
+                                               _mm_set1_epi8((char)pick[i][1]));
+        s[i] = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(scmn, idx));
+    }
+}
+
+/* The same integer sums as block_isums and the same float operations, for
+ * one weight row against NA activation rows: the rows' levels in registers
+ * (no transposes), lane sums scaled per group and added horizontally (exact
+ * in integers, so their order is free). */
+INLINE void k4_rows(int NA, int64_t n, const void *w, const void *a, size_t as, float *out)
+{
+    const ecs_block_q4_K *x = w;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    float acc[KCPU_MAX_NA] = {0};
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        const __m512i q0 = _mm512_loadu_si512((const void *)x[b].qs);
+        const __m512i q1 = _mm512_loadu_si512((const void *)(x[b].qs + 64));
+        const __m512i lv[4] = {_mm512_and_si512(q0, m4),
+                               _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4),
+                               _mm512_and_si512(q1, m4),
+                               _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4)};
+        uint64_t sc, mn;
+        k4_scales(x[b].scales, &sc, &mn);
+        __m512i s[4];
+        row_scales(_mm_set_epi64x((long long)mn, (long long)sc), s);
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn));
+        const float d = h2f(x[b].d), dmin = h2f(x[b].dmin);
+#pragma GCC unroll 4
+        for (int r = 0; r < NA; r++) {
+            const uint8_t *ab = (const uint8_t *)a + (size_t)r * as + (size_t)b * ACT_BYTES;
+            __m512i I = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const __m512i t = _mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(), lv[i],
+                    _mm512_loadu_si512((const void *)(ab + ACT_QS + 64 * i)));
+                I = _mm512_add_epi32(I, _mm512_mullo_epi32(t, s[i]));
+            }
+            const __m128i m = _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i *)(ab + ACT_B)));
+            const int32_t M = _mm_cvtsi128_si32(m) + _mm_extract_epi32(m, 1) +
+                              _mm_extract_epi32(m, 2) + _mm_extract_epi32(m, 3);
+            float da;
+            memcpy(&da, ab + ACT_D, 4);
+            const float xb = fmaf((float)hsum_epi32(I), d, -((float)M * dmin));
+            acc[r] = fmaf(xb, da, acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NA; r++)
+        out[r] = acc[r];
+}
+
+KCPU_DEFINE_MULTI(k4, k4_rows)
+
 static const ecs_block_q4_K ZERO_BLOCK;
 
 /* Block b of nrows (<= 16) rows, row_bytes apart, into the interleaved
@@ -205,6 +290,7 @@ kcpu_gemm_t kcpu_gemm_q4_K_avx512(void)
         .mr = KCPU_R16_ROWS,
         .pack_act = k4_pack_act,
         .pack_act1 = k4_pack_act,
+        .multi = k4_multi,
         .r16 = k4_r16,
         .grp = k4_grp,
         .grp_pack = k4_grp_pack,

@@ -37,6 +37,12 @@
  * three rows ran 16-20 % slower on it than the row kernels' shared unpacking
  * for Q4_K and Q5_0, two rows 6-19 % faster (bench_matvec --only copy). */
 #define R16_MAX_NB 2
+/* Types on interleaved row groups, matrices without the copy: from this
+ * many activation rows on, packing a group of rows pays (bench_matvec
+ * --only prefill, rows); below it the row kernel (same bits) takes them. */
+#ifndef GRP_PACK_MIN_NB
+#define GRP_PACK_MIN_NB 4
+#endif
 /* Activation rows per tile call in the batched path, between prefetches of
  * the next tile's weights. */
 #define PREFETCH_ROWS 8
@@ -269,12 +275,9 @@ static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
 
 static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
 {
-    if (v->grp) {
-        if (grp_rows(t, v, r0, r1))
-            return;
-        /* no scratch: the row kernels below, on the raw activations */
-        mm_view_t raw = {t->act, t->act_stride, t->k, false, false, false};
-        mm_rows(t, &raw, r0, r1);
+    if (v->grp) { /* else the packed rows' row kernel: the same bits */
+        if (!((t->w->r16 || t->nb >= GRP_PACK_MIN_NB) && grp_rows(t, v, r0, r1)))
+            mm_rows(t, v, r0, r1);
     } else if (v->r16) /* all kernels compute alike */
         r16_rows(t, v, r0, r1);
     else if (!v->tiled || !gemm_rows(t, v, r0, r1))
@@ -298,6 +301,7 @@ static mm_view_t mm_view(const mm_task_t *t)
                              packed + (size_t)b * t->packed_row);
         v.act = packed;
         v.stride = t->packed_row;
+        v.k.multi = t->gemm.multi; /* the packed rows' row kernel */
         v.grp = true;
         return v;
     }
