@@ -198,6 +198,10 @@ typedef struct {
     void (*grp)(const void *g, int64_t ncols, const void *a, size_t as, int na, float *y,
                 int64_t ldy);
     void (*grp_pack)(const void *rows, size_t row_bytes, int nrows, int64_t ncols, void *out);
+    /* Types with grp but no grp_pack (Q5_0, Q8_0) compute like the tiles and
+     * the row kernels: grp takes their products with the copy, up to
+     * grp_max_nb activation rows (0: any), the tiles above. */
+    int grp_max_nb;
 } kcpu_gemm_t;
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype);

@@ -971,68 +971,102 @@ INLINE __mmask64 q5_fifth(__m512i qh, int k, int h)
 }
 
 /* Q5_0 / Q8_0 (r16.c's pairs of blocks; u: the superblock's first pair):
- * block G's chain starts, as the row kernels' does, at the activation's
- * -offset x group sum, then one scale multiply and one FMA as in row1_sb. */
-INLINE void r16_legacy_group(ecs_type_t T, const uint8_t *u, const uint8_t *a, int G,
-                             __m512 *acc)
+ * block G's levels for the 16 rows, once for NA activation rows (pack_act1
+ * layout, as bytes apart). Each row's chain starts, as the row kernels'
+ * does, at the activation's -offset x group sum, then one scale multiply
+ * and one FMA into acc[n][G], as in row1_sb. */
+INLINE void r16_legacy_group(ecs_type_t T, int NA, const uint8_t *u, const uint8_t *a, size_t as,
+                             int G, __m512 (*acc)[16])
 {
     const bool q5 = T == ECS_TYPE_Q5_0;
     const int W = q5 ? 4 : 8, L = grp_lane(G), h = G % 2;
     const uint8_t *pair = u + (size_t)(G / 2) * 2 * (q5 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK);
     const uint8_t *qp = pair + 64 * W * h, *qhp = pair + 128 * W + 64 * h;
     const uint8_t *dp = pair + 128 * W + (q5 ? 128 : 0) + 32 * h;
-    int32_t init;
-    memcpy(&init, a + a_init(8) + 4 * L, 4);
-    __m512i t = _mm512_set1_epi32(init);
+    __m512i q[8]; /* levels of values 4 k .. 4 k + 3 (Q5_0: k < 4 low nibbles, then high) */
     if (q5) {
         const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
         const __m512i qh = _mm512_load_si512((const void *)qhp);
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
-            const __m512i q = _mm512_load_si512((const void *)(qp + 64 * k));
-            const __m512i lo = _mm512_and_si512(q, m4);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-            t = _mm512_dpbusd_epi32(t, _mm512_mask_add_epi8(lo, q5_fifth(qh, k, 0), lo, b16),
-                                    bcast32(a + grp_act_off(G, 4 * k)));
-            t = _mm512_dpbusd_epi32(t, _mm512_mask_add_epi8(hi, q5_fifth(qh, k, 1), hi, b16),
-                                    bcast32(a + grp_act_off(G, 16 + 4 * k)));
+            const __m512i x = _mm512_load_si512((const void *)(qp + 64 * k));
+            const __m512i lo = _mm512_and_si512(x, m4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+            q[k] = _mm512_mask_add_epi8(lo, q5_fifth(qh, k, 0), lo, b16);
+            q[4 + k] = _mm512_mask_add_epi8(hi, q5_fifth(qh, k, 1), hi, b16);
         }
     } else {
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
-            t = _mm512_dpbusd_epi32(t, _mm512_load_si512((const void *)(qp + 64 * k)),
-                                    bcast32(a + grp_act_off(G, 4 * k)));
+            q[k] = _mm512_load_si512((const void *)(qp + 64 * k));
     }
     const __m512 sc = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dp));
-    const __m512 s2 = _mm512_mul_ps(sc, _mm512_set1_ps(act_lane_f(a, a_sc(8), L)));
-    acc[G] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[G]);
+#pragma GCC unroll 4
+    for (int n = 0; n < NA; n++) {
+        const uint8_t *an = a + (size_t)n * as;
+        int32_t init;
+        memcpy(&init, an + a_init(8) + 4 * L, 4);
+        __m512i t = _mm512_set1_epi32(init);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) /* Q5_0: the order of the row kernels' chain */
+            t = _mm512_dpbusd_epi32(t, q[q5 ? (k % 2) * 4 + k / 2 : k],
+                                    bcast32(an + grp_act_off(G, q5 ? 16 * (k % 2) + 4 * (k / 2)
+                                                                   : 4 * k)));
+        const __m512 s2 = _mm512_mul_ps(sc, _mm512_set1_ps(act_lane_f(an, a_sc(8), L)));
+        acc[n][G] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[n][G]);
+    }
 }
 
 /* One 512-value superblock at u: up to 16 Q5_0 / Q8_0 blocks; returns the
  * bytes it took. */
-INLINE size_t r16_sb(ecs_type_t T, const uint8_t *u, int64_t left, const uint8_t *a, __m512 *acc)
+INLINE size_t r16_sb(ecs_type_t T, int NA, const uint8_t *u, int64_t left, const uint8_t *a,
+                     size_t as, __m512 (*acc)[16])
 {
     const int ub = left < 16 ? (int)left : 16;
 #pragma GCC unroll 16
     for (int G = 0; G < 16; G++)
         if (G < ub)
-            r16_legacy_group(T, u, a, G, acc);
+            r16_legacy_group(T, NA, u, a, as, G, acc);
     return (size_t)ub * (T == ECS_TYPE_Q5_0 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK);
 }
 
-INLINE void r16_impl(ecs_type_t T, const void *w, int64_t ncols, const void *a, float *out)
+/* y[n * ldy + r] for the group's 16 rows r against NA activation rows. */
+INLINE void r16_impl(ecs_type_t T, int NA, const void *w, int64_t ncols, const void *a, size_t as,
+                     float *y, int64_t ldy)
 {
     const int64_t nblk = ncols / QK;
     const size_t asb = a_sb_bytes(8, type_has_min(T));
-    const uint8_t *u = w, *ap = a;
-    __m512 acc[16];
+    const uint8_t *u = w;
+    __m512 acc[NA][16]; /* NA is a constant: registers for one row */
+#pragma GCC unroll 4
+    for (int n = 0; n < NA; n++)
 #pragma GCC unroll 16
-    for (int G = 0; G < 16; G++)
-        acc[G] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nblk; b += 16, ap += asb)
-        u += r16_sb(T, u, nblk - b, ap, acc);
-    r16_store(acc, out);
+        for (int G = 0; G < 16; G++)
+            acc[n][G] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nblk; b += 16)
+        u += r16_sb(T, NA, u, nblk - b, (const uint8_t *)a + (size_t)(b / 16) * asb, as, acc);
+#pragma GCC unroll 4
+    for (int n = 0; n < NA; n++)
+        r16_store(acc[n], y + (int64_t)n * ldy);
 }
+
+#define R16_GRP(name, T)                                                                      \
+    static void name##_grp(const void *g, int64_t ncols, const void *a, size_t as, int na,    \
+                           float *y, int64_t ldy)                                             \
+    {                                                                                         \
+        switch (na) {                                                                         \
+        case 1: r16_impl(T, 1, g, ncols, a, as, y, ldy); break;                               \
+        case 2: r16_impl(T, 2, g, ncols, a, as, y, ldy); break;                               \
+        case 3: r16_impl(T, 3, g, ncols, a, as, y, ldy); break;                               \
+        default: r16_impl(T, 4, g, ncols, a, as, y, ldy); break;                              \
+        }                                                                                     \
+    }                                                                                         \
+    static void name##_r16(const void *w, int64_t ncols, const void *a, float *out)           \
+    {                                                                                         \
+        r16_impl(T, 1, w, ncols, a, 0, out, 0);                                               \
+    }
+R16_GRP(q5_0, ECS_TYPE_Q5_0)
+R16_GRP(q8_0, ECS_TYPE_Q8_0)
 
 /* ---- unpacking tiles from the interleaved copy (batched products) ---- */
 
@@ -1123,15 +1157,6 @@ static void q8_0_unpack_r16(const void *group, int64_t ncols, void *out, size_t 
     legacy_unpack_r16(ECS_TYPE_Q8_0, group, ncols, out, out_row);
 }
 
-static void q5_0_r16(const void *w, int64_t ncols, const void *a, float *out)
-{
-    r16_impl(ECS_TYPE_Q5_0, w, ncols, a, out);
-}
-
-static void q8_0_r16(const void *w, int64_t ncols, const void *a, float *out)
-{
-    r16_impl(ECS_TYPE_Q8_0, w, ncols, a, out);
-}
 
 /* ------------------------------------------------------------------------ */
 
@@ -1176,12 +1201,23 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
         .pack_act1 = name##_pack1, .tile = tl, .multi = name##_multi, .r16 = r16_,            \
         .unpack_r16 = unpack_r16_                                                             \
     }
+/* with the decode copy: its kernel, up to max_nb rows (0: any). Q5_0 decodes
+ * the fifth bits of a group once per four rows, the tiles once per call:
+ * from 16 rows on they are faster (bench_matvec --only prefill). */
+#define GC(name, T, max_nb)                                                                   \
+    (kcpu_gemm_t)                                                                             \
+    {                                                                                         \
+        .w_sb = w_sb_bytes(8, false), .a_sb = a_sb_bytes(8, false), .sb_cols = 512,           \
+        .mr = GEMM_MR, .unpack_w = name##_unpack, .pack_act = name##_pack,                    \
+        .pack_act1 = name##_pack1, .tile = tile_8_0, .multi = name##_multi, .r16 = name##_r16, \
+        .unpack_r16 = name##_unpack_r16, .grp = name##_grp, .grp_max_nb = max_nb              \
+    }
     switch (wtype) {
     case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0, NULL, NULL);
     case ECS_TYPE_Q4_1: return G(q4_1, ECS_TYPE_Q4_1, tile_8_1, NULL, NULL);
-    case ECS_TYPE_Q5_0: return G(q5_0, ECS_TYPE_Q5_0, tile_8_0, q5_0_r16, q5_0_unpack_r16);
+    case ECS_TYPE_Q5_0: return GC(q5_0, ECS_TYPE_Q5_0, 16);
     case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1, tile_8_1, NULL, NULL);
-    case ECS_TYPE_Q8_0: return G(q8_0, ECS_TYPE_Q8_0, tile_8_0, q8_0_r16, q8_0_unpack_r16);
+    case ECS_TYPE_Q8_0: return GC(q8_0, ECS_TYPE_Q8_0, 0);
     case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1, NULL, NULL);
     case ECS_TYPE_Q3_K: return G(q3_K, ECS_TYPE_Q3_K, tile_4_0, NULL, NULL);
     case ECS_TYPE_Q4_K: return kcpu_gemm_q4_K_avx512(); /* k4_avx512.c */
@@ -1190,4 +1226,5 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
     default: return (kcpu_gemm_t){0};
     }
 #undef G
+#undef GC
 }

@@ -33,10 +33,6 @@
 /* Weight bytes (unpacked) per tile in the batched path: with the packed
  * activations it stays in L2. */
 #define GEMM_TILE_BYTES (96 * 1024)
-/* Most activation rows the decode copy takes (one at a time): from DRAM,
- * three rows ran 16-20 % slower on it than the row kernels' shared unpacking
- * for Q4_K and Q5_0, two rows 6-19 % faster (bench_matvec --only copy). */
-#define R16_MAX_NB 2
 /* Types on interleaved row groups, matrices without the copy: from this
  * many activation rows on, packing a group of rows pays (bench_matvec
  * --only prefill, rows); below it the row kernel (same bits) takes them. */
@@ -74,8 +70,6 @@ typedef struct {
     size_t stride;
     kcpu_kernel_t k;
     bool tiled; /* nb >= KCPU_GEMM_MIN_NB: unpacked weight tiles */
-    bool r16;   /* nb < KCPU_GEMM_MIN_NB and the matrix has its interleaved copy:
-                 * activations in the lone-row layout */
     bool grp;   /* every product on interleaved row groups (kcpu_gemm_t.grp) */
 } mm_view_t;
 
@@ -204,24 +198,6 @@ static bool gemm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_
     return true;
 }
 
-/* Rows [r0, r1) (r0 a multiple of KCPU_R16_ROWS) from the interleaved
- * copy, each group of rows against every activation row while it is in
- * L1; a last partial group of rows from the rows themselves. */
-static void r16_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
-{
-    const kcpu_mat_t *w = t->w;
-    const size_t group = kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols);
-    int64_t r = r0;
-    for (; r + KCPU_R16_ROWS <= r1; r += KCPU_R16_ROWS)
-        for (int b = 0; b < t->nb; b++)
-            t->gemm.r16((const uint8_t *)w->r16 + (size_t)(r / KCPU_R16_ROWS) * group, w->ncols,
-                        v->act + (size_t)b * v->stride, t->y + (int64_t)b * t->ldy + r);
-    for (; r < r1; r++) /* lone-row layout: one activation row per call */
-        for (int b = 0; b < t->nb; b++)
-            v->k.multi(w->ncols, (const uint8_t *)w->data + (size_t)r * w->row_bytes,
-                       v->act + (size_t)b * v->stride, v->stride, 1, t->y + (int64_t)b * t->ldy + r);
-}
-
 /* Rows [r0, r1) (r0 a multiple of KCPU_R16_ROWS) a group of 16 at a time,
  * from the interleaved copy where the matrix has one, else packed into that
  * layout here (the same bytes); each group against every activation row
@@ -236,6 +212,13 @@ static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
         const uint8_t *g;
         if (w->r16 && nr == KCPU_R16_ROWS) {
             g = (const uint8_t *)w->r16 + (size_t)(r / KCPU_R16_ROWS) * group;
+        } else if (!t->gemm.grp_pack) { /* the end of a view: rows one by one */
+            for (int64_t i = r; i < r1; i++)
+                for (int b = 0; b < t->nb; b++)
+                    t->gemm.multi(w->ncols, (const uint8_t *)w->data + (size_t)i * w->row_bytes,
+                                  v->act + (size_t)b * v->stride, v->stride, 1,
+                                  t->y + (int64_t)b * t->ldy + i);
+            break;
         } else {
             if (!buf && !(buf = scratch(SCRATCH_TILE, group)))
                 return false;
@@ -244,8 +227,9 @@ static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
             g = buf;
         }
         /* the copy's next group comes from DRAM while this one computes: a
-         * slice of its lines per block of activation rows */
-        const uint8_t *next = w->r16 && r + 2 * KCPU_R16_ROWS <= r1
+         * slice of its lines per block of activation rows (with few rows the
+         * hardware's prefetching keeps up, the instructions would not) */
+        const uint8_t *next = w->r16 && t->nb >= PREFETCH_ROWS && r + 2 * KCPU_R16_ROWS <= r1
                                   ? (const uint8_t *)w->r16 +
                                         (size_t)(r / KCPU_R16_ROWS + 1) * group
                                   : NULL;
@@ -278,9 +262,7 @@ static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
     if (v->grp) { /* else the packed rows' row kernel: the same bits */
         if (!((t->w->r16 || t->nb >= GRP_PACK_MIN_NB) && grp_rows(t, v, r0, r1)))
             mm_rows(t, v, r0, r1);
-    } else if (v->r16) /* all kernels compute alike */
-        r16_rows(t, v, r0, r1);
-    else if (!v->tiled || !gemm_rows(t, v, r0, r1))
+    } else if (!v->tiled || !gemm_rows(t, v, r0, r1))
         mm_rows(t, v, r0, r1);
 }
 
@@ -289,27 +271,25 @@ static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
  * every call, which costs more than packing (~25 cycles per 256 values). */
 static mm_view_t mm_view(const mm_task_t *t)
 {
-    mm_view_t v = {t->act, t->act_stride, t->k, false, false, false};
+    mm_view_t v = {t->act, t->act_stride, t->k, false, false};
     if (!t->gemm.w_sb && !t->gemm.grp)
         return v;
     uint8_t *packed = scratch(SCRATCH_ACT, t->packed_row * (size_t)t->nb);
     if (!packed)
         return v;
-    if (t->gemm.grp) {
+    if (t->gemm.grp && (t->gemm.grp_pack || (t->w->r16 && (!t->gemm.grp_max_nb ||
+                                                            t->nb < t->gemm.grp_max_nb)))) {
         for (int b = 0; b < t->nb; b++)
-            t->gemm.pack_act(t->act + (size_t)b * t->act_stride, t->w->ncols,
-                             packed + (size_t)b * t->packed_row);
+            t->gemm.pack_act1(t->act + (size_t)b * t->act_stride, t->w->ncols,
+                              packed + (size_t)b * t->packed_row);
         v.act = packed;
         v.stride = t->packed_row;
         v.k.multi = t->gemm.multi; /* the packed rows' row kernel */
         v.grp = true;
         return v;
     }
-    /* up to R16_MAX_NB rows the interleaved copy takes one row at a time
-     * (in the lone-row layout), where the matrix has one */
-    v.r16 = t->nb <= R16_MAX_NB && t->w->r16 && t->gemm.r16;
     for (int b = 0; b < t->nb; b++)
-        (t->nb == 1 || v.r16 ? t->gemm.pack_act1 : t->gemm.pack_act)(
+        (t->nb == 1 ? t->gemm.pack_act1 : t->gemm.pack_act)(
             t->act + (size_t)b * t->act_stride, t->w->ncols, packed + (size_t)b * t->packed_row);
     v.act = packed;
     v.stride = t->packed_row;
@@ -355,7 +335,7 @@ static void gemm_prepare(mm_task_t *t)
     t->gemm = g;
     t->nsb = (t->w->ncols + g.sb_cols - 1) / g.sb_cols;
     t->packed_row = (size_t)t->nsb * g.a_sb;
-    if (g.grp) { /* one group of rows packed at a time where there is no copy */
+    if (g.grp_pack) { /* one group of rows packed at a time where there is no copy */
         t->tile_rows = KCPU_R16_ROWS;
         return;
     }
@@ -396,7 +376,7 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
         rows = min_rows;
     /* whole microkernels (not whole tiles: that unbalances the threads),
      * whole interleaved row groups */
-    const int64_t align = (w->r16 && t.gemm.r16) || t.gemm.grp ? KCPU_R16_ROWS : t.gemm.mr;
+    const int64_t align = (w->r16 && t.gemm.grp) || t.gemm.grp_pack ? KCPU_R16_ROWS : t.gemm.mr;
     if (t.gemm.w_sb || t.gemm.grp)
         rows = (rows + align - 1) / align * align;
     t.chunk_rows = rows;
@@ -468,7 +448,7 @@ static void scratch_need(const kcpu_mat_t *w, int nb, size_t need[SCRATCH_SLOTS]
     mm_task_t t = {.w = w, .nb = nb};
     gemm_prepare(&t);
     need[SCRATCH_ACT] = t.gemm.w_sb || t.gemm.grp ? t.packed_row * (size_t)nb : 0;
-    need[SCRATCH_TILE] = t.gemm.grp ? kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols)
+    need[SCRATCH_TILE] = t.gemm.grp_pack ? kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols)
                          : t.gemm.w_sb && nb >= KCPU_GEMM_MIN_NB
                              ? (size_t)t.nsb * t.gemm.w_sb * (size_t)t.tile_rows
                              : 0;

@@ -504,7 +504,7 @@ static bool gemm_direct(const kcpu_mat_t *w, const void *act, int nb, float *y)
 {
     const kcpu_gemm_t g = kcpu_gemm(w->type);
     const size_t rb = w->row_bytes, qb = ecs_row_size(vdt_of(w->type), w->ncols);
-    if (g.grp) {
+    if (g.grp_pack) {
         cr_assert_eq(w->type, ECS_TYPE_Q4_K, "no scalar version for %s", ecs_type_name(w->type));
         for (int b = 0; b < nb; b++)
             for (int64_t i = 0; i < w->nrows; i++)
