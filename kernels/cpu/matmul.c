@@ -222,6 +222,12 @@ static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
         } else {
             if (!buf && !(buf = scratch(SCRATCH_TILE, group)))
                 return false;
+            /* sixteen rows side by side are too many short streams for the
+             * hardware prefetcher: fetch the next group's rows meanwhile */
+            const int64_t r2 = r + 2 * KCPU_R16_ROWS < r1 ? r + 2 * KCPU_R16_ROWS : r1;
+            const uint8_t *nx = (const uint8_t *)w->data + (size_t)(r + nr) * w->row_bytes;
+            for (size_t o = 0; r + nr < r2 && o < (size_t)(r2 - r - nr) * w->row_bytes; o += 64)
+                __builtin_prefetch(nx + o, 0, 2);
             t->gemm.grp_pack((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->row_bytes,
                              nr, w->ncols, buf);
             g = buf;
