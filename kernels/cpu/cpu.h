@@ -181,20 +181,21 @@ typedef struct {
     /* a raw weight row against na <= KCPU_MAX_NA packed activation rows */
     kcpu_dot_multi_fn multi;
     /* out[i] = dot(row i, a) for the 16 rows of an interleaved row group
-     * (kcpu_r16_pack) against one activation row packed by pack_act1, with
-     * multi's arithmetic; NULL where the type has no interleaved layout */
+     * (kcpu_r16_pack) against one activation row packed by pack_act1 (grp
+     * with one row); NULL where the type has no interleaved layout, which
+     * is how callers tell which matrices a copy is made for */
     void (*r16)(const void *w, int64_t ncols, const void *a, float *out);
     /* the 16 rows of an interleaved row group unpacked as unpack_w does
      * (rows out_row bytes apart), so batched products need not read the
      * rows themselves; NULL with r16 */
     void (*unpack_r16)(const void *w, int64_t ncols, void *out, size_t out_row);
-    /* Types whose every product runs on interleaved groups of 16 rows
-     * (Q4_K, k4_avx512.c; w_sb is 0 and the tile fields NULL): grp takes a
-     * group (the copy's, or rows that grp_pack put in its layout) against
-     * na <= KCPU_MAX_NA activation rows packed by pack_act, as bytes apart:
-     * y[j * ldy + i] for i < 16, j < na. grp_pack packs nrows <= 16 rows
-     * (row_bytes apart; the rest of the group zeros) into
-     * kcpu_r16_bytes(type, 16, ncols) bytes, 64-byte aligned. */
+    /* grp takes an interleaved group of 16 rows against na <= KCPU_MAX_NA
+     * activation rows packed by pack_act1, as bytes apart: y[j * ldy + i]
+     * for i < 16, j < na. Types with grp_pack (Q4_K, k4_avx512.c; w_sb is
+     * 0 and the tile fields NULL) run every product that way: on the copy's
+     * groups, or on rows that grp_pack puts in the layout (nrows <= 16 rows
+     * row_bytes apart, the rest of the group zeros, into
+     * kcpu_r16_bytes(type, 16, ncols) bytes, 64-byte aligned). */
     void (*grp)(const void *g, int64_t ncols, const void *a, size_t as, int na, float *y,
                 int64_t ldy);
     void (*grp_pack)(const void *rows, size_t row_bytes, int nrows, int64_t ncols, void *out);
