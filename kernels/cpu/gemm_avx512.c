@@ -948,13 +948,6 @@ INLINE void r16_store(__m512 *acc, float *out)
     _mm512_storeu_ps(out, reduce16_v(lanes));
 }
 
-INLINE __m512i bcast32(const uint8_t *p)
-{
-    int32_t x;
-    memcpy(&x, p, 4);
-    return _mm512_set1_epi32(x);
-}
-
 /* Q5_0's fifth bits of word k (half h: values 16 h + 4 k ..) of 16 rows as
  * a byte mask (bit 4 r + j: value 16 h + 4 k + j of row r), from the rows'
  * 32-bit qh words: the byte holding the four bits is copied to the lane's

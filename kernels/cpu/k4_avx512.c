@@ -50,13 +50,6 @@ INLINE int act_pos(int v)
     return 64 * ((v / 128) * 2 + (v % 64) / 32) + 32 * ((v % 128) / 64) + v % 32;
 }
 
-INLINE __m512i bcast32(const uint8_t *p)
-{
-    int32_t x;
-    memcpy(&x, p, 4);
-    return _mm512_set1_epi32(x);
-}
-
 /* Q8_K row -> packed blocks. */
 static void k4_pack_act(const void *a, int64_t ncols, void *out)
 {

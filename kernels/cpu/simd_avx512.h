@@ -19,6 +19,14 @@ INLINE float h2f(ecs_fp16_t h)
     return _cvtsh_ss(h);
 }
 
+/* The four bytes at p in every 32-bit lane (a broadcast operand of vpdpbusd). */
+INLINE __m512i bcast32(const uint8_t *p)
+{
+    int32_t x;
+    memcpy(&x, p, 4);
+    return _mm512_set1_epi32(x);
+}
+
 INLINE __m512i join256(__m256i lo, __m256i hi)
 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
