@@ -211,10 +211,11 @@ struct model {
     /* repack.c: the interleaved decode copy (opts.repack_dir) */
     void *r16_map;
     size_t r16_bytes;
-    const void **r16_src; /* [r16_n] data of the copied matrices */
+    const void **r16_src; /* [r16_n] data of the copied matrices whose rows
+                           * the kernels never read (else NULL) */
     int r16_n;
     bool r16_made;        /* made by this load (not found) */
-    bool r16_tiles;       /* prompt tiles from the copy too (memory is short) */
+    bool r16_tiles;       /* Q5_0 tiles from the copy too (memory is short) */
     char r16_path[4096];
     char r16_note[512];   /* why there is none, if it was asked for */
 };

@@ -10,7 +10,8 @@
  * remade when anything differs. The kernels give the same bits with or
  * without it (tests), so a missing or stale cache only costs speed: every
  * failure here is reported (model_repack_note) and the model runs from the
- * GGUF alone. Prompt products keep reading the GGUF. */
+ * GGUF alone. Products of Q4_K and Q8_0 matrices read only the copy; Q5_0
+ * products of many rows keep reading the GGUF where both fit in memory. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -225,11 +226,10 @@ static ecs_err_t cache_path(const char *dir, const char *gguf, char *out, size_t
     return ECS_OK;
 }
 
-/* Where the GGUF and the copy both stay in memory, prompt steps unpack
- * their tiles from the GGUF (a few % faster) and decode reads the copy;
- * where only the copy and the rest of the GGUF do, the copied matrices are
- * read from the copy alone (*tiles); else no copy: steps would read the
- * disk. */
+/* Where the GGUF and the copy both stay in memory, Q5_0 products of many
+ * rows unpack their tiles from the GGUF (a few % faster); where only the
+ * copy and the rest of the GGUF do, from the copy (*tiles); else no copy:
+ * steps would read the disk. */
 static ecs_err_t check_ram(const model_t *m, kcpu_mat_t *const *mats, int n, size_t copy,
                            bool *tiles)
 {
@@ -296,7 +296,7 @@ static ecs_err_t repack(model_t *m, const char *dir)
         for (int i = 0; i < n; i++) {
             mats[i]->r16 = (const uint8_t *)m->r16_map + en[i].off;
             mats[i]->r16_tiles = m->r16_tiles;
-            m->r16_src[i] = mats[i]->data;
+            m->r16_src[i] = kcpu_mat_reads_rows(mats[i]) ? NULL : mats[i]->data;
         }
     }
     free(head);
@@ -324,7 +324,7 @@ void model_repack_free(model_t *m)
 
 bool model_repack_has(const model_t *m, const void *data)
 {
-    for (int i = 0; m->r16_tiles && i < m->r16_n; i++)
+    for (int i = 0; data && i < m->r16_n; i++)
         if (m->r16_src[i] == data)
             return true;
     return false;

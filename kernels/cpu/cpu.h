@@ -120,6 +120,10 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
  * kcpu_matmul_scratch is that size per thread; kcpu_scratch_grows counts
  * the allocations made so far (tests check a step makes none). */
 ecs_err_t kcpu_matmul_reserve(ecs_threadpool_t *tp, const kcpu_mat_t *w, int nb);
+/* Whether kcpu_matmul_q may read w's rows (w->data) for some nb; false where
+ * w's interleaved copy (w->r16) serves every product (Q4_K and Q8_0 on
+ * AVX-512; Q5_0 when w->r16_tiles). */
+bool kcpu_mat_reads_rows(const kcpu_mat_t *w);
 size_t kcpu_matmul_scratch(const kcpu_mat_t *w, int nb);
 uint64_t kcpu_scratch_grows(void);
 

@@ -352,6 +352,14 @@ static void gemm_prepare(mm_task_t *t)
     t->tile_rows = rows > unit ? rows : unit;
 }
 
+bool kcpu_mat_reads_rows(const kcpu_mat_t *w)
+{
+    const kcpu_gemm_t g = kcpu_gemm(w->type);
+    if (!w->r16 || w->ncols < KCPU_GEMM_SB)
+        return true;
+    return !(g.grp_pack || (g.grp && !g.grp_max_nb) || (w->r16_tiles && g.unpack_r16));
+}
+
 static void fill_nan(float *y, int64_t ldy, int nb, int64_t nrows)
 {
     for (int b = 0; b < nb; b++)

@@ -1169,6 +1169,25 @@ Test(kernels, r16_grp_pack_equals_copy)
     }
 }
 
+/* Which matrices' rows the products may still read once the copy exists
+ * (the model leaves the others' GGUF bytes alone). */
+Test(kernels, r16_reads_rows)
+{
+    static const uint8_t fake[1];
+    const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q8_0, ECS_TYPE_Q5_0};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        kcpu_mat_t w = {types[i], 2048, 64, ecs_row_size(types[i], 2048), fake, NULL, false};
+        cr_assert(kcpu_mat_reads_rows(&w), "%s without a copy", ecs_type_name(types[i]));
+        if (!kcpu_gemm(types[i]).r16)
+            continue;
+        w.r16 = fake;
+        const bool rows = kcpu_mat_reads_rows(&w);
+        cr_assert_eq(rows, types[i] == ECS_TYPE_Q5_0, "%s with the copy", ecs_type_name(types[i]));
+        w.r16_tiles = true;
+        cr_assert(!kcpu_mat_reads_rows(&w), "%s, tiles from the copy", ecs_type_name(types[i]));
+    }
+}
+
 /* Tiles unpacked from the interleaved copy are byte for byte those that the
  * rows give (so batched products may read the copy alone). */
 Test(kernels, r16_unpack_equals_rows)
