@@ -198,10 +198,65 @@ static bool gemm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_
     return true;
 }
 
+/* Rows [r, r1) from the rows' own kernel, one activation row per call (the
+ * lone-row layout): the end of a view whose last group is partial, for
+ * types without grp_pack. */
+static void grp_rows_tail(const mm_task_t *t, const mm_view_t *v, int64_t r, int64_t r1)
+{
+    const kcpu_mat_t *w = t->w;
+    for (int64_t i = r; i < r1; i++)
+        for (int b = 0; b < t->nb; b++)
+            t->gemm.multi(w->ncols, (const uint8_t *)w->data + (size_t)i * w->row_bytes,
+                          v->act + (size_t)b * v->stride, v->stride, 1,
+                          t->y + (int64_t)b * t->ldy + i);
+}
+
+/* Rows [r, r + nr) packed into buf, the next group's rows [r + nr, r2)
+ * prefetched meanwhile: sixteen rows side by side are too many short
+ * streams for the hardware prefetcher. */
+static void grp_pack_rows(const mm_task_t *t, int64_t r, int nr, int64_t r2, uint8_t *buf)
+{
+    const kcpu_mat_t *w = t->w;
+    const uint8_t *nx = (const uint8_t *)w->data + (size_t)(r + nr) * w->row_bytes;
+    for (size_t o = 0; r + nr < r2 && o < (size_t)(r2 - r - nr) * w->row_bytes; o += 64)
+        __builtin_prefetch(nx + o, 0, 2);
+    t->gemm.grp_pack((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->row_bytes, nr,
+                     w->ncols, buf);
+}
+
+/* Group g (nr <= 16 valid rows, output rows from r) against every
+ * activation row, KCPU_MAX_NA at a time; next (or NULL): the copy's next
+ * group, prefetched a slice per call (it comes from DRAM while this one
+ * computes; with few rows the hardware keeps up and the instructions would
+ * not pay, so callers pass NULL then). */
+static void grp_call(const mm_task_t *t, const mm_view_t *v, const uint8_t *g, int nr, int64_t r,
+                     const uint8_t *next, size_t group)
+{
+    for (int b = 0; b < t->nb; b += KCPU_MAX_NA) {
+        const int na = t->nb - b < KCPU_MAX_NA ? t->nb - b : KCPU_MAX_NA;
+        const uint8_t *a = v->act + (size_t)b * v->stride;
+        float *y = t->y + (int64_t)b * t->ldy + r;
+        if (next) {
+            const size_t p0 = group * (size_t)b / (size_t)t->nb / 64 * 64;
+            const size_t p1 = group * (size_t)(b + na) / (size_t)t->nb;
+            for (size_t o = p0; o < p1; o += 64)
+                __builtin_prefetch(next + o, 0, 2);
+        }
+        if (nr == KCPU_R16_ROWS) {
+            t->gemm.grp(g, t->w->ncols, a, v->stride, na, y, t->ldy);
+            continue;
+        }
+        float part[KCPU_MAX_NA * KCPU_R16_ROWS];
+        t->gemm.grp(g, t->w->ncols, a, v->stride, na, part, KCPU_R16_ROWS);
+        for (int j = 0; j < na; j++)
+            memcpy(y + (int64_t)j * t->ldy, part + j * KCPU_R16_ROWS, (size_t)nr * sizeof *part);
+    }
+}
+
 /* Rows [r0, r1) (r0 a multiple of KCPU_R16_ROWS) a group of 16 at a time,
  * from the interleaved copy where the matrix has one, else packed into that
  * layout here (the same bytes); each group against every activation row
- * while it is in L1. */
+ * while it is in L1. False if the packing buffer cannot be had. */
 static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t r1)
 {
     const kcpu_mat_t *w = t->w;
@@ -209,56 +264,20 @@ static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
     uint8_t *buf = NULL;
     for (int64_t r = r0; r < r1; r += KCPU_R16_ROWS) {
         const int nr = (int)(r1 - r < KCPU_R16_ROWS ? r1 - r : KCPU_R16_ROWS);
-        const uint8_t *g;
+        const uint8_t *g = buf, *next = NULL;
         if (w->r16 && nr == KCPU_R16_ROWS) {
             g = (const uint8_t *)w->r16 + (size_t)(r / KCPU_R16_ROWS) * group;
-        } else if (!t->gemm.grp_pack) { /* the end of a view: rows one by one */
-            for (int64_t i = r; i < r1; i++)
-                for (int b = 0; b < t->nb; b++)
-                    t->gemm.multi(w->ncols, (const uint8_t *)w->data + (size_t)i * w->row_bytes,
-                                  v->act + (size_t)b * v->stride, v->stride, 1,
-                                  t->y + (int64_t)b * t->ldy + i);
+            if (t->nb >= PREFETCH_ROWS && r + 2 * KCPU_R16_ROWS <= r1)
+                next = g + group;
+        } else if (!t->gemm.grp_pack) {
+            grp_rows_tail(t, v, r, r1);
             break;
         } else {
-            if (!buf && !(buf = scratch(SCRATCH_TILE, group)))
+            if (!buf && !(g = buf = scratch(SCRATCH_TILE, group)))
                 return false;
-            /* sixteen rows side by side are too many short streams for the
-             * hardware prefetcher: fetch the next group's rows meanwhile */
-            const int64_t r2 = r + 2 * KCPU_R16_ROWS < r1 ? r + 2 * KCPU_R16_ROWS : r1;
-            const uint8_t *nx = (const uint8_t *)w->data + (size_t)(r + nr) * w->row_bytes;
-            for (size_t o = 0; r + nr < r2 && o < (size_t)(r2 - r - nr) * w->row_bytes; o += 64)
-                __builtin_prefetch(nx + o, 0, 2);
-            t->gemm.grp_pack((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->row_bytes,
-                             nr, w->ncols, buf);
-            g = buf;
+            grp_pack_rows(t, r, nr, r + 2 * KCPU_R16_ROWS < r1 ? r + 2 * KCPU_R16_ROWS : r1, buf);
         }
-        /* the copy's next group comes from DRAM while this one computes: a
-         * slice of its lines per block of activation rows (with few rows the
-         * hardware's prefetching keeps up, the instructions would not) */
-        const uint8_t *next = w->r16 && t->nb >= PREFETCH_ROWS && r + 2 * KCPU_R16_ROWS <= r1
-                                  ? (const uint8_t *)w->r16 +
-                                        (size_t)(r / KCPU_R16_ROWS + 1) * group
-                                  : NULL;
-        for (int b = 0; b < t->nb; b += KCPU_MAX_NA) {
-            const int na = t->nb - b < KCPU_MAX_NA ? t->nb - b : KCPU_MAX_NA;
-            const uint8_t *a = v->act + (size_t)b * v->stride;
-            float *y = t->y + (int64_t)b * t->ldy + r;
-            if (next) {
-                const size_t p0 = group * (size_t)b / (size_t)t->nb / 64 * 64;
-                const size_t p1 = group * (size_t)(b + na) / (size_t)t->nb;
-                for (size_t o = p0; o < p1; o += 64)
-                    __builtin_prefetch(next + o, 0, 2);
-            }
-            if (nr == KCPU_R16_ROWS) {
-                t->gemm.grp(g, w->ncols, a, v->stride, na, y, t->ldy);
-                continue;
-            }
-            float part[KCPU_MAX_NA * KCPU_R16_ROWS];
-            t->gemm.grp(g, w->ncols, a, v->stride, na, part, KCPU_R16_ROWS);
-            for (int j = 0; j < na; j++)
-                memcpy(y + (int64_t)j * t->ldy, part + j * KCPU_R16_ROWS,
-                       (size_t)nr * sizeof *part);
-        }
+        grp_call(t, v, g, nr, r, next, group);
     }
     return true;
 }
@@ -283,24 +302,17 @@ static mm_view_t mm_view(const mm_task_t *t)
     uint8_t *packed = scratch(SCRATCH_ACT, t->packed_row * (size_t)t->nb);
     if (!packed)
         return v;
-    if (t->gemm.grp && (t->gemm.grp_pack || (t->w->r16 && (!t->gemm.grp_max_nb ||
-                                                            t->nb < t->gemm.grp_max_nb)))) {
-        for (int b = 0; b < t->nb; b++)
-            t->gemm.pack_act1(t->act + (size_t)b * t->act_stride, t->w->ncols,
-                              packed + (size_t)b * t->packed_row);
-        v.act = packed;
-        v.stride = t->packed_row;
-        v.k.multi = t->gemm.multi; /* the packed rows' row kernel */
-        v.grp = true;
-        return v;
-    }
+    /* interleaved groups: always (grp_pack), or with the copy below
+     * grp_max_nb rows; else tiles, or the row kernel for one row */
+    v.grp = t->gemm.grp && (t->gemm.grp_pack || (t->w->r16 && (!t->gemm.grp_max_nb ||
+                                                              t->nb < t->gemm.grp_max_nb)));
+    v.tiled = !v.grp && t->nb >= KCPU_GEMM_MIN_NB;
     for (int b = 0; b < t->nb; b++)
-        (t->nb == 1 ? t->gemm.pack_act1 : t->gemm.pack_act)(
+        (v.grp || t->nb == 1 ? t->gemm.pack_act1 : t->gemm.pack_act)(
             t->act + (size_t)b * t->act_stride, t->w->ncols, packed + (size_t)b * t->packed_row);
     v.act = packed;
     v.stride = t->packed_row;
-    v.k.multi = t->gemm.multi;
-    v.tiled = t->nb >= KCPU_GEMM_MIN_NB;
+    v.k.multi = t->gemm.multi; /* the packed rows' row kernel */
     return v;
 }
 
