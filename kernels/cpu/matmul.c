@@ -353,10 +353,8 @@ static void gemm_prepare(mm_task_t *t)
     t->gemm = g;
     t->nsb = (t->w->ncols + g.sb_cols - 1) / g.sb_cols;
     t->packed_row = (size_t)t->nsb * g.a_sb;
-    if (g.grp_pack) { /* one group of rows packed at a time where there is no copy */
-        t->tile_rows = KCPU_R16_ROWS;
+    if (g.grp_pack) /* no tiles: groups of rows (grp_rows) */
         return;
-    }
     const size_t wrow = (size_t)t->nsb * g.w_sb;
     /* whole interleaved groups per tile where the copy is read */
     const int64_t unit = t->w->r16 && t->w->r16_tiles && g.unpack_r16 ? KCPU_R16_ROWS : g.mr;
