@@ -5,9 +5,9 @@
  *
  * Why not the shared layout of gemm_avx512.c: there each 32-value group's
  * sum is scaled in floats (a convert, a multiply by weight x activation
- * scale, an FMA, and an FMA for the min), and on Zen 4 those float
- * operations take the same two pipes as vpdpbusd: they held the batched
- * products at ~62 % of the int8 peak. Here a group's sum is scaled by its
+ * scale, an FMA, and an FMA for the min), and on Zen 4 the multiplies and
+ * FMAs take a cycle of vpdpbusd's pipes each (bench_pipes_avx512): 24 per
+ * 64 vpdpbusd held the batched products at ~62 % of the int8 peak. Here a group's sum is scaled by its
  * 6-bit scale in integers (vpmulld), the mins' term is an integer dot of the
  * 6-bit mins with the activations' group sums (vpdpwssd), and each 256-value
  * block costs four float operations per 16 rows and activation row.

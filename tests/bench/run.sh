@@ -11,4 +11,6 @@ if [ "${1:-}" = "--quick" ]; then quick=(--quick); fi
 
 echo "== bench_matvec: memory bandwidth, matrix-vector and batched products =="
 "$build/bench/bench_matvec" "${quick[@]}"
+echo "== bench_pipes_avx512: what other operations cost beside vpdpbusd =="
+"$build/bench/bench_pipes_avx512"
 "$(dirname "$0")/bench_model.sh" "$build" "${quick[@]}"
