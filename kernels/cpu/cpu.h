@@ -136,6 +136,7 @@ void kcpu_matmul(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int6
  * above. ---- */
 
 #define KCPU_MAX_NA 4
+#define KCPU_GRP_MAX_NA 6
 
 /* out[j] = dot(w, a + j*a_stride) for j in [0, na), 1 <= na <= KCPU_MAX_NA:
  * the weight row is decoded once for na activation rows, which is what
@@ -193,7 +194,7 @@ typedef struct {
      * (rows out_row bytes apart), so batched products need not read the
      * rows themselves; NULL with r16 */
     void (*unpack_r16)(const void *w, int64_t ncols, void *out, size_t out_row);
-    /* grp takes an interleaved group of 16 rows against na <= KCPU_MAX_NA
+    /* grp takes an interleaved group of 16 rows against na <= grp_na
      * activation rows packed by pack_act1, as bytes apart: y[j * ldy + i]
      * for i < 16, j < na. Types with grp_pack (Q4_K, k4_avx512.c; w_sb is
      * 0 and the tile fields NULL) run every product that way: on the copy's
@@ -207,6 +208,9 @@ typedef struct {
      * the row kernels: grp takes their products with the copy, up to
      * grp_max_nb activation rows (0: any), the tiles above. */
     int grp_max_nb;
+    /* the most activation rows grp takes per call, <= KCPU_GRP_MAX_NA (0:
+     * KCPU_MAX_NA): more rows per pass over a group share its unpacking */
+    int grp_na;
 } kcpu_gemm_t;
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype);

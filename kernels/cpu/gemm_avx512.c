@@ -1002,9 +1002,8 @@ INLINE void r16_legacy_group(ecs_type_t T, int NA, const uint8_t *u, const uint8
         __m512i t = _mm512_set1_epi32(init);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) /* Q5_0: the order of the row kernels' chain */
-            t = _mm512_dpbusd_epi32(t, q[q5 ? (k % 2) * 4 + k / 2 : k],
-                                    bcast32(an + grp_act_off(G, q5 ? 16 * (k % 2) + 4 * (k / 2)
-                                                                   : 4 * k)));
+            t = dpbusd_bcast(t, q[q5 ? (k % 2) * 4 + k / 2 : k],
+                             an + grp_act_off(G, q5 ? 16 * (k % 2) + 4 * (k / 2) : 4 * k));
         const __m512 s2 = _mm512_mul_ps(sc, _mm512_set1_ps(act_lane_f(an, a_sc(8), L)));
         acc[n][G] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[n][G]);
     }
@@ -1208,7 +1207,7 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
     switch (wtype) {
     case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0, NULL, NULL);
     case ECS_TYPE_Q4_1: return G(q4_1, ECS_TYPE_Q4_1, tile_8_1, NULL, NULL);
-    case ECS_TYPE_Q5_0: return GC(q5_0, ECS_TYPE_Q5_0, 16);
+    case ECS_TYPE_Q5_0: return GC(q5_0, ECS_TYPE_Q5_0, 40);
     case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1, tile_8_1, NULL, NULL);
     case ECS_TYPE_Q8_0: return GC(q8_0, ECS_TYPE_Q8_0, 0);
     case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1, NULL, NULL);

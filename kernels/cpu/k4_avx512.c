@@ -74,8 +74,8 @@ INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as,
     const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) { /* qs word 8 c + k: low nibbles group 2 c, high 2 c + 1 */
-        __m512i lo[KCPU_MAX_NA], hi[KCPU_MAX_NA];
-#pragma GCC unroll 4
+        __m512i lo[KCPU_GRP_MAX_NA], hi[KCPU_GRP_MAX_NA];
+#pragma GCC unroll 8
         for (int n = 0; n < NA; n++)
             lo[n] = hi[n] = _mm512_setzero_si512();
 #pragma GCC unroll 8
@@ -83,18 +83,18 @@ INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as,
             const __m512i q = _mm512_load_si512((const void *)(blk + K4_QS + 64 * (8 * c + k)));
             const __m512i ql = _mm512_and_si512(q, m4);
             const __m512i qh = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int n = 0; n < NA; n++) {
                 const uint8_t *an = a + (size_t)n * as + ACT_QS;
-                lo[n] = _mm512_dpbusd_epi32(lo[n], ql, bcast32(an + act_pos(64 * c + 4 * k)));
-                hi[n] = _mm512_dpbusd_epi32(hi[n], qh, bcast32(an + act_pos(64 * c + 32 + 4 * k)));
+                lo[n] = dpbusd_bcast(lo[n], ql, an + act_pos(64 * c + 4 * k));
+                hi[n] = dpbusd_bcast(hi[n], qh, an + act_pos(64 * c + 32 + 4 * k));
             }
         }
         const __m512i s0 =
             _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + K4_SC + 32 * c)));
         const __m512i s1 =
             _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + K4_SC + 32 * c + 16)));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int n = 0; n < NA; n++)
             I[n] = _mm512_add_epi32(I[n], _mm512_add_epi32(_mm512_mullo_epi32(lo[n], s0),
                                                            _mm512_mullo_epi32(hi[n], s1)));
@@ -105,14 +105,14 @@ INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as,
 INLINE void grp_impl(int NA, const uint8_t *g, int64_t ncols, const uint8_t *a, size_t as,
                      float *y, int64_t ldy)
 {
-    __m512 acc[KCPU_MAX_NA];
-#pragma GCC unroll 4
+    __m512 acc[KCPU_GRP_MAX_NA];
+#pragma GCC unroll 8
     for (int n = 0; n < NA; n++)
         acc[n] = _mm512_setzero_ps();
     for (int64_t b = 0; b < ncols / QK_K; b++) {
         const uint8_t *blk = g + (size_t)b * K4_BLOCK, *ab = a + (size_t)b * ACT_BYTES;
-        __m512i I[KCPU_MAX_NA];
-#pragma GCC unroll 4
+        __m512i I[KCPU_GRP_MAX_NA];
+#pragma GCC unroll 8
         for (int n = 0; n < NA; n++)
             I[n] = _mm512_setzero_si512();
         block_isums(NA, blk, ab, as, I);
@@ -133,7 +133,7 @@ INLINE void grp_impl(int NA, const uint8_t *g, int64_t ncols, const uint8_t *a, 
             __m512i M = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int p = 0; p < 4; p++)
-                M = _mm512_dpwssd_epi32(M, mw[p], bcast32(an + ACT_B + 4 * p));
+                M = dpwssd_bcast(M, mw[p], an + ACT_B + 4 * p);
             float da;
             memcpy(&da, an + ACT_D, 4);
             const __m512 x = _mm512_fmsub_ps(_mm512_cvtepi32_ps(I[n]), d,
@@ -141,7 +141,7 @@ INLINE void grp_impl(int NA, const uint8_t *g, int64_t ncols, const uint8_t *a, 
             acc[n] = _mm512_fmadd_ps(x, _mm512_set1_ps(da), acc[n]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int n = 0; n < NA; n++)
         _mm512_storeu_ps(y + (int64_t)n * ldy, acc[n]);
 }
@@ -153,7 +153,9 @@ static void k4_grp(const void *g, int64_t ncols, const void *a, size_t as, int n
     case 1: grp_impl(1, g, ncols, a, as, y, ldy); break;
     case 2: grp_impl(2, g, ncols, a, as, y, ldy); break;
     case 3: grp_impl(3, g, ncols, a, as, y, ldy); break;
-    default: grp_impl(4, g, ncols, a, as, y, ldy); break;
+    case 4: grp_impl(4, g, ncols, a, as, y, ldy); break;
+    case 5: grp_impl(5, g, ncols, a, as, y, ldy); break;
+    default: grp_impl(6, g, ncols, a, as, y, ldy); break;
     }
 }
 
@@ -286,6 +288,7 @@ kcpu_gemm_t kcpu_gemm_q4_K_avx512(void)
         .multi = k4_multi,
         .r16 = k4_r16,
         .grp = k4_grp,
+        .grp_na = 6,
         .grp_pack = k4_grp_pack,
     };
 }

@@ -232,8 +232,9 @@ static void grp_pack_rows(const mm_task_t *t, int64_t r, int nr, int64_t r2, uin
 static void grp_call(const mm_task_t *t, const mm_view_t *v, const uint8_t *g, int nr, int64_t r,
                      const uint8_t *next, size_t group)
 {
-    for (int b = 0; b < t->nb; b += KCPU_MAX_NA) {
-        const int na = t->nb - b < KCPU_MAX_NA ? t->nb - b : KCPU_MAX_NA;
+    const int max_na = t->gemm.grp_na ? t->gemm.grp_na : KCPU_MAX_NA;
+    for (int b = 0; b < t->nb; b += max_na) {
+        const int na = t->nb - b < max_na ? t->nb - b : max_na;
         const uint8_t *a = v->act + (size_t)b * v->stride;
         float *y = t->y + (int64_t)b * t->ldy + r;
         if (next) {
@@ -246,7 +247,7 @@ static void grp_call(const mm_task_t *t, const mm_view_t *v, const uint8_t *g, i
             t->gemm.grp(g, t->w->ncols, a, v->stride, na, y, t->ldy);
             continue;
         }
-        float part[KCPU_MAX_NA * KCPU_R16_ROWS];
+        float part[KCPU_GRP_MAX_NA * KCPU_R16_ROWS];
         t->gemm.grp(g, t->w->ncols, a, v->stride, na, part, KCPU_R16_ROWS);
         for (int j = 0; j < na; j++)
             memcpy(y + (int64_t)j * t->ldy, part + j * KCPU_R16_ROWS, (size_t)nr * sizeof *part);

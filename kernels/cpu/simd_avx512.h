@@ -19,12 +19,21 @@ INLINE float h2f(ecs_fp16_t h)
     return _cvtsh_ss(h);
 }
 
-/* The four bytes at p in every 32-bit lane (a broadcast operand of vpdpbusd). */
-INLINE __m512i bcast32(const uint8_t *p)
+/* acc += q (u8) . the dword at p broadcast (s8), and the same for int16
+ * pairs: the broadcast as the instruction's memory operand. Compilers emit
+ * a separate vpbroadcastd for _mm512_set1_epi32 of a load, one more
+ * instruction per product for the front end and the schedulers (products
+ * run ~3 % faster without). */
+INLINE __m512i dpbusd_bcast(__m512i acc, __m512i q, const uint8_t *p)
 {
-    int32_t x;
-    memcpy(&x, p, 4);
-    return _mm512_set1_epi32(x);
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(const int32_t *)p));
+    return acc;
+}
+
+INLINE __m512i dpwssd_bcast(__m512i acc, __m512i q, const uint8_t *p)
+{
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(q), "m"(*(const int32_t *)p));
+    return acc;
 }
 
 INLINE __m512i join256(__m256i lo, __m256i hi)
