@@ -239,7 +239,6 @@ static ecs_err_t load_mat(const gguf_file_t *f, const char *name, int64_t ncols,
     m->row_bytes = rb;
     m->data = t->data;
     m->r16 = NULL;
-    m->r16_tiles = false;
     return ECS_OK;
 }
 

@@ -153,12 +153,10 @@ typedef struct {
      * cache file there on first load (a few seconds per GB, the size of the
      * matrices again on disk) and mapped, as the GGUF is, on later loads
      * while the GGUF is unchanged. Results are bit for bit the same, decode
-     * and prompts are faster. Q4_K and Q8_0 products then read the copy
-     * alone; where the GGUF and the copy both fit in repack_ram bytes (0: 90
-     * % of the physical memory), Q5_0 products of many rows keep reading
-     * the GGUF (their tiles unpack a few % faster from it); where only the
-     * copy and the rest of the GGUF fit, those too read the copy
-     * (model_repack_tiles); else there is no copy and the model says why
+     * and prompts are faster. Products of the copied matrices then read the
+     * copy alone (their GGUF bytes are never touched), so the copy and the
+     * rest of the GGUF must fit in repack_ram bytes (0: 90 % of the
+     * physical memory); else there is no copy and the model says why
      * (model_repack_note). NULL: everything is read from the GGUF. */
     const char *repack_dir;
     size_t repack_ram;
@@ -191,10 +189,8 @@ const char *model_repack_note(const model_t *m);
 size_t model_repack_bytes(const model_t *m, const char **path, bool *made);
 /* The decode copy's mapping (NULL: none), model_repack_bytes long. */
 const void *model_repack_map(const model_t *m);
-/* Whether every copied matrix is read from the copy alone (memory too
- * short for the GGUF and the copy; see opts.repack_dir), and whether the
- * tensor whose data starts at data is (its GGUF bytes never read). */
-bool model_repack_tiles(const model_t *m);
+/* Whether the tensor whose data starts at data is read from the copy alone
+ * (its GGUF bytes never read). */
 bool model_repack_has(const model_t *m, const void *data);
 /* Phases of a forward step, as model_profile reports them. */
 typedef enum {

@@ -215,7 +215,6 @@ struct model {
                            * the kernels never read (else NULL) */
     int r16_n;
     bool r16_made;        /* made by this load (not found) */
-    bool r16_tiles;       /* Q5_0 tiles from the copy too (memory is short) */
     char r16_path[4096];
     char r16_note[512];   /* why there is none, if it was asked for */
 };

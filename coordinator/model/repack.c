@@ -226,12 +226,10 @@ static ecs_err_t cache_path(const char *dir, const char *gguf, char *out, size_t
     return ECS_OK;
 }
 
-/* Where the GGUF and the copy both stay in memory, Q5_0 products of many
- * rows unpack their tiles from the GGUF (a few % faster); where only the
- * copy and the rest of the GGUF do, from the copy (*tiles); else no copy:
- * steps would read the disk. */
-static ecs_err_t check_ram(const model_t *m, kcpu_mat_t *const *mats, int n, size_t copy,
-                           bool *tiles)
+/* The copy serves every product of the matrices it holds, so it and the
+ * rest of the GGUF must stay in memory together; else no copy: steps
+ * would read the disk. */
+static ecs_err_t check_ram(const model_t *m, kcpu_mat_t *const *mats, int n, size_t copy)
 {
     size_t ram = m->opts.repack_ram;
     if (!ram) {
@@ -242,7 +240,6 @@ static ecs_err_t check_ram(const model_t *m, kcpu_mat_t *const *mats, int n, siz
     size_t rest = gguf;
     for (int i = 0; i < n; i++)
         rest -= (size_t)mats[i]->nrows * mats[i]->row_bytes;
-    *tiles = gguf + copy > ram;
     if (rest + copy <= ram)
         return ECS_OK;
     return ecs_error(ECS_ERR_NOMEM,
@@ -271,7 +268,7 @@ static ecs_err_t repack(model_t *m, const char *dir)
         e = cache_path(dir, gpath, m->r16_path, sizeof m->r16_path);
     const size_t fb = head ? (size_t)((const r16_head_t *)head)->file_bytes : 0;
     if (e == ECS_OK && n)
-        e = check_ram(m, mats, n, fb, &m->r16_tiles);
+        e = check_ram(m, mats, n, fb);
     if (e == ECS_OK && n) {
         m->r16_map = map_cache(m->r16_path, head, hb, fb);
         if (!m->r16_map) {
@@ -295,7 +292,6 @@ static ecs_err_t repack(model_t *m, const char *dir)
         const r16_entry_t *en = (const r16_entry_t *)((const uint8_t *)head + sizeof(r16_head_t));
         for (int i = 0; i < n; i++) {
             mats[i]->r16 = (const uint8_t *)m->r16_map + en[i].off;
-            mats[i]->r16_tiles = m->r16_tiles;
             m->r16_src[i] = kcpu_mat_reads_rows(mats[i]) ? NULL : mats[i]->data;
         }
     }
@@ -333,8 +329,6 @@ bool model_repack_has(const model_t *m, const void *data)
 const void *model_repack_map(const model_t *m) { return m->r16_map; }
 
 const char *model_repack_note(const model_t *m) { return m->r16_note[0] ? m->r16_note : NULL; }
-
-bool model_repack_tiles(const model_t *m) { return m->r16_map && m->r16_tiles; }
 
 size_t model_repack_bytes(const model_t *m, const char **path, bool *made)
 {

@@ -42,10 +42,9 @@ void kcpu_quantize_act(ecs_type_t vdt, const float *x, void *out, int64_t n);
 
 /* A weight matrix: nrows rows of ncols elements of type, row_bytes apart.
  * r16, when not NULL, is the same matrix in the row-interleaved layout
- * below (kcpu_r16_pack): products of one or two activation rows (decode)
- * read it instead of data, with the same arithmetic, so results do
- * not change. With r16_tiles, batched products unpack their tiles from it
- * too (a few % slower than from the rows, but data is then never read). */
+ * below (kcpu_r16_pack): products read it instead of data, with the same
+ * arithmetic, so results do not change (kcpu_mat_reads_rows: whether data
+ * is still read). */
 typedef struct {
     ecs_type_t type;
     int64_t ncols;
@@ -53,7 +52,6 @@ typedef struct {
     size_t row_bytes;
     const void *data;
     const void *r16;
-    bool r16_tiles;
 } kcpu_mat_t;
 
 /* Rows [r0, r0 + n) of w as a matrix of their own (r16 kept where r0 is a
@@ -121,8 +119,8 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
  * the allocations made so far (tests check a step makes none). */
 ecs_err_t kcpu_matmul_reserve(ecs_threadpool_t *tp, const kcpu_mat_t *w, int nb);
 /* Whether kcpu_matmul_q may read w's rows (w->data) for some nb; false where
- * w's interleaved copy (w->r16) serves every product (Q4_K and Q8_0 on
- * AVX-512; Q5_0 when w->r16_tiles). */
+ * w's interleaved copy (w->r16) serves every product (Q4_K, Q5_0 and Q8_0
+ * on AVX-512, rows of at least KCPU_GEMM_SB values). */
 bool kcpu_mat_reads_rows(const kcpu_mat_t *w);
 size_t kcpu_matmul_scratch(const kcpu_mat_t *w, int nb);
 uint64_t kcpu_scratch_grows(void);
@@ -190,10 +188,6 @@ typedef struct {
      * with one row); NULL where the type has no interleaved layout, which
      * is how callers tell which matrices a copy is made for */
     void (*r16)(const void *w, int64_t ncols, const void *a, float *out);
-    /* the 16 rows of an interleaved row group unpacked as unpack_w does
-     * (rows out_row bytes apart), so batched products need not read the
-     * rows themselves; NULL with r16 */
-    void (*unpack_r16)(const void *w, int64_t ncols, void *out, size_t out_row);
     /* grp takes an interleaved group of 16 rows against na <= grp_na
      * activation rows packed by pack_act1, as bytes apart: y[j * ldy + i]
      * for i < 16, j < na. Types with grp_pack (Q4_K, k4_avx512.c; w_sb is
@@ -205,9 +199,8 @@ typedef struct {
                 int64_t ldy);
     void (*grp_pack)(const void *rows, size_t row_bytes, int nrows, int64_t ncols, void *out);
     /* Types with grp but no grp_pack (Q5_0, Q8_0) compute like the tiles and
-     * the row kernels: grp takes their products with the copy, up to
-     * grp_max_nb activation rows (0: any), the tiles above. */
-    int grp_max_nb;
+     * the row kernels: grp takes every product where the matrix has the
+     * copy, the tiles and row kernels the others. */
     /* the most activation rows grp takes per call, <= KCPU_GRP_MAX_NA (0:
      * KCPU_MAX_NA): more rows per pass over a group share its unpacking */
     int grp_na;

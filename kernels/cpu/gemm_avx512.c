@@ -1050,7 +1050,9 @@ INLINE void r16_impl(ecs_type_t T, int NA, const void *w, int64_t ncols, const v
         case 1: r16_impl(T, 1, g, ncols, a, as, y, ldy); break;                               \
         case 2: r16_impl(T, 2, g, ncols, a, as, y, ldy); break;                               \
         case 3: r16_impl(T, 3, g, ncols, a, as, y, ldy); break;                               \
-        default: r16_impl(T, 4, g, ncols, a, as, y, ldy); break;                              \
+        case 4: r16_impl(T, 4, g, ncols, a, as, y, ldy); break;                               \
+        case 5: r16_impl(T, 5, g, ncols, a, as, y, ldy); break;                               \
+        default: r16_impl(T, 6, g, ncols, a, as, y, ldy); break;                              \
         }                                                                                     \
     }                                                                                         \
     static void name##_r16(const void *w, int64_t ncols, const void *a, float *out)           \
@@ -1059,96 +1061,6 @@ INLINE void r16_impl(ecs_type_t T, int NA, const void *w, int64_t ncols, const v
     }
 R16_GRP(q5_0, ECS_TYPE_Q5_0)
 R16_GRP(q8_0, ECS_TYPE_Q8_0)
-
-/* ---- unpacking tiles from the interleaved copy (batched products) ---- */
-
-/* 16 consecutive 64-byte vectors at p, transposed: v[r] = lane r of each. */
-INLINE void load_t16(const uint8_t *p, size_t stride, __m512i v[16])
-{
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++)
-        v[i] = _mm512_load_si512((const void *)(p + stride * (size_t)i));
-    transpose16_epi32(v);
-}
-
-/* The 16 rows of a Q5_0 / Q8_0 group, as unpack_row makes them: per
- * superblock, the words of blocks 4 v .. 4 v + 3 transposed are unpack_legacy's
- * legacy_x4 vectors, the qh words and scales transposed its masks and d. */
-INLINE void legacy_unpack_r16(ecs_type_t T, const void *group, int64_t ncols, void *out,
-                              size_t out_row)
-{
-    const bool q5 = T == ECS_TYPE_Q5_0;
-    const int W = q5 ? 4 : 8;
-    const size_t bb = q5 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK, wsb = w_sb_bytes(8, false);
-    const int64_t nblk = ncols / QK;
-    const __m512i lg = lane_groups(T);
-    const uint8_t *u = group;
-    for (int64_t b0 = 0; b0 < nblk; b0 += 16) {
-        const int ub = nblk - b0 < 16 ? (int)(nblk - b0) : 16;
-        /* block b: its pair's bytes, then its half */
-#define BLK(b) (u + (size_t)((b) / 2) * 2 * bb)
-#define QW(b, k) (BLK(b) + (size_t)64 * (W * ((b) % 2) + (k)))
-        __m512i d[16], qh[16], q[8][16]; /* [row] after the transposes */
-        for (int b = 0; b < 16; b++) {
-            d[b] = b < ub ? _mm512_castps_si512(_mm512_cvtph_ps(_mm256_load_si256(
-                                (const __m256i *)(BLK(b) + 128 * W + (q5 ? 128 : 0) + 32 * (b % 2)))))
-                          : _mm512_setzero_si512();
-            qh[b] = q5 && b < ub ? _mm512_load_si512((const void *)(BLK(b) + 128 * W + 64 * (b % 2)))
-                                 : _mm512_setzero_si512();
-        }
-        transpose16_epi32(d);
-        if (q5)
-            transpose16_epi32(qh);
-        for (int v = 0; v < 4; v++)
-            for (int s = 0; s < W / 4; s++) { /* Q8_0: values 0-15, then 16-31 */
-                __m512i *x = q[4 * s + v];
-                for (int i = 0; i < 16; i++) { /* block 4 v + i / 4, word 4 s + i % 4 */
-                    const int b = 4 * v + i / 4;
-                    /* a missing block: unpack_legacy's levels of zeros (Q8_0: + 128) */
-                    x[i] = b < ub ? _mm512_load_si512((const void *)QW(b, 4 * s + i % 4))
-                                  : _mm512_set1_epi8(q5 ? 0 : -128);
-                }
-                transpose16_epi32(x);
-            }
-#undef QW
-#undef BLK
-        for (int r = 0; r < 16; r++) {
-            wsb_t w;
-            w.sc = _mm512_permutexvar_ps(lg, _mm512_castsi512_ps(d[r]));
-            w.mn = _mm512_setzero_ps();
-            if (q5) {
-                const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
-                uint64_t lo[4], hi[4]; /* fifth_bits' masks of blocks 4 v .. 4 v + 3 */
-                _mm256_storeu_si256((__m256i *)lo, _mm512_cvtepi32_epi16(qh[r]));
-                _mm256_storeu_si256((__m256i *)hi,
-                                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(qh[r], 16)));
-                for (int v = 0; v < 4; v++) {
-                    const __m512i x = q[v][r];
-                    const __m512i l = _mm512_and_si512(x, m4);
-                    const __m512i h = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-                    w.q[v] = _mm512_mask_add_epi8(l, lo[v], l, b16);
-                    w.q[4 + v] = _mm512_mask_add_epi8(h, hi[v], h, b16);
-                }
-            } else {
-                for (int k = 0; k < 8; k++)
-                    w.q[k] = q[k][r];
-            }
-            store_wsb(8, false, &w, (uint8_t *)out + (size_t)r * out_row + (size_t)(b0 / 16) * wsb);
-        }
-        u += (size_t)ub * bb;
-    }
-}
-
-static void q5_0_unpack_r16(const void *group, int64_t ncols, void *out, size_t out_row)
-{
-    legacy_unpack_r16(ECS_TYPE_Q5_0, group, ncols, out, out_row);
-}
-
-static void q8_0_unpack_r16(const void *group, int64_t ncols, void *out, size_t out_row)
-{
-    legacy_unpack_r16(ECS_TYPE_Q8_0, group, ncols, out, out_row);
-}
-
 
 /* ------------------------------------------------------------------------ */
 
@@ -1184,37 +1096,36 @@ GEMM_TYPE(q6_K, ECS_TYPE_Q6_K, pack_q8_K)
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
 {
-#define G(name, T, tl, r16_, unpack_r16_)                                                      \
+#define G(name, T, tl)                                                                        \
     (kcpu_gemm_t)                                                                             \
     {                                                                                         \
         .w_sb = w_sb_bytes(type_kv(T), type_has_min(T)),                                      \
         .a_sb = a_sb_bytes(type_kv(T), type_has_min(T)), .sb_cols = 64 * type_kv(T),          \
         .mr = GEMM_MR, .unpack_w = name##_unpack, .pack_act = name##_pack,                    \
-        .pack_act1 = name##_pack1, .tile = tl, .multi = name##_multi, .r16 = r16_,            \
-        .unpack_r16 = unpack_r16_                                                             \
+        .pack_act1 = name##_pack1, .tile = tl, .multi = name##_multi                          \
     }
-/* with the decode copy: its kernel, up to max_nb rows (0: any). Q5_0 decodes
- * the fifth bits of a group once per four rows, the tiles once per call:
- * from 16 rows on they are faster (bench_matvec --only prefill). */
-#define GC(name, T, max_nb)                                                                   \
+/* with the decode copy: its kernel for any number of rows (six per pass
+ * share a group's decoding; bench_matvec --only prefill: faster than the
+ * tiles up to 64 rows and more) */
+#define GC(name, T)                                                                           \
     (kcpu_gemm_t)                                                                             \
     {                                                                                         \
         .w_sb = w_sb_bytes(8, false), .a_sb = a_sb_bytes(8, false), .sb_cols = 512,           \
         .mr = GEMM_MR, .unpack_w = name##_unpack, .pack_act = name##_pack,                    \
         .pack_act1 = name##_pack1, .tile = tile_8_0, .multi = name##_multi, .r16 = name##_r16, \
-        .unpack_r16 = name##_unpack_r16, .grp = name##_grp, .grp_max_nb = max_nb              \
+        .grp = name##_grp, .grp_na = 6                                                        \
     }
     switch (wtype) {
-    case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0, NULL, NULL);
-    case ECS_TYPE_Q4_1: return G(q4_1, ECS_TYPE_Q4_1, tile_8_1, NULL, NULL);
-    case ECS_TYPE_Q5_0: return GC(q5_0, ECS_TYPE_Q5_0, 40);
-    case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1, tile_8_1, NULL, NULL);
-    case ECS_TYPE_Q8_0: return GC(q8_0, ECS_TYPE_Q8_0, 0);
-    case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1, NULL, NULL);
-    case ECS_TYPE_Q3_K: return G(q3_K, ECS_TYPE_Q3_K, tile_4_0, NULL, NULL);
+    case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0);
+    case ECS_TYPE_Q4_1: return G(q4_1, ECS_TYPE_Q4_1, tile_8_1);
+    case ECS_TYPE_Q5_0: return GC(q5_0, ECS_TYPE_Q5_0);
+    case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1, tile_8_1);
+    case ECS_TYPE_Q8_0: return GC(q8_0, ECS_TYPE_Q8_0);
+    case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1);
+    case ECS_TYPE_Q3_K: return G(q3_K, ECS_TYPE_Q3_K, tile_4_0);
     case ECS_TYPE_Q4_K: return kcpu_gemm_q4_K_avx512(); /* k4_avx512.c */
-    case ECS_TYPE_Q5_K: return G(q5_K, ECS_TYPE_Q5_K, tile_8_1, NULL, NULL);
-    case ECS_TYPE_Q6_K: return G(q6_K, ECS_TYPE_Q6_K, tile_4_0, NULL, NULL);
+    case ECS_TYPE_Q5_K: return G(q5_K, ECS_TYPE_Q5_K, tile_8_1);
+    case ECS_TYPE_Q6_K: return G(q6_K, ECS_TYPE_Q6_K, tile_4_0);
     default: return (kcpu_gemm_t){0};
     }
 #undef G

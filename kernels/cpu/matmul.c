@@ -163,28 +163,17 @@ static bool gemm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_
     uint8_t *buf = scratch(SCRATCH_TILE, wrow * (size_t)t->tile_rows);
     if (!buf)
         return false;
-    /* whole groups of the interleaved copy where the matrix has one: then
-     * the rows themselves are not read (same bytes, tests) */
-    const bool il = w->r16 && w->r16_tiles && t->gemm.unpack_r16 && r0 % KCPU_R16_ROWS == 0;
-    const size_t group = il ? kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols) : 0;
     for (int64_t t0 = r0; t0 < r1; t0 += t->tile_rows) {
         const int nw = (int)(t0 + t->tile_rows < r1 ? t->tile_rows : r1 - t0);
-        int i = 0;
-        for (; il && i + KCPU_R16_ROWS <= nw; i += KCPU_R16_ROWS)
-            t->gemm.unpack_r16((const uint8_t *)w->r16 +
-                                   (size_t)((t0 + i) / KCPU_R16_ROWS) * group,
-                               w->ncols, buf + (size_t)i * wrow, wrow);
-        for (; i < nw; i++)
+        for (int i = 0; i < nw; i++)
             t->gemm.unpack_w((const uint8_t *)w->data + (size_t)(t0 + i) * w->row_bytes,
                              w->ncols, buf + (size_t)i * wrow);
         /* the next tile's weights come from DRAM while this one computes:
          * its lines are prefetched a slice per block of activation rows */
         const int64_t n1 = t0 + t->tile_rows < r1 ? t0 + t->tile_rows : r1;
         const int64_t n2 = n1 + t->tile_rows < r1 ? n1 + t->tile_rows : r1;
-        const uint8_t *next = il ? (const uint8_t *)w->r16 + (size_t)(n1 / KCPU_R16_ROWS) * group
-                                 : (const uint8_t *)w->data + (size_t)n1 * w->row_bytes;
-        const size_t next_bytes = il ? (size_t)((n2 - n1) / KCPU_R16_ROWS) * group
-                                     : (size_t)(n2 - n1) * w->row_bytes;
+        const uint8_t *next = (const uint8_t *)w->data + (size_t)n1 * w->row_bytes;
+        const size_t next_bytes = (size_t)(n2 - n1) * w->row_bytes;
         for (int b = 0; b < t->nb; b += PREFETCH_ROWS) {
             const int na = t->nb - b < PREFETCH_ROWS ? t->nb - b : PREFETCH_ROWS;
             t->gemm.tile(buf, nw, v->act + (size_t)b * v->stride, na, t->nsb,
@@ -303,10 +292,9 @@ static mm_view_t mm_view(const mm_task_t *t)
     uint8_t *packed = scratch(SCRATCH_ACT, t->packed_row * (size_t)t->nb);
     if (!packed)
         return v;
-    /* interleaved groups: always (grp_pack), or with the copy below
-     * grp_max_nb rows; else tiles, or the row kernel for one row */
-    v.grp = t->gemm.grp && (t->gemm.grp_pack || (t->w->r16 && (!t->gemm.grp_max_nb ||
-                                                              t->nb < t->gemm.grp_max_nb)));
+    /* interleaved groups: always (grp_pack), or with the copy; else tiles,
+     * or the row kernel for one row */
+    v.grp = t->gemm.grp && (t->gemm.grp_pack || t->w->r16);
     v.tiled = !v.grp && t->nb >= KCPU_GEMM_MIN_NB;
     for (int b = 0; b < t->nb; b++)
         (v.grp || t->nb == 1 ? t->gemm.pack_act1 : t->gemm.pack_act)(
@@ -357,10 +345,8 @@ static void gemm_prepare(mm_task_t *t)
     if (g.grp_pack) /* no tiles: groups of rows (grp_rows) */
         return;
     const size_t wrow = (size_t)t->nsb * g.w_sb;
-    /* whole interleaved groups per tile where the copy is read */
-    const int64_t unit = t->w->r16 && t->w->r16_tiles && g.unpack_r16 ? KCPU_R16_ROWS : g.mr;
-    const int64_t rows = (int64_t)(GEMM_TILE_BYTES / wrow) / unit * unit;
-    t->tile_rows = rows > unit ? rows : unit;
+    const int64_t rows = (int64_t)(GEMM_TILE_BYTES / wrow) / g.mr * g.mr;
+    t->tile_rows = rows > g.mr ? rows : g.mr;
 }
 
 bool kcpu_mat_reads_rows(const kcpu_mat_t *w)
@@ -368,7 +354,7 @@ bool kcpu_mat_reads_rows(const kcpu_mat_t *w)
     const kcpu_gemm_t g = kcpu_gemm(w->type);
     if (!w->r16 || w->ncols < KCPU_GEMM_SB)
         return true;
-    return !(g.grp_pack || (g.grp && !g.grp_max_nb) || (w->r16_tiles && g.unpack_r16));
+    return !g.grp;
 }
 
 static void fill_nan(float *y, int64_t ldy, int nb, int64_t nrows)

@@ -188,7 +188,7 @@ static kcpu_mat_t make_matrix(ecs_type_t type, int64_t ncols, size_t bytes)
     for (int64_t r = DISTINCT; r < nrows; r++)
         memcpy(data + (size_t)r * rb, data + (size_t)(r % DISTINCT) * rb, rb);
     free(x);
-    kcpu_mat_t m = {type, ncols, nrows, rb, data, NULL, false};
+    kcpu_mat_t m = {type, ncols, nrows, rb, data, NULL};
     return m;
 }
 
@@ -367,13 +367,12 @@ static void bench_prefill(ecs_threadpool_t *const *pools, const int *nths, int n
         kcpu_mat_t w = make_matrix(t, ncols, ecs_row_size(t, ncols) * (size_t)nrows);
         void *act = make_act(t, ncols, 64);
         float *y = xmalloc(sizeof(float) * (size_t)(nrows * 64));
-        /* without, then with the decode copy (Q4_K products read it for any
-         * nb; the legacy types' batched tiles only when memory is short) */
+        /* without, then with the decode copy (products of the types that
+         * have one read it for any nb) */
         for (int run = 0; run < 2 * npools; run++) {
             const int p = run % npools;
             if (run == npools && !add_r16(&w))
                 break;
-            w.r16_tiles = w.r16 != NULL;
             printf("prefill %-5s %4lld x %4lld %-14s %-5s threads=%d  GOP/s:", ecs_type_name(t),
                    (long long)nrows, (long long)ncols, shapes[si].what, w.r16 ? "copy" : "rows",
                    nths[p]);

@@ -542,7 +542,7 @@ static void check_matmul(rng_t *r, ecs_type_t t, shape_t s, ecs_threadpool_t *tp
         random_floats(r, x, s.ncols, 0.05f);
         quantize_floats(t, x, wdata + (size_t)i * rb, s.ncols);
     }
-    const kcpu_mat_t w = {t, s.ncols, s.nrows, rb, wdata, NULL, false};
+    const kcpu_mat_t w = {t, s.ncols, s.nrows, rb, wdata, NULL};
     const kcpu_vec_dot_fn dot = kcpu_vec_dot_for(t, isa);
     cr_assert_not_null(dot);
     float *yg = xalloc(sizeof(float) * (size_t)(s.nrows * 64));
@@ -711,7 +711,7 @@ static bool exact_case(rng_t *r, ecs_type_t t, int64_t nrows, int64_t ncols, exa
     uint8_t *wd = xalloc(rb * (size_t)nrows);
     for (int64_t i = 0; i < nrows; i++)
         exact_weights(r, t, wd + (size_t)i * rb, ncols);
-    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd, NULL, false};
+    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd, NULL};
     c->act = xalloc(c->as * KCPU_MAX_BATCH);
     c->ref = xalloc(sizeof(float) * (size_t)(nrows * KCPU_MAX_BATCH));
     for (int b = 0; b < KCPU_MAX_BATCH; b++) {
@@ -799,7 +799,7 @@ static void every_nb_realistic(kcpu_isa_t isa)
             random_floats(&r, x, ncols, 2.0f);
             quantize_floats(vdt, x, act + (size_t)b * as, ncols);
         }
-        const kcpu_mat_t w = {t, ncols, nrows, rb, wd, NULL, false};
+        const kcpu_mat_t w = {t, ncols, nrows, rb, wd, NULL};
         /* reference and tolerance scale of every pair, once */
         float *ref = xalloc(sizeof(float) * (size_t)(nrows * KCPU_MAX_BATCH));
         double *mag = xalloc(sizeof(double) * (size_t)(nrows * KCPU_MAX_BATCH));
@@ -913,7 +913,7 @@ Test(kernels, act_bytes)
 Test(kernels, matmul_unknown_type_gives_nan)
 {
     uint8_t data[64] = {0}, act[64] = {0};
-    const kcpu_mat_t w = {(ecs_type_t)5, 32, 2, 32, data, NULL, false};
+    const kcpu_mat_t w = {(ecs_type_t)5, 32, 2, 32, data, NULL};
     float y[2] = {1.0f, 2.0f};
     kcpu_matmul_q(NULL, &w, act, 1, y, 2);
     cr_assert(isnan(y[0]) && isnan(y[1]));
@@ -1000,7 +1000,7 @@ static void r16_case(rng_t *r, ecs_type_t t, int64_t nrows, int64_t ncols, bool 
             quantize_floats(vdt, x, c->act + (size_t)b * c->as, ncols);
         }
     }
-    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd, NULL, false};
+    c->w = (kcpu_mat_t){t, ncols, nrows, rb, wd, NULL};
     const size_t bytes = kcpu_r16_bytes(t, nrows, ncols);
     cr_assert_gt(bytes, 0);
     void *packed = aligned_alloc(64, bytes);
@@ -1008,7 +1008,6 @@ static void r16_case(rng_t *r, ecs_type_t t, int64_t nrows, int64_t ncols, bool 
     kcpu_r16_pack(&c->w, 0, nrows, packed);
     c->wi = c->w;
     c->wi.r16 = packed;
-    c->wi.r16_tiles = true;
     free(x);
 }
 
@@ -1041,12 +1040,18 @@ static void r16_check(const r16_case_t *c, ecs_threadpool_t *tp, int b)
                              batch[(int64_t)j * n + i], got[i]);
         }
     }
-    kcpu_mat_t rows_tiles = c->wi; /* batched tiles from the rows */
-    rows_tiles.r16_tiles = false;
-    kcpu_matmul_q(tp, &rows_tiles, a, 4, batch, n);
+    kcpu_matmul_q(tp, &c->w, a, 4, batch, n); /* batched tiles from the rows */
     for (int64_t i = 0; i < n; i++)
         cr_assert_eq(batch[i], plain[i], "row %lld: tiles from the rows %.9g, one by one %.9g",
                      (long long)i, batch[i], plain[i]);
+    /* eight rows: the copy's groups take six and two, the rows' tiles all */
+    float *g8 = xalloc(sizeof(float) * (size_t)n * 8), *t8 = xalloc(sizeof(float) * (size_t)n * 8);
+    kcpu_matmul_q(tp, &c->wi, c->act, 8, g8, n);
+    kcpu_matmul_q(tp, &c->w, c->act, 8, t8, n);
+    for (int64_t i = 0; i < n * 8; i++)
+        cr_assert_eq(g8[i], t8[i], "%s row %lld of 8: copy %.9g, rows %.9g",
+                     ecs_type_name(c->w.type), (long long)i, g8[i], t8[i]);
+    free(g8), free(t8);
     kcpu_matmul_q(tp, &c->wi, a, 1, got, n);
     kcpu_matmul_q(tp, &c->wi, a, 4, batch, n);
     for (int64_t i = 0; i < n; i++) {
@@ -1157,7 +1162,7 @@ Test(kernels, r16_grp_pack_equals_copy)
         }
         for (int nr = 1; nr < 16; nr += 7) { /* rows 0..nr-1, then zeros */
             memcpy(rows, c.w.data, (size_t)nr * c.w.row_bytes);
-            const kcpu_mat_t part = {ECS_TYPE_Q4_K, cols[ci], 16, c.w.row_bytes, rows, NULL, false};
+            const kcpu_mat_t part = {ECS_TYPE_Q4_K, cols[ci], 16, c.w.row_bytes, rows, NULL};
             kcpu_r16_pack(&part, 0, 16, z);
             memset(a, 0xA5, gb);
             g.grp_pack(c.w.data, c.w.row_bytes, nr, cols[ci], a);
@@ -1176,62 +1181,14 @@ Test(kernels, r16_reads_rows)
     static const uint8_t fake[1];
     const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q8_0, ECS_TYPE_Q5_0};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        kcpu_mat_t w = {types[i], 2048, 64, ecs_row_size(types[i], 2048), fake, NULL, false};
+        kcpu_mat_t w = {types[i], 2048, 64, ecs_row_size(types[i], 2048), fake, NULL};
         cr_assert(kcpu_mat_reads_rows(&w), "%s without a copy", ecs_type_name(types[i]));
         if (!kcpu_gemm(types[i]).r16)
             continue;
         w.r16 = fake;
-        const bool rows = kcpu_mat_reads_rows(&w);
-        cr_assert_eq(rows, types[i] == ECS_TYPE_Q5_0, "%s with the copy", ecs_type_name(types[i]));
-        w.r16_tiles = true;
-        cr_assert(!kcpu_mat_reads_rows(&w), "%s, tiles from the copy", ecs_type_name(types[i]));
+        cr_assert(!kcpu_mat_reads_rows(&w), "%s with the copy", ecs_type_name(types[i]));
+        w.ncols = 128; /* rows shorter than a superblock: the row kernels */
+        w.row_bytes = ecs_row_size(types[i], 128);
+        cr_assert(kcpu_mat_reads_rows(&w), "%s, 128 columns", ecs_type_name(types[i]));
     }
-}
-
-/* Tiles unpacked from the interleaved copy are byte for byte those that the
- * rows give (so batched products may read the copy alone). */
-Test(kernels, r16_unpack_equals_rows)
-{
-    static const ecs_type_t types[] = {ECS_TYPE_Q5_0, ECS_TYPE_Q8_0};
-    static const int64_t cols[] = {256, 512, 768, 1408, 2048, 576};
-    rng_t r = {53};
-    int checked = 0;
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        const kcpu_gemm_t g = kcpu_gemm(types[ti]);
-        if (!g.unpack_r16) {
-            cr_log_warn("%s: no interleaved unpacking on this ISA", ecs_type_name(types[ti]));
-            continue;
-        }
-        for (size_t ci = 0; ci < sizeof cols / sizeof cols[0]; ci++) {
-            if (!kcpu_r16_fits(types[ti], 32, cols[ci]))
-                continue;
-            for (int exact = 0; exact < 2; exact++) {
-                r16_case_t c;
-                r16_case(&r, types[ti], 32, cols[ci], exact, &c);
-                const int64_t nsb = (cols[ci] + g.sb_cols - 1) / g.sb_cols;
-                const size_t wrow = (size_t)nsb * g.w_sb;
-                uint8_t *a = aligned_alloc(64, wrow * 16), *b = aligned_alloc(64, wrow * 16);
-                cr_assert(a && b);
-                for (int grp = 0; grp < 2; grp++) {
-                    memset(a, 0xA5, wrow * 16);
-                    memset(b, 0x5A, wrow * 16);
-                    g.unpack_r16((const uint8_t *)c.wi.r16 +
-                                     (size_t)grp * kcpu_r16_bytes(types[ti], 16, cols[ci]),
-                                 cols[ci], a, wrow);
-                    for (int i = 0; i < 16; i++)
-                        g.unpack_w((const uint8_t *)c.w.data +
-                                       (size_t)(16 * grp + i) * c.w.row_bytes,
-                                   cols[ci], b + (size_t)i * wrow);
-                    for (int i = 0; i < 16; i++)
-                        cr_assert_eq(memcmp(a + (size_t)i * wrow, b + (size_t)i * wrow, wrow), 0,
-                                     "%s %lld cols, group %d row %d: unpacked tiles differ",
-                                     ecs_type_name(types[ti]), (long long)cols[ci], grp, i);
-                    checked++;
-                }
-                free(a), free(b);
-                r16_case_free(&c);
-            }
-        }
-    }
-    cr_log_info("interleaved unpacking: %d groups equal to the rows'", checked);
 }

@@ -56,7 +56,7 @@ static void usage(FILE *f)
             "                     $ECS_CACHE_DIR, else $XDG_CACHE_HOME/ecs, else ~/.cache/ecs);\n"
             "                     made on first use: a copy of the Q4_K, Q5_0, Q8_0 matrices\n"
             "  --no-repack        decode from the GGUF alone (same results, slower); also\n"
-            "                     when the GGUF and the copy would not both fit in 90 %% of\n"
+            "                     when the copy and the rest of the GGUF would not fit in 90 %% of\n"
             "                     the memory (ECS_REPACK_RAM=bytes: assume that much)\n"
             "  --bench            time prompt processing of --pp random tokens (default 512)\n"
             "                     and decoding of --tg tokens (default 64) from an empty\n"
@@ -816,9 +816,6 @@ static void repack_report(const model_t *m, double load_s)
     else if (made)
         fprintf(stderr, "repack: wrote %s (%.1f MB) in %.1f s\n", path, (double)bytes / 1e6,
                 load_s);
-    if (bytes && model_repack_tiles(m))
-        fprintf(stderr, "repack: too little memory for the GGUF and the copy: prompt steps "
-                        "read the copy too (a few %% slower)\n");
 }
 
 int main(int argc, char **argv)
