@@ -999,11 +999,13 @@ INLINE void r16_legacy_group(ecs_type_t T, int NA, const uint8_t *u, const uint8
         const uint8_t *an = a + (size_t)n * as;
         int32_t init;
         memcpy(&init, an + a_init(8) + 4 * L, 4);
-        __m512i t = _mm512_set1_epi32(init);
+        /* two chains of exact integer sums (half the latency), added */
+        __m512i t2[2] = {_mm512_set1_epi32(init), _mm512_setzero_si512()};
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) /* Q5_0: the order of the row kernels' chain */
-            t = dpbusd_bcast(t, q[q5 ? (k % 2) * 4 + k / 2 : k],
-                             an + grp_act_off(G, q5 ? 16 * (k % 2) + 4 * (k / 2) : 4 * k));
+            t2[k % 2] = dpbusd_bcast(t2[k % 2], q[q5 ? (k % 2) * 4 + k / 2 : k],
+                                     an + grp_act_off(G, q5 ? 16 * (k % 2) + 4 * (k / 2) : 4 * k));
+        const __m512i t = _mm512_add_epi32(t2[0], t2[1]);
         const __m512 s2 = _mm512_mul_ps(sc, _mm512_set1_ps(act_lane_f(an, a_sc(8), L)));
         acc[n][G] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s2, acc[n][G]);
     }
