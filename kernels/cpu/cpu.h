@@ -204,6 +204,13 @@ typedef struct {
     /* the most activation rows grp takes per call, <= KCPU_GRP_MAX_NA (0:
      * KCPU_MAX_NA): more rows per pass over a group share its unpacking */
     int grp_na;
+    /* Where not NULL (Q5_0), products of more than 2 grp_na rows rewrite each
+     * group once (grp_unpack, into kcpu_r16_bytes(Q8_0, 16, ncols) bytes,
+     * 64-byte aligned) and pass over that with grp_unpacked: the same bits
+     * as grp, the group's decoding not repeated per pass. */
+    void (*grp_unpack)(const void *g, int64_t ncols, void *out);
+    void (*grp_unpacked)(const void *g, int64_t ncols, const void *a, size_t as, int na, float *y,
+                         int64_t ldy);
 } kcpu_gemm_t;
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype);

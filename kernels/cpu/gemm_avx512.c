@@ -963,6 +963,24 @@ INLINE __mmask64 q5_fifth(__m512i qh, int k, int h)
                                  _mm512_set1_epi32((int)(0x08040201u << sh)));
 }
 
+/* Q5_0 levels (0..31) of block h of a pair of 16-row blocks, values 4 k ..
+ * 4 k + 3 of every row in q[k]: the low nibbles give values 0..15, the high
+ * ones 16..31, the fifth bits come from the qh words. */
+INLINE void q5_levels(const uint8_t *pair, int h, __m512i q[8])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
+    const uint8_t *qp = pair + 256 * h;
+    const __m512i qh = _mm512_load_si512((const void *)(pair + 512 + 64 * h));
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m512i x = _mm512_load_si512((const void *)(qp + 64 * k));
+        const __m512i lo = _mm512_and_si512(x, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+        q[k] = _mm512_mask_add_epi8(lo, q5_fifth(qh, k, 0), lo, b16);
+        q[4 + k] = _mm512_mask_add_epi8(hi, q5_fifth(qh, k, 1), hi, b16);
+    }
+}
+
 /* Q5_0 / Q8_0 (r16.c's pairs of blocks; u: the superblock's first pair):
  * block G's levels for the 16 rows, once for NA activation rows (pack_act1
  * layout, as bytes apart). Each row's chain starts, as the row kernels'
@@ -974,20 +992,11 @@ INLINE void r16_legacy_group(ecs_type_t T, int NA, const uint8_t *u, const uint8
     const bool q5 = T == ECS_TYPE_Q5_0;
     const int W = q5 ? 4 : 8, L = grp_lane(G), h = G % 2;
     const uint8_t *pair = u + (size_t)(G / 2) * 2 * (q5 ? KCPU_R16_Q5_0_BLOCK : KCPU_R16_Q8_0_BLOCK);
-    const uint8_t *qp = pair + 64 * W * h, *qhp = pair + 128 * W + 64 * h;
+    const uint8_t *qp = pair + 64 * W * h;
     const uint8_t *dp = pair + 128 * W + (q5 ? 128 : 0) + 32 * h;
     __m512i q[8]; /* levels of values 4 k .. 4 k + 3 (Q5_0: k < 4 low nibbles, then high) */
     if (q5) {
-        const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
-        const __m512i qh = _mm512_load_si512((const void *)qhp);
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            const __m512i x = _mm512_load_si512((const void *)(qp + 64 * k));
-            const __m512i lo = _mm512_and_si512(x, m4);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-            q[k] = _mm512_mask_add_epi8(lo, q5_fifth(qh, k, 0), lo, b16);
-            q[4 + k] = _mm512_mask_add_epi8(hi, q5_fifth(qh, k, 1), hi, b16);
-        }
+        q5_levels(pair, h, q);
     } else {
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
@@ -1064,6 +1073,29 @@ INLINE void r16_impl(ecs_type_t T, int NA, const void *w, int64_t ncols, const v
 R16_GRP(q5_0, ECS_TYPE_Q5_0)
 R16_GRP(q8_0, ECS_TYPE_Q8_0)
 
+/* A Q5_0 group rewritten in the Q8_0 group layout, its levels (0..31) one
+ * byte each, for q8_0_grp: with the activations packed for Q5_0 (their
+ * chains start at -16 x the group sums) that is the same arithmetic, the
+ * integer sums in another order but exact, so the same bits; the fifth bits
+ * are decoded once per group instead of once per pass. */
+static void q5_0_grp_unpack(const void *group, int64_t ncols, void *out)
+{
+    const uint8_t *u = group;
+    uint8_t *o = out;
+    for (int64_t p = 0; p < ncols / QK / 2; p++) {
+        for (int h = 0; h < 2; h++) {
+            __m512i q[8];
+            q5_levels(u, h, q);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                _mm512_store_si512((void *)(o + 512 * h + 64 * k), q[k]);
+            memcpy(o + 1024 + 32 * h, u + 640 + 32 * h, 32);
+        }
+        u += 2 * KCPU_R16_Q5_0_BLOCK;
+        o += 2 * KCPU_R16_Q8_0_BLOCK;
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 
 #define GEMM_TYPE(name, T, pack)                                                              \
@@ -1120,7 +1152,12 @@ kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype)
     switch (wtype) {
     case ECS_TYPE_Q4_0: return G(q4_0, ECS_TYPE_Q4_0, tile_8_0);
     case ECS_TYPE_Q4_1: return G(q4_1, ECS_TYPE_Q4_1, tile_8_1);
-    case ECS_TYPE_Q5_0: return GC(q5_0, ECS_TYPE_Q5_0);
+    case ECS_TYPE_Q5_0: {
+        kcpu_gemm_t g = GC(q5_0, ECS_TYPE_Q5_0);
+        g.grp_unpack = q5_0_grp_unpack;
+        g.grp_unpacked = q8_0_grp;
+        return g;
+    }
     case ECS_TYPE_Q5_1: return G(q5_1, ECS_TYPE_Q5_1, tile_8_1);
     case ECS_TYPE_Q8_0: return GC(q8_0, ECS_TYPE_Q8_0);
     case ECS_TYPE_Q2_K: return G(q2_K, ECS_TYPE_Q2_K, tile_4_1);

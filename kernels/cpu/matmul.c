@@ -71,6 +71,7 @@ typedef struct {
     kcpu_kernel_t k;
     bool tiled; /* nb >= KCPU_GEMM_MIN_NB: unpacked weight tiles */
     bool grp;   /* every product on interleaved row groups (kcpu_gemm_t.grp) */
+    uint8_t *unpacked; /* where the copy's groups are rewritten (grp_unpack), or NULL */
 } mm_view_t;
 
 /* ---- per-thread scratch ---- */
@@ -221,6 +222,9 @@ static void grp_pack_rows(const mm_task_t *t, int64_t r, int nr, int64_t r2, uin
 static void grp_call(const mm_task_t *t, const mm_view_t *v, const uint8_t *g, int nr, int64_t r,
                      const uint8_t *next, size_t group)
 {
+    /* a group decoded once for all the passes (t->gemm.grp_unpack) */
+    void (*grp)(const void *, int64_t, const void *, size_t, int, float *, int64_t) =
+        g == v->unpacked ? t->gemm.grp_unpacked : t->gemm.grp;
     const int max_na = t->gemm.grp_na ? t->gemm.grp_na : KCPU_MAX_NA;
     for (int b = 0; b < t->nb; b += max_na) {
         const int na = t->nb - b < max_na ? t->nb - b : max_na;
@@ -233,11 +237,11 @@ static void grp_call(const mm_task_t *t, const mm_view_t *v, const uint8_t *g, i
                 __builtin_prefetch(next + o, 0, 2);
         }
         if (nr == KCPU_R16_ROWS) {
-            t->gemm.grp(g, t->w->ncols, a, v->stride, na, y, t->ldy);
+            grp(g, t->w->ncols, a, v->stride, na, y, t->ldy);
             continue;
         }
         float part[KCPU_GRP_MAX_NA * KCPU_R16_ROWS];
-        t->gemm.grp(g, t->w->ncols, a, v->stride, na, part, KCPU_R16_ROWS);
+        grp(g, t->w->ncols, a, v->stride, na, part, KCPU_R16_ROWS);
         for (int j = 0; j < na; j++)
             memcpy(y + (int64_t)j * t->ldy, part + j * KCPU_R16_ROWS, (size_t)nr * sizeof *part);
     }
@@ -259,6 +263,10 @@ static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
             g = (const uint8_t *)w->r16 + (size_t)(r / KCPU_R16_ROWS) * group;
             if (t->nb >= PREFETCH_ROWS && r + 2 * KCPU_R16_ROWS <= r1)
                 next = g + group;
+            if (v->unpacked) {
+                t->gemm.grp_unpack(g, w->ncols, v->unpacked);
+                g = v->unpacked;
+            }
         } else if (!t->gemm.grp_pack) {
             grp_rows_tail(t, v, r, r1);
             break;
@@ -281,12 +289,26 @@ static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
         mm_rows(t, v, r0, r1);
 }
 
+/* Whether products of w with nb rows rewrite the copy's groups (from three
+ * passes over each: with two the rewrite costs more than it saves,
+ * bench_matvec --only prefill), and into how many bytes. */
+static bool unpacks(const kcpu_mat_t *w, int nb)
+{
+    const kcpu_gemm_t g = kcpu_gemm(w->type);
+    return g.grp_unpack && nb > 2 * g.grp_na;
+}
+
+static size_t unpacked_bytes(const kcpu_mat_t *w)
+{
+    return kcpu_r16_bytes(ECS_TYPE_Q8_0, KCPU_R16_ROWS, w->ncols);
+}
+
 /* Each thread packs the activations into its own scratch: a copy that one
  * thread wrote and the other read would cross between the cores' caches on
  * every call, which costs more than packing (~25 cycles per 256 values). */
 static mm_view_t mm_view(const mm_task_t *t)
 {
-    mm_view_t v = {t->act, t->act_stride, t->k, false, false};
+    mm_view_t v = {t->act, t->act_stride, t->k, false, false, NULL};
     if (!t->gemm.w_sb && !t->gemm.grp)
         return v;
     uint8_t *packed = scratch(SCRATCH_ACT, t->packed_row * (size_t)t->nb);
@@ -296,6 +318,8 @@ static mm_view_t mm_view(const mm_task_t *t)
      * or the row kernel for one row */
     v.grp = t->gemm.grp && (t->gemm.grp_pack || t->w->r16);
     v.tiled = !v.grp && t->nb >= KCPU_GEMM_MIN_NB;
+    if (v.grp && t->w->r16 && unpacks(t->w, t->nb))
+        v.unpacked = scratch(SCRATCH_TILE, unpacked_bytes(t->w));
     for (int b = 0; b < t->nb; b++)
         (v.grp || t->nb == 1 ? t->gemm.pack_act1 : t->gemm.pack_act)(
             t->act + (size_t)b * t->act_stride, t->w->ncols, packed + (size_t)b * t->packed_row);
@@ -463,6 +487,8 @@ static void scratch_need(const kcpu_mat_t *w, int nb, size_t need[SCRATCH_SLOTS]
                          : t.gemm.w_sb && nb >= KCPU_GEMM_MIN_NB
                              ? (size_t)t.nsb * t.gemm.w_sb * (size_t)t.tile_rows
                              : 0;
+    if (w->r16 && unpacks(w, nb) && need[SCRATCH_TILE] < unpacked_bytes(w))
+        need[SCRATCH_TILE] = unpacked_bytes(w);
 }
 
 static void reserve_worker(void *arg, int ith, int nth)

@@ -964,8 +964,10 @@ Test(kernels, r16_shapes)
     cr_assert_not(kcpu_r16_fits(ECS_TYPE_Q4_0, 16, 256), "no layout for Q4_0");
 }
 
-/* One interleaved case: nrows Q4_K rows (realistic data or the exact-sum
- * data), their interleaved copy, activations for nb rows. */
+/* One interleaved case: nrows rows (realistic data or the exact-sum data),
+ * their interleaved copy, R16_ACT_ROWS activation rows. */
+#define R16_ACT_ROWS 16
+
 typedef struct {
     kcpu_mat_t w;  /* the rows, r16 NULL */
     kcpu_mat_t wi; /* the same with r16 */
@@ -989,10 +991,10 @@ static void r16_case(rng_t *r, ecs_type_t t, int64_t nrows, int64_t ncols, bool 
             quantize_floats(t, x, wd + (size_t)i * rb, ncols);
         }
     }
-    c->act = xalloc(c->as * 8);
+    c->act = xalloc(c->as * R16_ACT_ROWS);
     int64_t amp = ((1 << 24) - 1) / (2 * ncols * level_bound(t)); /* as exact_case */
     amp = amp > 64 ? 64 : amp < 1 ? 1 : amp;
-    for (int b = 0; b < 8; b++) {
+    for (int b = 0; b < R16_ACT_ROWS; b++) {
         if (exact) {
             exact_act(r, vdt, c->act + (size_t)b * c->as, ncols, (int)amp);
         } else {
@@ -1044,13 +1046,17 @@ static void r16_check(const r16_case_t *c, ecs_threadpool_t *tp, int b)
     for (int64_t i = 0; i < n; i++)
         cr_assert_eq(batch[i], plain[i], "row %lld: tiles from the rows %.9g, one by one %.9g",
                      (long long)i, batch[i], plain[i]);
-    /* eight rows: the copy's groups take six and two, the rows' tiles all */
-    float *g8 = xalloc(sizeof(float) * (size_t)n * 8), *t8 = xalloc(sizeof(float) * (size_t)n * 8);
-    kcpu_matmul_q(tp, &c->wi, c->act, 8, g8, n);
-    kcpu_matmul_q(tp, &c->w, c->act, 8, t8, n);
-    for (int64_t i = 0; i < n * 8; i++)
-        cr_assert_eq(g8[i], t8[i], "%s row %lld of 8: copy %.9g, rows %.9g",
-                     ecs_type_name(c->w.type), (long long)i, g8[i], t8[i]);
+    /* more rows: the copy's groups take six at a time (Q5_0 from 13 rows
+     * rewritten once per group), the rows' tiles all */
+    float *g8 = xalloc(sizeof(float) * (size_t)n * R16_ACT_ROWS);
+    float *t8 = xalloc(sizeof(float) * (size_t)n * R16_ACT_ROWS);
+    for (int nb = 8; nb <= R16_ACT_ROWS; nb += R16_ACT_ROWS - 8) {
+        kcpu_matmul_q(tp, &c->wi, c->act, nb, g8, n);
+        kcpu_matmul_q(tp, &c->w, c->act, nb, t8, n);
+        for (int64_t i = 0; i < n * nb; i++)
+            cr_assert_eq(g8[i], t8[i], "%s value %lld of %d rows: copy %.9g, rows %.9g",
+                         ecs_type_name(c->w.type), (long long)i, nb, g8[i], t8[i]);
+    }
     free(g8), free(t8);
     kcpu_matmul_q(tp, &c->wi, a, 1, got, n);
     kcpu_matmul_q(tp, &c->wi, a, 4, batch, n);
