@@ -60,7 +60,8 @@ static void usage(FILE *f)
             "                     the memory (ECS_REPACK_RAM=bytes: assume that much)\n"
             "  --bench            time prompt processing of --pp random tokens (default 512)\n"
             "                     and decoding of --tg tokens (default 64) from an empty\n"
-            "                     context and after the prompt; --reps R runs (default 1);\n"
+            "                     context and after the prompt, after an untimed pass over\n"
+            "                     the prompt; --reps R runs (default 1);\n"
             "                     prints tok/s, GB/s of weights per decoded token against\n"
             "                     the measured read bandwidth of the mapping, and RSS\n"
             "  --profile          with --bench: time per phase of the forward pass\n");
@@ -726,11 +727,12 @@ static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
     const double bw = read_bandwidth(m, nth);
     printf("read bandwidth of the mapped weights, %d threads: %.2f GB/s = decode roofline %.2f "
            "tok/s\n", nth, bw, bw / gb_tok);
-    /* warm-up: a short prompt and a few decode steps (threads, caches) */
+    /* warm-up, untimed: the whole prompt once (the first pass over a fresh
+     * process's buffers runs ~2-4 % slower; llama-bench warms up the same
+     * way) and a few decode steps */
     int rc = 0;
     stopwatch_t sw;
-    int warm = n_tok < 16 ? n_tok : 16;
-    if (model_eval(c, toks, warm, logits, false) != ECS_OK)
+    if (model_eval(c, toks, n_tok, logits, false) != ECS_OK)
         rc = fail("eval: %s", ecs_errmsg());
     if (rc == 0)
         rc = bench_decode(c, sampler_argmax(logits, V), 4, logits, V, &sw);
