@@ -194,9 +194,11 @@ typedef struct {
      * 0 and the tile fields NULL) run every product that way: on the copy's
      * groups, or on rows that grp_pack puts in the layout (nrows <= 16 rows
      * row_bytes apart, the rest of the group zeros, into
-     * kcpu_r16_bytes(type, 16, ncols) bytes, 64-byte aligned). */
+     * kcpu_r16_bytes(type, 16, ncols) bytes, 64-byte aligned). It also
+     * prefetches pf_bytes at pf (or nothing), a slice per block of its work:
+     * the next group, coming from DRAM while this one computes. */
     void (*grp)(const void *g, int64_t ncols, const void *a, size_t as, int na, float *y,
-                int64_t ldy);
+                int64_t ldy, const void *pf, size_t pf_bytes);
     void (*grp_pack)(const void *rows, size_t row_bytes, int nrows, int64_t ncols, void *out);
     /* Types with grp but no grp_pack (Q5_0, Q8_0) compute like the tiles and
      * the row kernels: grp takes every product where the matrix has the
@@ -210,7 +212,7 @@ typedef struct {
      * as grp, the group's decoding not repeated per pass. */
     void (*grp_unpack)(const void *g, int64_t ncols, void *out);
     void (*grp_unpacked)(const void *g, int64_t ncols, const void *a, size_t as, int na, float *y,
-                         int64_t ldy);
+                         int64_t ldy, const void *pf, size_t pf_bytes);
 } kcpu_gemm_t;
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype);

@@ -1035,9 +1035,9 @@ INLINE size_t r16_sb(ecs_type_t T, int NA, const uint8_t *u, int64_t left, const
 
 /* y[n * ldy + r] for the group's 16 rows r against NA activation rows. */
 INLINE void r16_impl(ecs_type_t T, int NA, const void *w, int64_t ncols, const void *a, size_t as,
-                     float *y, int64_t ldy)
+                     float *y, int64_t ldy, const void *pf, size_t pfb)
 {
-    const int64_t nblk = ncols / QK;
+    const int64_t nblk = ncols / QK, nsb = (nblk + 15) / 16;
     const size_t asb = a_sb_bytes(8, type_has_min(T));
     const uint8_t *u = w;
     __m512 acc[NA][16]; /* NA is a constant: registers for one row */
@@ -1046,8 +1046,11 @@ INLINE void r16_impl(ecs_type_t T, int NA, const void *w, int64_t ncols, const v
 #pragma GCC unroll 16
         for (int G = 0; G < 16; G++)
             acc[n][G] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nblk; b += 16)
+    const size_t step = pf ? prefetch_step(pfb, nsb) : 0;
+    for (int64_t b = 0; b < nblk; b += 16) {
+        prefetch_slice(pf, pfb, step, b / 16);
         u += r16_sb(T, NA, u, nblk - b, (const uint8_t *)a + (size_t)(b / 16) * asb, as, acc);
+    }
 #pragma GCC unroll 4
     for (int n = 0; n < NA; n++)
         r16_store(acc[n], y + (int64_t)n * ldy);
@@ -1055,20 +1058,20 @@ INLINE void r16_impl(ecs_type_t T, int NA, const void *w, int64_t ncols, const v
 
 #define R16_GRP(name, T)                                                                      \
     static void name##_grp(const void *g, int64_t ncols, const void *a, size_t as, int na,    \
-                           float *y, int64_t ldy)                                             \
+                           float *y, int64_t ldy, const void *pf, size_t pfb)                 \
     {                                                                                         \
         switch (na) {                                                                         \
-        case 1: r16_impl(T, 1, g, ncols, a, as, y, ldy); break;                               \
-        case 2: r16_impl(T, 2, g, ncols, a, as, y, ldy); break;                               \
-        case 3: r16_impl(T, 3, g, ncols, a, as, y, ldy); break;                               \
-        case 4: r16_impl(T, 4, g, ncols, a, as, y, ldy); break;                               \
-        case 5: r16_impl(T, 5, g, ncols, a, as, y, ldy); break;                               \
-        default: r16_impl(T, 6, g, ncols, a, as, y, ldy); break;                              \
+        case 1: r16_impl(T, 1, g, ncols, a, as, y, ldy, pf, pfb); break;                      \
+        case 2: r16_impl(T, 2, g, ncols, a, as, y, ldy, pf, pfb); break;                      \
+        case 3: r16_impl(T, 3, g, ncols, a, as, y, ldy, pf, pfb); break;                      \
+        case 4: r16_impl(T, 4, g, ncols, a, as, y, ldy, pf, pfb); break;                      \
+        case 5: r16_impl(T, 5, g, ncols, a, as, y, ldy, pf, pfb); break;                      \
+        default: r16_impl(T, 6, g, ncols, a, as, y, ldy, pf, pfb); break;                     \
         }                                                                                     \
     }                                                                                         \
     static void name##_r16(const void *w, int64_t ncols, const void *a, float *out)           \
     {                                                                                         \
-        r16_impl(T, 1, w, ncols, a, 0, out, 0);                                               \
+        r16_impl(T, 1, w, ncols, a, 0, out, 0, NULL, 0);                                      \
     }
 R16_GRP(q5_0, ECS_TYPE_Q5_0)
 R16_GRP(q8_0, ECS_TYPE_Q8_0)

@@ -103,14 +103,16 @@ INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as,
 
 /* y[n * ldy + r] = row r of the group . activation row n, r < 16, n < NA. */
 INLINE void grp_impl(int NA, const uint8_t *g, int64_t ncols, const uint8_t *a, size_t as,
-                     float *y, int64_t ldy)
+                     float *y, int64_t ldy, const void *pf, size_t pfb)
 {
     __m512 acc[KCPU_GRP_MAX_NA];
 #pragma GCC unroll 8
     for (int n = 0; n < NA; n++)
         acc[n] = _mm512_setzero_ps();
+    const size_t step = pf ? prefetch_step(pfb, ncols / QK_K) : 0;
     for (int64_t b = 0; b < ncols / QK_K; b++) {
         const uint8_t *blk = g + (size_t)b * K4_BLOCK, *ab = a + (size_t)b * ACT_BYTES;
+        prefetch_slice(pf, pfb, step, b);
         __m512i I[KCPU_GRP_MAX_NA];
 #pragma GCC unroll 8
         for (int n = 0; n < NA; n++)
@@ -147,22 +149,22 @@ INLINE void grp_impl(int NA, const uint8_t *g, int64_t ncols, const uint8_t *a, 
 }
 
 static void k4_grp(const void *g, int64_t ncols, const void *a, size_t as, int na, float *y,
-                   int64_t ldy)
+                   int64_t ldy, const void *pf, size_t pfb)
 {
     switch (na) {
-    case 1: grp_impl(1, g, ncols, a, as, y, ldy); break;
-    case 2: grp_impl(2, g, ncols, a, as, y, ldy); break;
-    case 3: grp_impl(3, g, ncols, a, as, y, ldy); break;
-    case 4: grp_impl(4, g, ncols, a, as, y, ldy); break;
-    case 5: grp_impl(5, g, ncols, a, as, y, ldy); break;
-    default: grp_impl(6, g, ncols, a, as, y, ldy); break;
+    case 1: grp_impl(1, g, ncols, a, as, y, ldy, pf, pfb); break;
+    case 2: grp_impl(2, g, ncols, a, as, y, ldy, pf, pfb); break;
+    case 3: grp_impl(3, g, ncols, a, as, y, ldy, pf, pfb); break;
+    case 4: grp_impl(4, g, ncols, a, as, y, ldy, pf, pfb); break;
+    case 5: grp_impl(5, g, ncols, a, as, y, ldy, pf, pfb); break;
+    default: grp_impl(6, g, ncols, a, as, y, ldy, pf, pfb); break;
     }
 }
 
 /* The copy's kernel for one activation row (kcpu_gemm_t.r16). */
 static void k4_r16(const void *w, int64_t ncols, const void *a, float *out)
 {
-    grp_impl(1, w, ncols, a, 0, out, 0);
+    grp_impl(1, w, ncols, a, 0, out, 0, NULL, 0);
 }
 
 /* ---- one row at a time (no copy, few activation rows) ---- */

@@ -223,25 +223,24 @@ static void grp_call(const mm_task_t *t, const mm_view_t *v, const uint8_t *g, i
                      const uint8_t *next, size_t group)
 {
     /* a group decoded once for all the passes (t->gemm.grp_unpack) */
-    void (*grp)(const void *, int64_t, const void *, size_t, int, float *, int64_t) =
-        g == v->unpacked ? t->gemm.grp_unpacked : t->gemm.grp;
+    void (*grp)(const void *, int64_t, const void *, size_t, int, float *, int64_t, const void *,
+                size_t) = g == v->unpacked ? t->gemm.grp_unpacked : t->gemm.grp;
     const int max_na = t->gemm.grp_na ? t->gemm.grp_na : KCPU_MAX_NA;
     for (int b = 0; b < t->nb; b += max_na) {
         const int na = t->nb - b < max_na ? t->nb - b : max_na;
         const uint8_t *a = v->act + (size_t)b * v->stride;
         float *y = t->y + (int64_t)b * t->ldy + r;
-        if (next) {
-            const size_t p0 = group * (size_t)b / (size_t)t->nb / 64 * 64;
-            const size_t p1 = group * (size_t)(b + na) / (size_t)t->nb;
-            for (size_t o = p0; o < p1; o += 64)
-                __builtin_prefetch(next + o, 0, 2);
-        }
+        /* this pass's slice of the next group, prefetched by the kernel a
+         * piece per block (a burst here would hold up the pass's loads) */
+        const size_t p0 = next ? group * (size_t)b / (size_t)t->nb / 64 * 64 : 0;
+        const size_t p1 = next ? group * (size_t)(b + na) / (size_t)t->nb : 0;
+        const uint8_t *pf = next ? next + p0 : NULL;
         if (nr == KCPU_R16_ROWS) {
-            grp(g, t->w->ncols, a, v->stride, na, y, t->ldy);
+            grp(g, t->w->ncols, a, v->stride, na, y, t->ldy, pf, p1 - p0);
             continue;
         }
         float part[KCPU_GRP_MAX_NA * KCPU_R16_ROWS];
-        grp(g, t->w->ncols, a, v->stride, na, part, KCPU_R16_ROWS);
+        grp(g, t->w->ncols, a, v->stride, na, part, KCPU_R16_ROWS, pf, p1 - p0);
         for (int j = 0; j < na; j++)
             memcpy(y + (int64_t)j * t->ldy, part + j * KCPU_R16_ROWS, (size_t)nr * sizeof *part);
     }

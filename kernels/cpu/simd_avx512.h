@@ -36,6 +36,23 @@ INLINE __m512i dpwssd_bcast(__m512i acc, __m512i q, const uint8_t *p)
     return acc;
 }
 
+/* Lines [i * step, (i + 1) * step) of the bytes [pf, pf + bytes)
+ * prefetched into L2 (step a multiple of 64; nothing when pf is NULL). */
+INLINE void prefetch_slice(const void *pf, size_t bytes, size_t step, int64_t i)
+{
+    if (!pf)
+        return;
+    const size_t p0 = step * (size_t)i, p1 = p0 + step < bytes ? p0 + step : bytes;
+    for (size_t o = p0; o < p1; o += 64)
+        __builtin_prefetch((const char *)pf + o, 0, 2);
+}
+
+/* The step that spreads bytes over n slices of whole lines. */
+INLINE size_t prefetch_step(size_t bytes, int64_t n)
+{
+    return (bytes / (size_t)n + 63) / 64 * 64;
+}
+
 INLINE __m512i join256(__m256i lo, __m256i hi)
 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
