@@ -215,10 +215,10 @@ static void grp_pack_rows(const mm_task_t *t, int64_t r, int nr, int64_t r2, uin
 }
 
 /* Group g (nr <= 16 valid rows, output rows from r) against every
- * activation row, KCPU_MAX_NA at a time; next (or NULL): the copy's next
- * group, prefetched a slice per call (it comes from DRAM while this one
- * computes; with few rows the hardware keeps up and the instructions would
- * not pay, so callers pass NULL then). */
+ * activation row, grp_na at a time; next (or NULL): the copy's next group,
+ * a slice of it prefetched by each call's kernel (it comes from DRAM while
+ * this one computes; with few rows the hardware keeps up and the
+ * instructions would not pay, so callers pass NULL then). */
 static void grp_call(const mm_task_t *t, const mm_view_t *v, const uint8_t *g, int nr, int64_t r,
                      const uint8_t *next, size_t group)
 {
