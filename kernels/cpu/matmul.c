@@ -42,6 +42,12 @@
 /* Activation rows per tile call in the batched path, between prefetches of
  * the next tile's weights. */
 #define PREFETCH_ROWS 8
+/* From this many activation rows the group kernels prefetch the copy's next
+ * group (spread over their blocks; one row streams the copy in order and
+ * the hardware prefetcher keeps up). */
+#ifndef GRP_PREFETCH_MIN_NB
+#define GRP_PREFETCH_MIN_NB 4
+#endif
 /* Scratch larger than this is not worth having: the row kernels take over. */
 #define SCRATCH_MAX ((size_t)256 << 20)
 
@@ -260,7 +266,7 @@ static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
         const uint8_t *g = buf, *next = NULL;
         if (w->r16 && nr == KCPU_R16_ROWS) {
             g = (const uint8_t *)w->r16 + (size_t)(r / KCPU_R16_ROWS) * group;
-            if (t->nb >= PREFETCH_ROWS && r + 2 * KCPU_R16_ROWS <= r1)
+            if (t->nb >= GRP_PREFETCH_MIN_NB && r + 2 * KCPU_R16_ROWS <= r1)
                 next = g + group;
             if (v->unpacked) {
                 t->gemm.grp_unpack(g, w->ncols, v->unpacked);
