@@ -43,8 +43,9 @@
  * the next tile's weights. */
 #define PREFETCH_ROWS 8
 /* From this many activation rows the group kernels prefetch the copy's next
- * group (spread over their blocks; one row streams the copy in order and
- * the hardware prefetcher keeps up). */
+ * group, spread over their blocks. With fewer, one pass over a group
+ * streams it and the hardware prefetcher keeps up: prefetching as well was
+ * slower (pp8 -10 %, docs/benchmarks.md). */
 #ifndef GRP_PREFETCH_MIN_NB
 #define GRP_PREFETCH_MIN_NB 4
 #endif
