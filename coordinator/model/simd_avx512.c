@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/simd_avx512.h"
 #include "coordinator/model/model_int.h"
 
 /* Round to nearest even, no exceptions (F16 conversions). */
@@ -53,34 +54,18 @@ static void swiglu_avx512(float *g, const float *u, int64_t n)
     }
 }
 
-/* r[i] becomes column i of the 16 x 16 block whose rows were r[0..15]. */
+/* r[i] becomes column i of the 16 x 16 block whose rows were r[0..15]
+ * (the words moved as integers: the same bits). */
 static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
 {
-    __m512 t[16], u[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        t[k] = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);
-        t[4 + k] = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
-        t[8 + k] = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
-        t[12 + k] = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
-    }
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
-        r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);
-    }
+    __m512i v[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        v[i] = _mm512_castps_si512(r[i]);
+    ecs_transpose16_epi32(v);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_castsi512_ps(v[i]);
 }
 
 /* Keys t0 .. t0+16 transposed: kt[d * 16 + i] = K[t0 + i][d], zero past dk

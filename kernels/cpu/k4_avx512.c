@@ -255,7 +255,7 @@ static void pack_block(const uint8_t *rows, size_t row_bytes, int nrows, int64_t
     for (int half = 0; half < 2; half++) { /* words 16 half .. 16 half + 15 */
         for (int r = 0; r < 16; r++)
             v[r] = _mm512_loadu_si512((const void *)(x[r]->qs + 64 * half));
-        transpose16_epi32(v);
+        ecs_transpose16_epi32(v);
         for (int i = 0; i < 16; i++)
             _mm512_store_si512((void *)(o + K4_QS + 64 * (16 * half + i)), v[i]);
     }
