@@ -298,10 +298,9 @@ static void mm_range(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
 /* Whether products of w with nb rows rewrite the copy's groups (from three
  * passes over each: with two the rewrite costs more than it saves,
  * bench_matvec --only prefill), and into how many bytes. */
-static bool unpacks(const kcpu_mat_t *w, int nb)
+static bool unpacks(const kcpu_gemm_t *g, int nb)
 {
-    const kcpu_gemm_t g = kcpu_gemm(w->type);
-    return g.grp_unpack && nb > 2 * g.grp_na;
+    return g->grp_unpack && nb > 2 * g->grp_na;
 }
 
 static size_t unpacked_bytes(const kcpu_mat_t *w)
@@ -324,7 +323,7 @@ static mm_view_t mm_view(const mm_task_t *t)
      * or the row kernel for one row */
     v.grp = t->gemm.grp && (t->gemm.grp_pack || t->w->r16);
     v.tiled = !v.grp && t->nb >= KCPU_GEMM_MIN_NB;
-    if (v.grp && t->w->r16 && unpacks(t->w, t->nb))
+    if (v.grp && t->w->r16 && unpacks(&t->gemm, t->nb))
         v.unpacked = scratch(SCRATCH_TILE, unpacked_bytes(t->w));
     for (int b = 0; b < t->nb; b++)
         (v.grp || t->nb == 1 ? t->gemm.pack_act1 : t->gemm.pack_act)(
@@ -493,7 +492,7 @@ static void scratch_need(const kcpu_mat_t *w, int nb, size_t need[SCRATCH_SLOTS]
                          : t.gemm.w_sb && nb >= KCPU_GEMM_MIN_NB
                              ? (size_t)t.nsb * t.gemm.w_sb * (size_t)t.tile_rows
                              : 0;
-    if (w->r16 && unpacks(w, nb) && need[SCRATCH_TILE] < unpacked_bytes(w))
+    if (w->r16 && unpacks(&t.gemm, nb) && need[SCRATCH_TILE] < unpacked_bytes(w))
         need[SCRATCH_TILE] = unpacked_bytes(w);
 }
 
