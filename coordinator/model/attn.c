@@ -105,9 +105,10 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     const int kvh = h0 / a->group;
     const char *K = (const char *)kv.k + (size_t)kvh * a->dk * elt;
     const char *V = (const char *)kv.v + (size_t)kvh * a->dv * elt;
-    sd->scores(Q, nqp, dkp, K, kv.k_row, f16, a->dk, dkp, nt, hp->kq_scale, S, ws->t_pad, kbuf);
+    sd->scores(Q, nqp, dkp, K, kv.k_row, f16, a->dk, dkp, len, nt, hp->kq_scale, S, ws->t_pad,
+               kbuf);
     sd->softmax(S, nqp, ws->t_pad, len, nt, f16);
-    sd->pv(S, nqp, ws->t_pad, V, kv.v_row, f16, a->dv, nt, O, ws->dvp);
+    sd->pv(S, nqp, ws->t_pad, V, kv.v_row, f16, a->dv, len, O, ws->dvp);
     for (int j = 0; j < nq; j++) {
         const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
         memcpy(a->out + (size_t)r * a->out_ld + (size_t)h * a->dv, O + (size_t)j * ws->dvp,

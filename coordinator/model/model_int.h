@@ -78,19 +78,22 @@ const void *model_act(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x,
 typedef struct {
     /* g[i] = silu(g[i]) * u[i] */
     void (*swiglu)(float *g, const float *u, int64_t n);
-    /* S[j][t] = scale * Q[j] . K[t] for j < nq (multiple of 4), t < nt;
-     * Q rows ldq floats apart, zero-padded to dkp (multiple of 16); K rows
-     * ks elements apart, F16 when kf16 else F32, dk long; S rows hold nt
-     * rounded up to 16; kbuf holds 16 * dkp floats. */
+    /* S[j][t] = scale * Q[j] . K[t] for j < nq (multiple of 4), t < len[j]
+     * <= nt (what lies past len[j] is left unspecified: causal masking
+     * never reads it); Q rows ldq floats apart, zero-padded to dkp
+     * (multiple of 16); K rows ks elements apart, F16 when kf16 else F32,
+     * dk long; S rows hold nt rounded up to 16; kbuf holds 16 * dkp
+     * floats. */
     void (*scores)(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16, int dk,
-                   int dkp, int nt, float scale, float *S, int lds, float *kbuf);
+                   int dkp, const int *len, int nt, float scale, float *S, int lds, float *kbuf);
     /* Row j of S (nt_j = len[j] valid values, row padded to nt): softmax
      * in place, probabilities rounded to F16 when f16, zero past len[j]. */
     void (*softmax)(float *S, int nq, int lds, const int *len, int nt, bool f16);
-    /* O[j][d] = sum_t P[j][t] V[t][d], j < nq (multiple of 4), d < dv; V
+    /* O[j][d] = sum_t P[j][t] V[t][d] over t < len[j] (P is zero past it,
+     * and adding 0 * V changes no sum), j < nq (multiple of 4), d < dv; V
      * rows vs elements apart (F16 when vf16). */
-    void (*pv)(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv, int nt,
-               float *O, int ldo);
+    void (*pv)(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
+               const int *len, float *O, int ldo);
     /* dst = src rounded to F16 and back / converted to F16 */
     void (*round_f16)(float *dst, const float *src, int64_t n);
     void (*to_f16)(ecs_fp16_t *dst, const float *src, int64_t n);

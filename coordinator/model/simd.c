@@ -21,13 +21,16 @@ static float elt(const void *p, size_t i, bool f16)
 }
 
 static void scores_plain(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16,
-                         int dk, int dkp, int nt, float scale, float *S, int lds, float *kbuf)
+                         int dk, int dkp, const int *len, int nt, float scale, float *S, int lds,
+                         float *kbuf)
 {
     (void)dkp;
     for (int t = 0; t < nt; t++) {
         for (int d = 0; d < dk; d++)
             kbuf[d] = elt(K, (size_t)t * ks + (size_t)d, kf16);
         for (int j = 0; j < nq; j++) {
+            if (t >= len[j])
+                continue;
             const float *q = Q + (size_t)j * ldq;
             float s = 0.0f;
             for (int d = 0; d < dk; d++)
@@ -63,12 +66,12 @@ static void softmax_plain(float *S, int nq, int lds, const int *len, int nt, boo
 }
 
 static void pv_plain(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
-                     int nt, float *O, int ldo)
+                     const int *len, float *O, int ldo)
 {
     for (int j = 0; j < nq; j++) {
         float *o = O + (size_t)j * ldo;
         memset(o, 0, (size_t)dv * sizeof *o);
-        for (int t = 0; t < nt; t++) {
+        for (int t = 0; t < len[j]; t++) {
             const float p = P[(size_t)j * ldp + t];
             for (int d = 0; d < dv; d++)
                 o[d] += p * elt(V, (size_t)t * vs + (size_t)d, vf16);

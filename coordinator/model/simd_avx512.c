@@ -136,15 +136,32 @@ static void qk_block4(const float *Q, int ldq, const float *kt, int dkp, float s
  * broadcast FMA per dimension and no reductions. A score is the same
  * sequential sum over dimensions however many queries an item holds, so
  * batched and one-by-one evaluation agree bit for bit. */
-static void scores_avx512(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16,
-                          int dk, int dkp, int nt, float scale, float *S, int lds, float *kbuf)
+/* The most of len[j0 .. j1). */
+static int max_len(const int *len, int j0, int j1)
 {
+    int m = 0;
+    for (int j = j0; j < j1; j++)
+        m = len[j] > m ? len[j] : m;
+    return m;
+}
+
+/* A block of queries skips the keys that none of them sees (a prompt's
+ * causal mask spares an item's first rows most of its last keys). */
+static void scores_avx512(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16,
+                          int dk, int dkp, const int *len, int nt, float scale, float *S, int lds,
+                          float *kbuf)
+{
+    int seen[MODEL_ATT_QMAX / 4]; /* keys each block of (up to) 8 queries sees */
+    for (int j = 0, b = 0; j < nq; j += 8, b++)
+        seen[b] = max_len(len, j, j + 8 <= nq ? j + 8 : nq);
     for (int t0 = 0; t0 < nt; t0 += 16) {
         load_kt(kbuf, K, ks, kf16, dk, dkp, t0, nt);
         int j = 0;
         for (; j + 8 <= nq; j += 8)
-            qk_block8(Q + (size_t)j * ldq, ldq, kbuf, dkp, scale, S + (size_t)j * lds + t0, lds);
-        if (j < nq)
+            if (seen[j / 8] > t0)
+                qk_block8(Q + (size_t)j * ldq, ldq, kbuf, dkp, scale,
+                          S + (size_t)j * lds + t0, lds);
+        if (j < nq && seen[j / 8] > t0)
             qk_block4(Q + (size_t)j * ldq, ldq, kbuf, dkp, scale, S + (size_t)j * lds + t0, lds);
     }
 }
@@ -254,13 +271,14 @@ PV_VARIANT(pv4_f32, false, false)
 PV_VARIANT(pv6_f32, false, true)
 
 static void pv_avx512(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
-                      int nt, float *O, int ldo)
+                      const int *len, float *O, int ldo)
 {
     /* blocks of six rows where what is left still splits into sixes and
-     * fours (nq is a multiple of 4) */
+     * fours (nq is a multiple of 4); each over the keys its rows see */
     for (int j = 0; j < nq;) {
         const int left = nq - j, rows = left >= 6 && left != 8 ? 6 : 4;
         const pv_fn fn = rows == 6 ? (vf16 ? pv6_f16 : pv6_f32) : (vf16 ? pv4_f16 : pv4_f32);
+        const int nt = max_len(len, j, j + rows);
         for (int d0 = 0; d0 < dv; d0 += 64)
             fn(P + (size_t)j * ldp, ldp, V, vs, dv, d0, nt, O + (size_t)j * ldo, ldo);
         j += rows;
