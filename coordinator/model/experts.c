@@ -80,7 +80,7 @@ ecs_err_t model_experts_local_new(const model_t *m, ecs_threadpool_t *tp,
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         total += sizes[i];
     model_experts_local_t *l = calloc(1, sizeof *l);
-    char *p = aligned_alloc(64, total);
+    char *p = model_alloc_huge(total);
     if (!l || !p) {
         free(l);
         free(p);

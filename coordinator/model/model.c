@@ -156,12 +156,21 @@ static void ws_layout(model_t *m, carve_t *c)
     ws->plan.chunks = carve(c, (size_t)ws->plan.cap * sizeof(par_chunk_t));
 }
 
+void *model_alloc_huge(size_t bytes)
+{
+    const size_t huge = (size_t)2 << 20, n = (bytes + huge - 1) / huge * huge;
+    void *p = aligned_alloc(huge, n ? n : huge);
+    if (p)
+        madvise(p, n ? n : huge, MADV_HUGEPAGE);
+    return p;
+}
+
 static ecs_err_t ws_alloc(model_t *m)
 {
     carve_t c = {NULL, 0};
     ws_layout(m, &c);
     m->ws_bytes = c.off;
-    m->ws_mem = aligned_alloc(ALIGN, (c.off + ALIGN - 1) & ~(size_t)(ALIGN - 1));
+    m->ws_mem = model_alloc_huge(c.off);
     if (!m->ws_mem)
         return ecs_error(ECS_ERR_NOMEM, "model: cannot allocate %zu bytes of workspace", c.off);
     c.base = m->ws_mem;

@@ -330,4 +330,11 @@ void model_experts_local_finish(model_experts_local_t *l, const float *w, float 
 /* Most jobs model_experts_local_gate_up / _down append. */
 int model_experts_local_max_jobs(const model_t *m);
 
+/* At least bytes of memory (not zeroed) in whole 2 MB pages where the
+ * kernel gives them (transparent huge pages on advice), for the step
+ * buffers: a prompt step reads tens of MB of them in scattered rows (the
+ * experts' outputs, the queries), a TLB miss every 4 KB otherwise.
+ * free() releases it. */
+void *model_alloc_huge(size_t bytes);
+
 #endif
