@@ -10,7 +10,8 @@
  *    experts use: operations per second and the cost per activation row
  *    relative to nb = 1.
  * 4. Each kernel's compute ceiling: one thread, weights in L2.
- * 5. Prefill: the shapes of DeepSeek-V2-Lite's experts for nb = 1 .. 64.
+ * 5. Prefill: the shapes of DeepSeek-V2-Lite's experts for nb = 1 .. 64,
+ *    and with the copy at 48 rows from cache and from DRAM.
  * 6. The decode copy (kcpu_r16_*) against the rows for 1-3 activation rows
  *    (decode steps of 1-3 sequences), one thread, on the expert shapes:
  *    one matrix (cache-resident) and 40 of them (from DRAM).
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "kernels/cpu/cpu.h"
@@ -343,6 +345,45 @@ static void bench_kernels(void)
     }
 }
 
+/* The copy of w for nb = 48 rows (an expert's share of a 512-token prompt),
+ * one thread: from cache (one matrix again and again) and from DRAM (COLD_COPIES
+ * copies in 2 MB pages, round robin, as a prompt step meets each expert's
+ * weights once), GOP/s. */
+#define COLD_COPIES 40
+#define COLD_NB 48
+static void bench_prefill_cold(const kcpu_mat_t *w, const void *act, float *y, int reps)
+{
+    const size_t bytes = kcpu_r16_bytes(w->type, w->nrows, w->ncols);
+    const size_t huge = (size_t)2 << 20, alloc = (bytes + huge - 1) / huge * huge;
+    kcpu_mat_t c[COLD_COPIES];
+    int n = 0;
+    for (; n < COLD_COPIES; n++) {
+        void *p = aligned_alloc(huge, alloc);
+        if (!p)
+            break;
+        madvise(p, alloc, MADV_HUGEPAGE);
+        memcpy(p, w->r16, bytes);
+        c[n] = *w;
+        c[n].r16 = p;
+    }
+    const double ops = 2.0 * (double)w->nrows * (double)w->ncols * COLD_NB;
+    const timing_t warm = time_matmul(NULL, w, act, COLD_NB, y, reps);
+    double t = 0;
+    for (int r = 0; r < 6; r++) /* the first round brings the copies to the page tables */
+        for (int i = 0; i < n; i++) {
+            const double t0 = clock_s(CLOCK_MONOTONIC);
+            kcpu_matmul_q(NULL, &c[i], act, COLD_NB, y, w->nrows);
+            if (r)
+                t += clock_s(CLOCK_MONOTONIC) - t0;
+        }
+    printf("prefill %-5s %4lld x %4lld copy nb=%d threads=1  GOP/s: cached %.0f, from DRAM "
+           "%.0f (%d copies round robin)\n",
+           ecs_type_name(w->type), (long long)w->nrows, (long long)w->ncols, COLD_NB,
+           ops / warm.wall * 1e-9, n ? ops * 5 * n / t * 1e-9 : 0.0, n);
+    for (int i = 0; i < n; i++)
+        free((void *)c[i].r16);
+}
+
 /* Prompt-processing shapes of DeepSeek-V2-Lite Q4_K_M (n_embd 2048, expert
  * n_ff 1408, two shared experts = 2816) for nb = 1 .. 64 activation rows
  * (an expert gets ~6 rows of a 64-token chunk): GOP/s at 1 thread (per
@@ -388,6 +429,8 @@ static void bench_prefill(ecs_threadpool_t *const *pools, const int *nths, int n
             printf("%s\n", busy_note(all));
             fflush(stdout);
         }
+        if (w.r16)
+            bench_prefill_cold(&w, act, y, reps);
         free((void *)w.data);
         free((void *)w.r16);
         free(act);
