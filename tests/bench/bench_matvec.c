@@ -17,8 +17,9 @@
  *    one matrix (cache-resident) and 40 of them (from DRAM).
  * 7. The thread pool's cost per ecs_threadpool_run (decode makes hundreds of
  *    calls per token), back to back, after serial gaps, and with work.
+ * 8. Activation quantization (Q8_0, Q8_K): ns per 256 values.
  *
- * usage: bench_matvec [--quick] [--only triad|matvec|batch|kernel|prefill|copy|pool]
+ * usage: bench_matvec [--quick] [--only triad|matvec|batch|kernel|prefill|copy|pool|quant]
  *   --quick: small sizes (a smoke run; the arrays then fit in the caches)
  *   --only:  one section (matvec still measures the triad it compares to) */
 #include <stdbool.h>
@@ -571,6 +572,50 @@ static void bench_pool(ecs_threadpool_t *const *pools, const int *nths, int npoo
     }
 }
 
+/* ---- activation quantization ---- */
+
+typedef struct {
+    ecs_type_t vdt;
+    const float *x;
+    void *out;
+    int64_t n;
+    int rows;
+} quant_run_t;
+
+static void quant_run(void *ctx)
+{
+    const quant_run_t *q = ctx;
+    const size_t row = ecs_row_size(q->vdt, q->n);
+    for (int r = 0; r < q->rows; r++)
+        kcpu_quantize_act(q->vdt, q->x + (size_t)r * (size_t)q->n, (char *)q->out + (size_t)r * row,
+                          q->n);
+}
+
+/* ns per 256 values of kcpu_quantize_act, one thread: 64 rows of 2048
+ * values (512 KB, in L2), and 512 rows (4 MB, a prompt step's rows, from
+ * L3 and beyond). */
+static void bench_quant(int reps)
+{
+    static const ecs_type_t vdts[] = {ECS_TYPE_Q8_0, ECS_TYPE_Q8_K};
+    const int64_t n = 2048;
+    float *x = xmalloc(sizeof(float) * (size_t)(n * 512));
+    for (int64_t i = 0; i < n * 512; i++)
+        x[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
+    for (size_t v = 0; v < sizeof(vdts) / sizeof(vdts[0]); v++) {
+        void *out = xmalloc(ecs_row_size(vdts[v], n) * 512);
+        printf("quant   %-5s threads=1  ns per 256 values:", ecs_type_name(vdts[v]));
+        for (int rows = 64; rows <= 512; rows *= 8) {
+            quant_run_t q = {vdts[v], x, out, n, rows};
+            const timing_t tm = best_of(quant_run, &q, reps, 1);
+            printf(" %d rows %.1f", rows, tm.wall * 1e9 / ((double)rows * (double)n / 256.0));
+        }
+        printf("\n");
+        fflush(stdout);
+        free(out);
+    }
+    free(x);
+}
+
 static bool wanted(const char *only, const char *section)
 {
     return !only || strcmp(only, section) == 0;
@@ -589,7 +634,7 @@ int main(int argc, char **argv)
             only = argv[++i];
         } else {
             fprintf(stderr,
-                    "usage: %s [--quick] [--only triad|matvec|batch|kernel|prefill|copy|pool]\n",
+                    "usage: %s [--quick] [--only triad|matvec|batch|kernel|prefill|copy|pool|quant]\n",
                     argv[0]);
             return 2;
         }
@@ -637,6 +682,8 @@ int main(int argc, char **argv)
         bench_copy(cfg.reps * 4);
     if (wanted(only, "pool"))
         bench_pool(pools, nths, NPOOLS);
+    if (wanted(only, "quant"))
+        bench_quant(cfg.reps * 4);
     for (int p = 0; p < NPOOLS; p++)
         ecs_threadpool_destroy(pools[p]);
     return 0;
