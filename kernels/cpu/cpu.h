@@ -110,6 +110,13 @@ void kcpu_quantize_rows(ecs_threadpool_t *tp, ecs_type_t wtype, const float *x, 
 void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, int nb,
                    float *y, int64_t ldy);
 
+/* kcpu_matmul_q(NULL, w1, ...) and kcpu_matmul_q(NULL, w2, ...) on the same
+ * activations (a SwiGLU's gate and up), on the calling thread: the
+ * activations are packed once for both when the two matrices share type,
+ * width and layout. Same bits as the two calls. */
+void kcpu_matmul_q_pair(const kcpu_mat_t *w1, const kcpu_mat_t *w2, const void *act, int nb,
+                        float *y1, float *y2, int64_t ldy);
+
 /* kcpu_matmul_q keeps per-thread scratch (packed activations, one unpacked
  * weight tile) that grows to the largest call. To keep allocation off a
  * step's path, reserve it up front: kcpu_matmul_reserve grows the scratch

@@ -393,20 +393,31 @@ static void fill_nan(float *y, int64_t ldy, int nb, int64_t nrows)
             y[(int64_t)b * ldy + r] = NAN;
 }
 
+/* The task of w x act, or false (y filled with NaN) for a type without
+ * kernels. */
+static bool task_init(mm_task_t *t, const kcpu_mat_t *w, const void *act, int nb, float *y,
+                      int64_t ldy)
+{
+    const ecs_type_traits_t *tr = ecs_type_traits(w->type);
+    *t = (mm_task_t){.w = w, .act = act, .nb = nb, .y = y, .ldy = ldy, .k = kcpu_kernel(w->type)};
+    if (!tr || !t->k.dot) {
+        /* no error channel here: make a caller's missing type check loud */
+        fill_nan(y, ldy, nb, w->nrows);
+        return false;
+    }
+    t->act_stride = ecs_row_size(tr->vec_dot_type, w->ncols);
+    gemm_prepare(t);
+    return true;
+}
+
 void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, int nb, float *y,
                    int64_t ldy)
 {
-    const ecs_type_traits_t *tr = ecs_type_traits(w->type);
     if (nb < 1 || w->nrows < 1)
         return;
-    mm_task_t t = {.w = w, .act = act, .nb = nb, .y = y, .ldy = ldy, .k = kcpu_kernel(w->type)};
-    if (!tr || !t.k.dot) {
-        /* no error channel here: make a caller's missing type check loud */
-        fill_nan(y, ldy, nb, w->nrows);
+    mm_task_t t;
+    if (!task_init(&t, w, act, nb, y, ldy))
         return;
-    }
-    t.act_stride = ecs_row_size(tr->vec_dot_type, w->ncols);
-    gemm_prepare(&t);
 
     const int nth = ecs_threadpool_size(tp);
     int64_t rows = (w->nrows + (int64_t)nth * CHUNKS_PER_THREAD - 1) /
@@ -428,6 +439,28 @@ void kcpu_matmul_q(ecs_threadpool_t *tp, const kcpu_mat_t *w, const void *act, i
     } else {
         ecs_threadpool_run(tp, mm_worker, &t);
     }
+}
+
+void kcpu_matmul_q_pair(const kcpu_mat_t *w1, const kcpu_mat_t *w2, const void *act, int nb,
+                        float *y1, float *y2, int64_t ldy)
+{
+    if (nb < 1)
+        return;
+    /* one packing serves both where both compute from the same view */
+    if (w1->type != w2->type || w1->ncols != w2->ncols || !w1->r16 != !w2->r16 ||
+        w1->nrows < 1 || w2->nrows < 1) {
+        kcpu_matmul_q(NULL, w1, act, nb, y1, ldy);
+        kcpu_matmul_q(NULL, w2, act, nb, y2, ldy);
+        return;
+    }
+    mm_task_t t1, t2;
+    const bool ok1 = task_init(&t1, w1, act, nb, y1, ldy);
+    const bool ok2 = task_init(&t2, w2, act, nb, y2, ldy);
+    if (!ok1 || !ok2)
+        return;
+    const mm_view_t v = mm_view(&t1);
+    mm_range(&t1, &v, 0, w1->nrows);
+    mm_range(&t2, &v, 0, w2->nrows);
 }
 
 typedef struct {

@@ -1138,6 +1138,43 @@ Test(kernels, r16_same_bits_as_rows_legacy)
     r16_same_bits(ECS_TYPE_Q8_0, shapes, sizeof shapes / sizeof shapes[0]);
 }
 
+/* kcpu_matmul_q_pair gives, bit for bit, the two products it stands for:
+ * with and without the copy, for one, a few and many rows, and for a pair
+ * that cannot share its packing (copy on one side only). */
+Test(kernels, matmul_pair_equals_two_products)
+{
+    static const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q5_0, ECS_TYPE_Q8_0};
+    rng_t r = {41};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        r16_case_t a, b;
+        r16_case(&r, types[ti], 48, 1408 / 256 * 256, false, &a);
+        r16_case(&r, types[ti], 32, 1408 / 256 * 256, false, &b);
+        const kcpu_mat_t pairs[][2] = {{a.w, b.w}, {a.wi, b.wi}, {a.wi, b.w}};
+        float *y1 = xalloc(sizeof(float) * 48 * R16_ACT_ROWS);
+        float *y2 = xalloc(sizeof(float) * 48 * R16_ACT_ROWS);
+        float *r1 = xalloc(sizeof(float) * 48 * R16_ACT_ROWS);
+        float *r2 = xalloc(sizeof(float) * 48 * R16_ACT_ROWS);
+        for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+            for (int nb = 1; nb <= R16_ACT_ROWS; nb += 7) {
+                kcpu_matmul_q_pair(&pairs[p][0], &pairs[p][1], a.act, nb, y1, y2, 48);
+                kcpu_matmul_q(NULL, &pairs[p][0], a.act, nb, r1, 48);
+                kcpu_matmul_q(NULL, &pairs[p][1], a.act, nb, r2, 48);
+                for (int j = 0; j < nb; j++) {
+                    cr_assert_eq(memcmp(y1 + 48 * j, r1 + 48 * j, 48 * sizeof(float)), 0,
+                                 "%s pair %zu nb=%d row %d: first product",
+                                 ecs_type_name(types[ti]), p, nb, j);
+                    cr_assert_eq(memcmp(y2 + 48 * j, r2 + 48 * j, 32 * sizeof(float)), 0,
+                                 "%s pair %zu nb=%d row %d: second product",
+                                 ecs_type_name(types[ti]), p, nb, j);
+                }
+            }
+        }
+        free(y1), free(y2), free(r1), free(r2);
+        r16_case_free(&a);
+        r16_case_free(&b);
+    }
+}
+
 /* Q4_K: rows packed into the interleaved layout on the fly (products of
  * matrices without the copy) are byte for byte the copy's groups, and a
  * partial group is the copy of its rows followed by zero rows. */
