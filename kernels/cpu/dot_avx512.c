@@ -538,7 +538,8 @@ static void quantize_q8_0_x16(const float *x, ecs_block_q8_0 *y)
     float id[16];
     _mm512_storeu_ps(id, _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), d));
     uint16_t dh[16];
-    _mm256_storeu_si256((__m256i *)dh, _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm256_storeu_si256((__m256i *)dh,
+                        _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     for (int b = 0; b < 16; b++, x += QK) {
         const __m512 v = _mm512_set1_ps(id[b]);
         q8_16(x, v, y[b].qs);

@@ -634,7 +634,8 @@ int main(int argc, char **argv)
             only = argv[++i];
         } else {
             fprintf(stderr,
-                    "usage: %s [--quick] [--only triad|matvec|batch|kernel|prefill|copy|pool|quant]\n",
+                    "usage: %s [--quick] "
+                    "[--only triad|matvec|batch|kernel|prefill|copy|pool|quant]\n",
                     argv[0]);
             return 2;
         }
