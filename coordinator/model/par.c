@@ -174,41 +174,36 @@ typedef struct {
 } par_task_t;
 
 /* y[., r0:r1) = w[r0:r1) act over every activation row, in tiles of
- * KCPU_MAX_BATCH rows (the chunk's weights stay in cache between tiles). */
-static void mm_part(const kcpu_mat_t *w, const par_job_t *j, const void *act, size_t stride,
-                    float *y, int64_t r0, int64_t r1)
+ * KCPU_MAX_BATCH rows (the chunk's weights stay in cache between tiles);
+ * with w2, also y2 = w2 act, the activations packed once for both. */
+static void mm_part(const par_job_t *j, const kcpu_mat_t *w, const kcpu_mat_t *w2, const void *act,
+                    size_t stride, float *y, float *y2, int64_t r0, int64_t r1)
 {
-    const kcpu_mat_t sub = kcpu_mat_rows(w, r0, r1 - r0);
+    const kcpu_mat_t s1 = kcpu_mat_rows(w, r0, r1 - r0);
+    const kcpu_mat_t s2 = w2 ? kcpu_mat_rows(w2, r0, r1 - r0) : s1;
     for (int b = 0; b < j->nb; b += KCPU_MAX_BATCH) {
         const int nb = j->nb - b < KCPU_MAX_BATCH ? j->nb - b : KCPU_MAX_BATCH;
-        kcpu_matmul_q(NULL, &sub, (const char *)act + (size_t)b * stride, nb,
-                      y + (int64_t)b * j->ldy + r0, j->ldy);
-    }
-}
-
-/* Gate and up of a SwiGLU chunk on the same activations: packed once. */
-static void mm_pair_part(const par_job_t *j, int64_t r0, int64_t r1)
-{
-    const kcpu_mat_t g = kcpu_mat_rows(&j->w, r0, r1 - r0), u = kcpu_mat_rows(&j->w2, r0, r1 - r0);
-    for (int b = 0; b < j->nb; b += KCPU_MAX_BATCH) {
-        const int nb = j->nb - b < KCPU_MAX_BATCH ? j->nb - b : KCPU_MAX_BATCH;
-        kcpu_matmul_q_pair(&g, &u, (const char *)j->act + (size_t)b * j->act_stride, nb,
-                           j->y + (int64_t)b * j->ldy + r0, j->y2 + (int64_t)b * j->ldy + r0,
-                           j->ldy);
+        const void *a = (const char *)act + (size_t)b * stride;
+        const int64_t o = (int64_t)b * j->ldy + r0;
+        if (w2)
+            kcpu_matmul_q_pair(&s1, &s2, a, nb, y + o, y2 + o, j->ldy);
+        else
+            kcpu_matmul_q(NULL, &s1, a, nb, y + o, j->ldy);
     }
 }
 
 static void run_chunk(const par_task_t *t, const par_chunk_t *c)
 {
     const par_job_t *j = &t->jobs[c->job];
-    if (j->kind == PAR_SWIGLU && j->act2 == j->act && j->act2_stride == j->act_stride) {
-        mm_pair_part(j, c->r0, c->r1);
-    } else {
-        mm_part(&j->w, j, j->act, j->act_stride, j->y, c->r0, c->r1);
-        if (j->kind != PAR_SWIGLU)
-            return;
-        mm_part(&j->w2, j, j->act2, j->act2_stride, j->y2, c->r0, c->r1);
-    }
+    /* a SwiGLU's gate and up on the same activations: one packing */
+    const bool pair = j->kind == PAR_SWIGLU && j->act2 == j->act &&
+                      j->act2_stride == j->act_stride;
+    mm_part(j, &j->w, pair ? &j->w2 : NULL, j->act, j->act_stride, j->y, pair ? j->y2 : NULL,
+            c->r0, c->r1);
+    if (j->kind != PAR_SWIGLU)
+        return;
+    if (!pair)
+        mm_part(j, &j->w2, NULL, j->act2, j->act2_stride, j->y2, NULL, c->r0, c->r1);
     const int64_t w = c->r1 - c->r0;
     const ecs_type_traits_t *qt = j->hq ? ecs_type_traits(j->hq_vdt) : NULL;
     for (int b = 0; b < j->nb; b++) {
