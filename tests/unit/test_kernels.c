@@ -919,6 +919,24 @@ Test(kernels, matmul_unknown_type_gives_nan)
     cr_assert(isnan(y[0]) && isnan(y[1]));
 }
 
+/* The pair product on bad input: a type without kernels fills both
+ * outputs with NaN like kcpu_matmul_q; no rows (nb = 0) or an empty
+ * matrix writes nothing. */
+Test(kernels, matmul_pair_bad_input)
+{
+    uint8_t data[64] = {0}, act[64] = {0};
+    const kcpu_mat_t w = {(ecs_type_t)5, 32, 2, 32, data, NULL};
+    float y1[2] = {1.0f, 2.0f}, y2[2] = {3.0f, 4.0f};
+    kcpu_matmul_q_pair(&w, &w, act, 1, y1, y2, 2);
+    cr_assert(isnan(y1[0]) && isnan(y1[1]) && isnan(y2[0]) && isnan(y2[1]));
+    const kcpu_mat_t f = {ECS_TYPE_F32, 8, 2, 32, data, NULL};
+    float z1[2] = {1.0f, 2.0f}, z2[2] = {3.0f, 4.0f};
+    kcpu_matmul_q_pair(&f, &f, act, 0, z1, z2, 2);
+    const kcpu_mat_t empty = {ECS_TYPE_F32, 8, 0, 32, data, NULL};
+    kcpu_matmul_q_pair(&empty, &empty, act, 1, z1, z2, 2);
+    cr_assert(z1[0] == 1.0f && z1[1] == 2.0f && z2[0] == 3.0f && z2[1] == 4.0f);
+}
+
 /* Scratch reserved up front: bad batch sizes are refused, and a product
  * within what was reserved allocates nothing. */
 Test(kernels, matmul_reserve)
