@@ -18,9 +18,10 @@
  * always for contexts made with MODEL_CTX_MLA_ABSORBED. The expansion of
  * position p is the same product row whatever the step (kcpu_matmul_q is
  * batch-invariant), so a query's result does not depend on how a prompt was
- * cut into steps as long as each had at least MODEL_MLA_EXPAND_ROWS rows. Sequences expand in turn
- * into the one scratch; the absorbed rows of a mixed step are gathered and
- * attend first.
+ * cut into steps as long as each had at least MODEL_MLA_EXPAND_ROWS rows,
+ * nor on which of the step's rows attend (the last layer's are those that
+ * want logits). Sequences expand in turn into the one scratch; the absorbed
+ * rows of a mixed step are gathered and attend first.
  *
  * Numerics: those of an expanded cache of the same element type: with an
  * F16 cache K and V are rounded to F16 (c was rounded to F16 in the latent
@@ -161,26 +162,25 @@ static void expand(model_t *m, const model_layer_t *ly, const model_ctx_t *c, in
 
 /* ------------------------------------------------------------ selection */
 
-/* Rows of c in the step and its end (last position + 1). */
-static int seq_rows(const model_step_row_t *rows, int n, const model_ctx_t *c, int *end)
+/* The end of c's rows in the step (last position + 1). */
+static int seq_end(const model_step_row_t *rows, int n, const model_ctx_t *c)
 {
-    int cnt = 0;
-    *end = 0;
+    int end = 0;
     for (int i = 0; i < n; i++)
-        if (rows[i].ctx == c) {
-            cnt++;
-            *end = rows[i].pos + 1 > *end ? rows[i].pos + 1 : *end;
-        }
-    return cnt;
+        if (rows[i].ctx == c && rows[i].pos + 1 > end)
+            end = rows[i].pos + 1;
+    return end;
 }
 
-static bool use_expanded(const model_t *m, const model_step_row_t *rows, int n,
-                         const model_ctx_t *c)
+/* By the sequence's rows in the whole step (seq_rows; the step's rows
+ * take positions n_past ..), not in rows: the last layer attends for the
+ * rows that want logits only, in the same form. */
+static bool use_expanded(const model_t *m, const model_step_row_t *r)
 {
+    const model_ctx_t *c = r->ctx;
     if (c->flags & MODEL_CTX_MLA_ABSORBED)
         return false;
-    int end;
-    return seq_rows(rows, n, c, &end) >= MODEL_MLA_EXPAND_ROWS && end <= exp_capacity(m, c);
+    return r->seq_rows >= MODEL_MLA_EXPAND_ROWS && c->n_past + r->seq_rows <= exp_capacity(m, c);
 }
 
 /* First row of rows[i]'s sequence. */
@@ -222,7 +222,7 @@ void model_attn_mla(model_t *m, const model_layer_t *ly, const model_layer_ext_t
     int n_exp = 0;
     for (int i = 0; i < n; i++) {
         const int f = i == 0 || rows[i].ctx == rows[0].ctx ? 0 : first_row(rows, i);
-        expd[i] = f < i ? expd[f] : use_expanded(m, rows, n, rows[i].ctx);
+        expd[i] = f < i ? expd[f] : use_expanded(m, &rows[i]);
         n_exp += expd[i];
     }
     if (n_exp == 0) {
@@ -235,9 +235,7 @@ void model_attn_mla(model_t *m, const model_layer_t *ly, const model_layer_ext_t
         const model_ctx_t *c = rows[i].ctx;
         if (!expd[i] || (i > 0 && first_row(rows, i) < i))
             continue;
-        int end;
-        seq_rows(rows, n, c, &end);
-        expand(m, ly, c, layer, end);
+        expand(m, ly, c, layer, seq_end(rows, n, c));
         const model_kv_t kv = {.k = ws->exk, .v = ws->exv,
                                .k_row = (size_t)hp->n_head * hp->head_k,
                                .v_row = (size_t)hp->n_head * hp->head_v, .f16 = !c->f32};

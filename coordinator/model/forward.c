@@ -302,6 +302,7 @@ typedef struct {
     const model_layer_t *ly;
     const model_step_row_t *rows;
     int layer;
+    bool kv_only; /* the rows' K/V for the cache, no queries */
 } rope_job_t;
 
 /* ds2: normalise the latent, rotate k_pe and every head's q_pe; store the
@@ -316,7 +317,7 @@ static void mla_row(model_t *m, void *ctx, int i)
     float *kv = ws->kv + (size_t)i * ws->kv_w;
     rmsnorm(kv, j->ly->kv_a_norm, kv, kvl, hp->rms_eps);
     model_rope_apply(&hp->rope, cs, kv + kvl);
-    for (int h = 0; h < nh; h++)
+    for (int h = 0; h < nh && !j->kv_only; h++)
         model_rope_apply(&hp->rope, cs, ws->q + (size_t)i * nh * hk + (size_t)h * hk + hp->qk_nope);
     if (j->rows[i].ctx->latent)
         model_cache_put(&j->rows[i], j->layer, kv, NULL);
@@ -342,12 +343,14 @@ static void expand_row(model_t *m, void *ctx, int i)
 }
 
 static void attn_mla(model_t *m, const model_layer_t *ly, const model_step_row_t *rows, int n,
-                     int layer, prof_mark_t *pm)
+                     int layer, bool kv_only, prof_mark_t *pm)
 {
     const model_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int qw = hp->n_head * hp->head_k, E = hp->n_embd;
-    if (hp->q_lora_rank > 0) {
+    if (kv_only) {
+        mm(m, &ly->wkv_a, ws->xn, E, n, ws->kv, ws->kv_w);
+    } else if (hp->q_lora_rank > 0) {
         const int ql = hp->q_lora_rank;
         mm_pair(m, &ly->wq_a, ws->qa, ql, &ly->wkv_a, ws->kv, ws->kv_w, ws->xn, E, n);
         norm_rows(m, ly->q_a_norm, ws->qa, ql, ws->qa, ql, ql, n);
@@ -355,7 +358,7 @@ static void attn_mla(model_t *m, const model_layer_t *ly, const model_step_row_t
     } else {
         mm_pair(m, &ly->wq, ws->q, qw, &ly->wkv_a, ws->kv, ws->kv_w, ws->xn, E, n);
     }
-    rope_job_t rj = {ly, rows, layer};
+    rope_job_t rj = {ly, rows, layer, kv_only};
     for_rows(m, n, mla_row, &rj);
     if (!rows[0].ctx->latent) {
         const int64_t bw = (int64_t)hp->n_head * (hp->qk_nope + hp->head_v);
@@ -364,6 +367,8 @@ static void attn_mla(model_t *m, const model_layer_t *ly, const model_step_row_t
             expand_row(m, &rj, i);
     }
     prof_end(m, MODEL_PH_ATTN_IN, pm);
+    if (kv_only)
+        return;
     model_attention(m, ly, &m->ext[layer], rows, n, layer);
     prof_end(m, MODEL_PH_ATTN_CORE, pm);
 }
@@ -375,7 +380,7 @@ static void gqa_row(model_t *m, void *ctx, int i)
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, nkv = hp->n_head_kv, D = hp->head_k;
     const float *cs = ws->rope + (size_t)i * hp->rope.n_rot;
-    for (int h = 0; h < nh; h++) {
+    for (int h = 0; h < nh && !j->kv_only; h++) {
         float *q = ws->q + ((size_t)i * nh + h) * D;
         rmsnorm(q, j->ly->q_norm, q, D, hp->rms_eps);
         model_rope_apply(&hp->rope, cs, q);
@@ -390,12 +395,14 @@ static void gqa_row(model_t *m, void *ctx, int i)
 }
 
 static void attn_gqa(model_t *m, const model_layer_t *ly, const model_step_row_t *rows, int n,
-                     int layer, prof_mark_t *pm)
+                     int layer, bool kv_only, prof_mark_t *pm)
 {
     const model_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, nkv = hp->n_head_kv, D = hp->head_k, E = hp->n_embd;
-    if (same_vdt(&ly->wq, &ly->wk) && same_vdt(&ly->wq, &ly->wv)) {
+    if (kv_only) {
+        mm_pair(m, &ly->wk, ws->kv, nkv * D, &ly->wv, ws->v, nkv * D, ws->xn, E, n);
+    } else if (same_vdt(&ly->wq, &ly->wk) && same_vdt(&ly->wq, &ly->wv)) {
         const void *act = model_act(m->tp, &ly->wq, ws->xn, E, n, ws->act);
         par_job_t j[3] = {par_mm(&ly->wq, act, n, ws->q, nh * D),
                           par_mm(&ly->wk, act, n, ws->kv, nkv * D),
@@ -405,9 +412,11 @@ static void attn_gqa(model_t *m, const model_layer_t *ly, const model_step_row_t
         mm(m, &ly->wq, ws->xn, E, n, ws->q, nh * D);
         mm_pair(m, &ly->wk, ws->kv, nkv * D, &ly->wv, ws->v, nkv * D, ws->xn, E, n);
     }
-    rope_job_t rj = {ly, rows, layer};
+    rope_job_t rj = {ly, rows, layer, kv_only};
     for_rows(m, n, gqa_row, &rj);
     prof_end(m, MODEL_PH_ATTN_IN, pm);
+    if (kv_only)
+        return;
     model_attention(m, ly, NULL, rows, n, layer);
     prof_end(m, MODEL_PH_ATTN_CORE, pm);
 }
@@ -427,7 +436,9 @@ static void add_row(model_t *m, void *ctx, int r)
     add_into(j->x + (size_t)r * j->E, j->y + (size_t)r * j->E, NULL, (size_t)j->E);
 }
 
-static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, int il)
+/* Layer il for n rows; kv_only: only as far as the rows' K/V in the cache. */
+static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, int il,
+                               bool kv_only)
 {
     const model_hparams_t *hp = &m->hp;
     const model_layer_t *ly = &m->w.layers[il];
@@ -438,9 +449,11 @@ static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, 
     norm_rows(m, ly->attn_norm, ws->x, E, ws->xn, E, E, n);
     prof_end(m, MODEL_PH_NORM, &pm);
     if (hp->arch == MODEL_ARCH_DEEPSEEK2)
-        attn_mla(m, ly, rows, n, il, &pm);
+        attn_mla(m, ly, rows, n, il, kv_only, &pm);
     else
-        attn_gqa(m, ly, rows, n, il, &pm);
+        attn_gqa(m, ly, rows, n, il, kv_only, &pm);
+    if (kv_only)
+        return ECS_OK;
     mm(m, &ly->wo, ws->attv, (int64_t)hp->n_head * hp->head_v, n, ws->tmp, E);
     add_job_t aj = {ws->x, ws->tmp, E};
     for_rows(m, n, add_row, &aj);
@@ -470,6 +483,22 @@ static void embd_row(model_t *m, void *ctx, int i)
     model_rope_cache(&m->hp.rope, j->rows[i].pos, m->ws.rope + (size_t)i * m->hp.rope.n_rot);
 }
 
+/* The rows out_rows (ascending) of the step moved to the front: their
+ * residual stream and rope rows in the workspace, their step rows in kept. */
+static const model_step_row_t *keep_rows(model_t *m, const model_step_row_t *rows,
+                                         const int *out_rows, int n_out, model_step_row_t *kept)
+{
+    model_ws_t *ws = &m->ws;
+    const size_t E = (size_t)m->hp.n_embd, R = (size_t)m->hp.rope.n_rot;
+    for (int j = 0; j < n_out; j++) {
+        const size_t r = (size_t)out_rows[j];
+        kept[j] = rows[r];
+        memmove(ws->x + j * E, ws->x + r * E, E * sizeof *ws->x);
+        memmove(ws->rope + j * R, ws->rope + r * R, R * sizeof *ws->rope);
+    }
+    return kept;
+}
+
 ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const int *out_rows,
                         int n_out, float *logits)
 {
@@ -482,14 +511,21 @@ ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const i
     embd_job_t ej = {rows};
     for_rows(m, n, embd_row, &ej);
     prof_end(m, MODEL_PH_EMBED, &pm);
-    for (int il = 0; il < hp->n_layer; il++)
-        MODEL_TRY(layer_forward(m, rows, n, il));
-    if (n_out == 0)
+    const int last = hp->n_layer - 1;
+    for (int il = 0; il < last; il++)
+        MODEL_TRY(layer_forward(m, rows, n, il, false));
+    model_step_row_t kept[MODEL_MAX_BATCH];
+    if (n_out < n) {
+        MODEL_TRY(layer_forward(m, rows, n, last, true));
+        rows = keep_rows(m, rows, out_rows, n_out, kept);
+        n = n_out;
+    }
+    if (n == 0)
         return ECS_OK;
+    MODEL_TRY(layer_forward(m, rows, n, last, false));
     prof_start(m, &pm);
     for (int j = 0; j < n_out; j++)
-        rmsnorm(ws->x + (size_t)out_rows[j] * E, w->output_norm, ws->xn + (size_t)j * E, E,
-                hp->rms_eps);
+        rmsnorm(ws->x + (size_t)j * E, w->output_norm, ws->xn + (size_t)j * E, E, hp->rms_eps);
     mm(m, &w->output, ws->xn, E, n_out, logits, hp->n_vocab);
     prof_end(m, MODEL_PH_OUTPUT, &pm);
     return ECS_OK;

@@ -515,10 +515,13 @@ ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *lo
         if (c->n_past + before >= c->n_ctx)
             return ecs_error(ECS_ERR_NOMEM, "model: context full (%d tokens); row %d does not fit",
                              c->n_ctx, i);
-        st[i] = (model_step_row_t){c, c->n_past + before, rows[i].token};
+        st[i] = (model_step_row_t){c, c->n_past + before, rows[i].token, 0};
         if (rows[i].want_logits)
             out_rows[n_out++] = i;
     }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            st[i].seq_rows += rows[j].ctx == rows[i].ctx;
     if (n_out > 0 && !logits)
         return ecs_error(ECS_ERR_INVAL, "model: rows want logits but the output is NULL");
     MODEL_TRY(model_forward(m, st, n, out_rows, n_out, logits));

@@ -258,11 +258,14 @@ struct model_ctx {
     size_t bytes;
 };
 
-/* Row of a step: which sequence, at which position. */
+/* Row of a step: which sequence, at which position; seq_rows: how many
+ * rows of its sequence the step has (it picks the deepseek2 attention form,
+ * and stays that of the whole step when the last layer runs on fewer). */
 typedef struct {
     model_ctx_t *ctx;
     int pos;
     int32_t token;
+    int seq_rows;
 } model_step_row_t;
 
 #define MODEL_TRY(expr)                                                                            \
@@ -278,7 +281,8 @@ ecs_err_t model_read_hparams(model_t *m);
 ecs_err_t model_load_weights(model_t *m);
 ecs_err_t model_build_ext(model_t *m);
 
-/* forward.c */
+/* forward.c: logits for out_rows (ascending), in that order. The last
+ * layer runs in full only for those; the other rows only store their K/V. */
 ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n,
                         const int *out_rows, int n_out, float *logits);
 

@@ -965,6 +965,87 @@ Test(batch, multi_sequence_step_ds2)
     model_free(m);
 }
 
+/* The last layer runs in full only for the rows that want logits (the
+ * others store their K/V): the last row's logits, and the next token's
+ * after it, must be those of a step where every row wants logits, bit for
+ * bit; for prompts of one step and of two (the first wants none). */
+static void check_last_row_only(model_t *m, unsigned flags, const int32_t *toks, int n)
+{
+    const size_t V = (size_t)model_n_vocab(m);
+    float *all = malloc((size_t)(n + 1) * V * sizeof *all), *last = malloc(2 * V * sizeof *last);
+    cr_assert(all && last);
+    model_ctx_t *a, *b;
+    cr_assert_eq(model_ctx_new(m, model_n_ctx_max(m), flags, &a), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(model_ctx_new(m, model_n_ctx_max(m), flags, &b), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(model_eval(a, toks, n, all, true), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(model_eval(b, toks, n, last, false), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(max_diff(last, all + (size_t)(n - 1) * V, V), 0.0, "flags %u, last row: %g",
+                 flags, max_diff(last, all + (size_t)(n - 1) * V, V));
+    cr_assert_eq(model_eval(a, toks, 1, all + (size_t)n * V, false), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(model_eval(b, toks, 1, last + V, false), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(max_diff(last + V, all + (size_t)n * V, V), 0.0, "flags %u, next token: %g",
+                 flags, max_diff(last + V, all + (size_t)n * V, V));
+    model_ctx_free(a), model_ctx_free(b);
+    free(all), free(last);
+}
+
+Test(batch, last_layer_only_for_rows_with_logits)
+{
+    enum { N = MODEL_MAX_BATCH + 40 };
+    static int32_t toks[N];
+    model_t *m = load(DS2_Q8, N + 8);
+    random_tokens(toks, N, model_n_vocab(m), 31);
+    const unsigned flags[] = {0, MODEL_CTX_MLA_EXPANDED, MODEL_CTX_MLA_ABSORBED, MODEL_CTX_KV_F32};
+    for (int f = 0; f < 4; f++) {
+        check_last_row_only(m, flags[f], toks, MODEL_MLA_EXPAND_ROWS + 3);
+        check_last_row_only(m, flags[f], toks, 7);
+    }
+    check_last_row_only(m, 0, toks, N);
+    model_free(m);
+    m = load(QWEN_Q8, 64);
+    check_last_row_only(m, 0, toks, 40);
+    model_free(m);
+}
+
+/* A step whose rows want logits here and there: each as in a step where
+ * all want them (the expanded sequence stays expanded in the last layer). */
+Test(batch, some_rows_with_logits_ds2)
+{
+    enum { N1 = MODEL_MLA_EXPAND_ROWS + 6 };
+    model_t *m = load(DS2_Q8, 96);
+    const size_t V = (size_t)model_n_vocab(m);
+    int32_t toks[N1];
+    random_tokens(toks, N1, (int)V, 23);
+    float *ref1 = eval_all(m, 0, toks, N1), *ref2 = eval_all(m, 0, PROMPT, 4);
+    model_ctx_t *c1, *c2;
+    cr_assert_eq(model_ctx_new(m, 96, 0, &c1), ECS_OK);
+    cr_assert_eq(model_ctx_new(m, 96, 0, &c2), ECS_OK);
+    model_row_t rows[N1 + 4];
+    int r = 0, want[4], w = 0;
+    for (int i = 0; i < N1; i++) {
+        const bool out1 = i == 5 || i == N1 - 1;
+        if (out1)
+            want[w++] = i;
+        rows[r++] = (model_row_t){c1, toks[i], out1};
+        if (i < 4) {
+            if (i == 2)
+                want[w++] = 1000 + i;
+            rows[r++] = (model_row_t){c2, PROMPT[i], i == 2};
+        }
+    }
+    float *out = malloc((size_t)w * V * sizeof *out);
+    cr_assert_not_null(out);
+    cr_assert_eq(model_eval_batch(m, rows, r, out), ECS_OK, "%s", ecs_errmsg());
+    for (int j = 0; j < w; j++) {
+        const float *ref = want[j] >= 1000 ? ref2 + V * (size_t)(want[j] - 1000)
+                                           : ref1 + V * (size_t)want[j];
+        cr_assert_eq(max_diff(out + V * (size_t)j, ref, V), 0.0, "output %d", j);
+    }
+    free(out), free(ref1), free(ref2);
+    model_ctx_free(c1), model_ctx_free(c2);
+    model_free(m);
+}
+
 Test(batch, truncate_and_continue)
 {
     model_t *m = load(DS2_Q8, 64);
