@@ -149,9 +149,17 @@ void kcpu_matmul(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int6
 typedef void (*kcpu_dot_multi_fn)(int64_t n, const void *w, const void *a, size_t a_stride,
                                   int na, float *out);
 
+/* out[m * KCPU_MAX_NA + j] = dot(weight row m, activation row j) for
+ * KCPU_ROWS_W weight rows w_stride bytes apart and na activation rows:
+ * each pair's sum is multi's, bit for bit, with fewer loads per FMA. */
+#define KCPU_ROWS_W 4
+typedef void (*kcpu_dot_rows_fn)(int64_t n, const void *w, size_t w_stride, const void *a,
+                                 size_t a_stride, int na, float *out);
+
 typedef struct {
     kcpu_vec_dot_fn dot;     /* NULL: no kernel for this type on this ISA */
     kcpu_dot_multi_fn multi; /* NULL: callers loop over dot */
+    kcpu_dot_rows_fn rows;   /* NULL: weight rows one at a time */
 } kcpu_kernel_t;
 
 kcpu_kernel_t kcpu_kernel_avx2(ecs_type_t wtype);

@@ -151,14 +151,14 @@ static kcpu_vec_dot_fn ref_dot(ecs_type_t t)
 
 static kcpu_kernel_t kernel_at(ecs_type_t wtype, kcpu_isa_t isa)
 {
-    kcpu_kernel_t none = {NULL, NULL};
+    kcpu_kernel_t none = {NULL, NULL, NULL};
     if (isa > kcpu_isa_detect())
         return none; /* never hand out code this CPU cannot run */
     switch (isa) {
     case KCPU_ISA_AVX512: return kcpu_kernel_avx512(wtype);
     case KCPU_ISA_AVX2: return kcpu_kernel_avx2(wtype);
     case KCPU_ISA_SCALAR: {
-        kcpu_kernel_t k = {ref_dot(wtype), NULL};
+        kcpu_kernel_t k = {ref_dot(wtype), NULL, NULL};
         return k;
     }
     }
@@ -177,7 +177,7 @@ kcpu_kernel_t kcpu_kernel(ecs_type_t wtype)
         if (k.dot)
             return k;
     }
-    kcpu_kernel_t none = {NULL, NULL};
+    kcpu_kernel_t none = {NULL, NULL, NULL};
     return none;
 }
 

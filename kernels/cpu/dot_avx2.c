@@ -468,7 +468,7 @@ FLOAT_IMPL(bf16, ECS_TYPE_BF16)
 
 kcpu_kernel_t kcpu_kernel_avx2(ecs_type_t wtype)
 {
-#define K(name) (kcpu_kernel_t){name##_dot, name##_multi}
+#define K(name) (kcpu_kernel_t){name##_dot, name##_multi, NULL}
     switch (wtype) {
     case ECS_TYPE_F32: return K(f32);
     case ECS_TYPE_F16: return K(f16);
@@ -483,7 +483,7 @@ kcpu_kernel_t kcpu_kernel_avx2(ecs_type_t wtype)
     case ECS_TYPE_Q4_K: return K(q4_K);
     case ECS_TYPE_Q5_K: return K(q5_K);
     case ECS_TYPE_Q6_K: return K(q6_K);
-    default: return (kcpu_kernel_t){NULL, NULL};
+    default: return (kcpu_kernel_t){NULL, NULL, NULL};
     }
 #undef K
 }

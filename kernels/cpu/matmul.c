@@ -141,14 +141,23 @@ static void mm_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t 
 {
     const kcpu_mat_t *w = t->w;
     const int64_t tile = w->row_bytes < TILE_BYTES ? (int64_t)(TILE_BYTES / w->row_bytes) : 1;
-    float out[KCPU_MAX_NA];
+    float out[KCPU_ROWS_W * KCPU_MAX_NA];
     for (int64_t t0 = r0; t0 < r1; t0 += tile) {
         const int64_t t1 = t0 + tile < r1 ? t0 + tile : r1;
         for (int b = 0; b < t->nb; b += KCPU_MAX_NA) {
             const int na = t->nb - b < KCPU_MAX_NA ? t->nb - b : KCPU_MAX_NA;
             const uint8_t *a = v->act + (size_t)b * v->stride;
             float *y = t->y + (int64_t)b * t->ldy;
-            for (int64_t r = t0; r < t1; r++) {
+            int64_t r = t0;
+            /* several weight rows per pass where a pass has rows enough */
+            for (; v->k.rows && r + KCPU_ROWS_W <= t1; r += KCPU_ROWS_W) {
+                v->k.rows(w->ncols, (const uint8_t *)w->data + (size_t)r * w->row_bytes,
+                          w->row_bytes, a, v->stride, na, out);
+                for (int m = 0; m < KCPU_ROWS_W; m++)
+                    for (int j = 0; j < na; j++)
+                        y[(int64_t)j * t->ldy + r + m] = out[m * KCPU_MAX_NA + j];
+            }
+            for (; r < t1; r++) {
                 const void *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
                 if (v->k.multi) {
                     v->k.multi(w->ncols, wr, a, v->stride, na, out);

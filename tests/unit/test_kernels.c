@@ -152,7 +152,7 @@ static kcpu_kernel_t kernel_at(ecs_type_t t, kcpu_isa_t isa)
         return kcpu_kernel_avx512(t);
     if (isa == KCPU_ISA_AVX2)
         return kcpu_kernel_avx2(t);
-    return (kcpu_kernel_t){kcpu_vec_dot_for(t, KCPU_ISA_SCALAR), NULL};
+    return (kcpu_kernel_t){kcpu_vec_dot_for(t, KCPU_ISA_SCALAR), NULL, NULL};
 }
 
 /* ---- exact integer sums ---- */
@@ -781,12 +781,15 @@ static void every_nb_realistic(kcpu_isa_t isa)
     ecs_threadpool_t *tp1 = NULL, *tp2 = NULL;
     cr_assert_eq(ecs_threadpool_create(1, &tp1), ECS_OK);
     cr_assert_eq(ecs_threadpool_create(2, &tp2), ECS_OK);
+    /* the float types: several weight rows per pass (kcpu_kernel_t.rows)
+     * and single rows (the 301st; chunk and tile ends) must agree */
     static const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q8_0, ECS_TYPE_Q5_0, ECS_TYPE_Q6_K,
-                                       ECS_TYPE_Q4_1};
+                                       ECS_TYPE_Q4_1, ECS_TYPE_F32,  ECS_TYPE_F16,  ECS_TYPE_BF16};
     double worst = 0;
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
         const ecs_type_t t = types[ti], vdt = vdt_of(t);
-        const int64_t nrows = 301, ncols = traits(t)->blck_size == ECS_QK ? 1408 : 768;
+        const int bs = traits(t)->blck_size;
+        const int64_t nrows = 301, ncols = bs == ECS_QK ? 1408 : bs == 1 ? 770 : 768;
         const int64_t ldy = nrows + 2;
         const size_t rb = ecs_row_size(t, ncols), as = ecs_row_size(vdt, ncols);
         float *x = xalloc(sizeof(float) * (size_t)ncols);
@@ -844,6 +847,52 @@ static void every_nb_realistic(kcpu_isa_t isa)
     ecs_threadpool_destroy(tp2);
     cr_log_info("every nb realistic, %s: worst relative difference %.3g", kcpu_isa_name(isa),
                 worst);
+}
+
+/* kcpu_kernel_t.rows: each (weight row, activation row) pair equals multi's
+ * result for that weight row, bit for bit, at every length (masked ends). */
+Test(kernels, float_rows_equal_multi)
+{
+    if (best_isa() < KCPU_ISA_AVX512)
+        cr_skip_test("no AVX-512 on this CPU: kcpu_kernel_t.rows is AVX-512 only");
+    rng_t r = {61};
+    static const ecs_type_t types[] = {ECS_TYPE_F32, ECS_TYPE_F16, ECS_TYPE_BF16};
+    static const int64_t lens[] = {1, 15, 16, 17, 100, 2048};
+    float x[2048];
+    int checked = 0;
+    for (size_t ti = 0; ti < 3; ti++) {
+        const ecs_type_t t = types[ti];
+        const kcpu_kernel_t k = kcpu_kernel_avx512(t);
+        cr_assert(k.rows && k.multi, "%s has no rows kernel", ecs_type_name(t));
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const int64_t n = lens[li];
+            /* rows apart by more than a row */
+            const size_t rb = ecs_row_size(t, n) + 64, as = ecs_row_size(vdt_of(t), n) + 64;
+            uint8_t *w = xalloc(rb * KCPU_ROWS_W), *a = xalloc(as * KCPU_MAX_NA);
+            for (int i = 0; i < KCPU_ROWS_W; i++) {
+                random_floats(&r, x, n, 0.05f);
+                quantize_floats(t, x, w + (size_t)i * rb, n);
+            }
+            for (int j = 0; j < KCPU_MAX_NA; j++) {
+                random_floats(&r, x, n, 2.0f);
+                quantize_floats(vdt_of(t), x, a + (size_t)j * as, n);
+            }
+            for (int na = 1; na <= KCPU_MAX_NA; na++) {
+                float got[KCPU_ROWS_W * KCPU_MAX_NA], want[KCPU_MAX_NA];
+                k.rows(n, w, rb, a, as, na, got);
+                for (int m = 0; m < KCPU_ROWS_W; m++) {
+                    k.multi(n, w + (size_t)m * rb, a, as, na, want);
+                    for (int j = 0; j < na; j++, checked++)
+                        cr_assert_eq(got[m * KCPU_MAX_NA + j], want[j],
+                                     "%s n=%lld na=%d row %d act %d: %.9g != %.9g",
+                                     ecs_type_name(t), (long long)n, na, m, j,
+                                     got[m * KCPU_MAX_NA + j], want[j]);
+                }
+            }
+            free(w), free(a);
+        }
+    }
+    cr_assert_gt(checked, 0);
 }
 
 Test(kernels, matmul_every_nb_realistic_and_invariant)
