@@ -614,26 +614,22 @@ static void quantize_q8_legacy(bool q8_1, const float *x, void *out, int64_t n)
 }
 
 /* y->bsums from y->qs (levels within +-127): each 8 levels + 128 summed by
- * vpsadbw, adjacent sums added, the offset taken off, all sixteen sums
- * gathered into one store (a 16-lane reduction per 16 values cost more
- * than the levels themselves; scalar reads of a vector store stall). */
+ * vpsadbw, adjacent sums added, the offset taken off; a 16-lane reduction
+ * per 16 values cost more than the levels themselves. */
 INLINE void q8_K_bsums(ecs_block_q8_K *y)
 {
     const __m512i off = _mm512_set1_epi8((char)0x80);
-    __m512i s16[4];
 #pragma GCC unroll 4
     for (int k = 0; k < QK_K / 64; k++) {
         const __m512i u = _mm512_xor_si512(_mm512_loadu_si512(y->qs + 64 * k), off);
         const __m512i s8 = _mm512_sad_epu8(u, _mm512_setzero_si512());
-        s16[k] = _mm512_add_epi64(s8, _mm512_shuffle_epi32(s8, _MM_PERM_BADC));
+        const __m512i s16 = _mm512_add_epi64(s8, _mm512_shuffle_epi32(s8, _MM_PERM_BADC));
+        int64_t v[8];
+        _mm512_storeu_si512(v, s16);
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++)
+            y->bsums[4 * k + g] = (int16_t)(v[2 * g] - 16 * 128);
     }
-    /* the even 64-bit lanes hold the sums: k = 0, 1 and k = 2, 3 side by side */
-    const __m512i even = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
-    const __m128i lo = _mm512_cvtepi64_epi16(_mm512_permutex2var_epi64(s16[0], even, s16[1]));
-    const __m128i hi = _mm512_cvtepi64_epi16(_mm512_permutex2var_epi64(s16[2], even, s16[3]));
-    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-    const __m256i sums = _mm256_sub_epi16(both, _mm256_set1_epi16(16 * 128));
-    _mm256_storeu_si256((__m256i *)y->bsums, sums);
 }
 
 /* Q8_K: scale from the signed value of largest magnitude (the first one on
