@@ -515,6 +515,8 @@ ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const i
     for (int il = 0; il < last; il++)
         MODEL_TRY(layer_forward(m, rows, n, il, false));
     model_step_row_t kept[MODEL_MAX_BATCH];
+    /* the kept rows store their K/V once more in the full pass: the same
+     * values, a few rows' worth of work */
     if (n_out < n) {
         MODEL_TRY(layer_forward(m, rows, n, last, true));
         rows = keep_rows(m, rows, out_rows, n_out, kept);

@@ -509,19 +509,19 @@ ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *lo
         if (i > 0 && c->latent != latent)
             return ecs_error(ECS_ERR_INVAL, "model: a step cannot mix latent and expanded contexts");
         latent = c->latent;
-        int before = 0;
-        for (int j = 0; j < i; j++)
-            before += rows[j].ctx == c;
+        int before = 0, same = 0; /* rows of c ahead of this one; in the step */
+        for (int j = 0; j < n; j++)
+            if (rows[j].ctx == c) {
+                before += j < i;
+                same++;
+            }
         if (c->n_past + before >= c->n_ctx)
             return ecs_error(ECS_ERR_NOMEM, "model: context full (%d tokens); row %d does not fit",
                              c->n_ctx, i);
-        st[i] = (model_step_row_t){c, c->n_past + before, rows[i].token, 0};
+        st[i] = (model_step_row_t){c, c->n_past + before, rows[i].token, same};
         if (rows[i].want_logits)
             out_rows[n_out++] = i;
     }
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++)
-            st[i].seq_rows += rows[j].ctx == rows[i].ctx;
     if (n_out > 0 && !logits)
         return ecs_error(ECS_ERR_INVAL, "model: rows want logits but the output is NULL");
     MODEL_TRY(model_forward(m, st, n, out_rows, n_out, logits));
