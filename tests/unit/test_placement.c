@@ -1,0 +1,174 @@
+/* test_placement.c - made placements give every expert its replicas on
+ * distinct workers with shares proportional to capacity in every layer;
+ * placement files load, reject bad lines with their line number, and a
+ * written placement loads back identical. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coordinator/dispatch/dispatch.h"
+
+static const dispatch_shape_t ds2 = {.n_layer = 27, .first_moe = 1, .n_expert = 64};
+
+/* Rows of layer l held by each worker, summed over the layer's experts. */
+static void layer_counts(const placement_t *p, int l, int *cnt)
+{
+    memset(cnt, 0, sizeof(int) * (size_t)placement_n_workers(p));
+    for (int e = 0; e < ds2.n_expert; e++) {
+        const int16_t *h;
+        int n = placement_holders(p, l, e, &h);
+        for (int i = 0; i < n; i++)
+            cnt[h[i]]++;
+    }
+}
+
+Test(placement, uniform_every_expert_once_balanced_per_layer)
+{
+    placement_worker_t w[] = {{"w0", 1}, {"w1", 1}, {"w2", 1}};
+    placement_t *p;
+    cr_assert_eq(placement_make(&ds2, w, 3, 1, &p), ECS_OK, "%s", ecs_errmsg());
+    for (int l = 0; l < ds2.n_layer; l++) {
+        int cnt[3];
+        layer_counts(p, l, cnt);
+        for (int i = 0; i < 3; i++) {
+            if (l == 0)
+                cr_assert_eq(cnt[i], 0, "dense layer 0 has holders");
+            else
+                cr_assert(cnt[i] == 21 || cnt[i] == 22, "layer %d worker %d holds %d", l, i,
+                          cnt[i]);
+        }
+    }
+    /* over all layers the remainders spread: totals within one of each other */
+    int t0 = placement_held(p, 0), t1 = placement_held(p, 1), t2 = placement_held(p, 2);
+    cr_assert_eq(t0 + t1 + t2, 26 * 64);
+    cr_assert(abs(t0 - t1) <= 1 && abs(t1 - t2) <= 1 && abs(t0 - t2) <= 1, "%d %d %d", t0, t1,
+              t2);
+    cr_assert_eq(placement_replication(p), 1);
+    placement_free(p);
+}
+
+Test(placement, weighted_and_replicated)
+{
+    placement_worker_t w[] = {{"big", 2}, {"a", 1}, {"b", 1}};
+    placement_t *p;
+    cr_assert_eq(placement_make(&ds2, w, 3, 2, &p), ECS_OK, "%s", ecs_errmsg());
+    for (int l = 1; l < ds2.n_layer; l++)
+        for (int e = 0; e < ds2.n_expert; e++) {
+            const int16_t *h;
+            cr_assert_eq(placement_holders(p, l, e, &h), 2);
+            cr_assert_neq(h[0], h[1], "replicas of %d/%d on one worker", l, e);
+        }
+    /* 128 slots a layer; the big worker may take at most one per expert (64) */
+    int cnt[3];
+    layer_counts(p, 5, cnt);
+    cr_assert_eq(cnt[0] + cnt[1] + cnt[2], 128);
+    cr_assert(cnt[0] >= 62 && cnt[0] <= 64, "big worker holds %d", cnt[0]);
+    placement_free(p);
+
+    placement_worker_t v[] = {{"x", 3}, {"y", 1}};
+    cr_assert_eq(placement_make(&ds2, v, 2, 1, &p), ECS_OK);
+    layer_counts(p, 9, cnt);
+    cr_assert(cnt[0] >= 47 && cnt[0] <= 49, "x holds %d of 64", cnt[0]);
+    placement_free(p);
+}
+
+Test(placement, bad_arguments)
+{
+    placement_worker_t w[] = {{"w0", 1}, {"w0", 1}};
+    placement_t *p = (placement_t *)1;
+    cr_assert_eq(placement_make(&ds2, w, 2, 1, &p), ECS_ERR_INVAL);
+    cr_assert_null(p);
+    cr_assert(strstr(ecs_errmsg(), "twice"), "%s", ecs_errmsg());
+    placement_worker_t v[] = {{"a", 1}, {"b", 0}};
+    cr_assert_eq(placement_make(&ds2, v, 2, 1, &p), ECS_ERR_RANGE);
+    v[1].weight = 1;
+    cr_assert_eq(placement_make(&ds2, v, 2, 3, &p), ECS_ERR_RANGE);
+    cr_assert(strstr(ecs_errmsg(), "replication 3"), "%s", ecs_errmsg());
+    dispatch_shape_t bad = {.n_layer = 3, .first_moe = 3, .n_expert = 8};
+    cr_assert_eq(placement_make(&bad, v, 2, 1, &p), ECS_ERR_INVAL);
+}
+
+static char *write_tmp(const char *text)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/ecs-placement-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+Test(placement, file_rules_and_errors)
+{
+    placement_worker_t w[] = {{"w0", 1}, {"w1", 1}};
+    placement_t *p;
+    char *path = write_tmp("# two halves, and a replica of layer 5's first four\n"
+                           "w0 * 0-31\n"
+                           "w1 0-26 32-63   # dense layer 0 is skipped\n"
+                           "w1 5 0,1,2-3\n\n");
+    cr_assert_eq(placement_load(&ds2, path, w, 2, &p), ECS_OK, "%s", ecs_errmsg());
+    const int16_t *h;
+    cr_assert_eq(placement_holders(p, 5, 2, &h), 2);
+    cr_assert_eq(placement_holders(p, 6, 2, &h), 1);
+    cr_assert_eq(h[0], 0);
+    cr_assert_eq(placement_holders(p, 6, 40, &h), 1);
+    cr_assert_eq(h[0], 1);
+    cr_assert_eq(placement_held(p, 1), 26 * 32 + 4);
+    cr_assert_eq(placement_replication(p), 1);
+    placement_free(p);
+    unlink(path);
+
+    struct {
+        const char *text, *want;
+    } bad[] = {
+        {"w0 * 0-31\n", "no holder, first layer 1 expert 32"},
+        {"w0 * *\nw9 1 1\n", ":2: unknown worker 'w9'"},
+        {"w0 * 0-64\n", ":1: bad experts '0-64'"},
+        {"w0 27 1\n", ":1: bad layers '27'"},
+        {"w0 * 5-3\n", "bad experts"},
+        {"w0 * -1\n", "bad experts"},
+        {"w0 *\n", "want 'WORKER LAYERS EXPERTS', got 2 fields"},
+        {"w0 * * extra\n", "got 4 fields"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        path = write_tmp(bad[i].text);
+        p = (placement_t *)1;
+        cr_assert_neq(placement_load(&ds2, path, w, 2, &p), ECS_OK, "case %zu loaded", i);
+        cr_assert_null(p);
+        cr_assert(strstr(ecs_errmsg(), bad[i].want), "case %zu: '%s' lacks '%s'", i,
+                  ecs_errmsg(), bad[i].want);
+        unlink(path);
+    }
+    cr_assert_eq(placement_load(&ds2, "/nonexistent/p.txt", w, 2, &p), ECS_ERR_IO);
+}
+
+Test(placement, written_file_loads_back_identical)
+{
+    placement_worker_t w[] = {{"w0", 1}, {"w1", 2}, {"w2", 1}};
+    placement_t *p, *q;
+    cr_assert_eq(placement_make(&ds2, w, 3, 2, &p), ECS_OK);
+    char path[] = "/tmp/ecs-placement-w-XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    cr_assert_eq(placement_write(p, f), ECS_OK);
+    fclose(f);
+    cr_assert_eq(placement_load(&ds2, path, w, 3, &q), ECS_OK, "%s", ecs_errmsg());
+    for (int l = 0; l < ds2.n_layer; l++)
+        for (int e = 0; e < ds2.n_expert; e++) {
+            const int16_t *a, *b;
+            int na = placement_holders(p, l, e, &a), nb = placement_holders(q, l, e, &b);
+            cr_assert_eq(na, nb);
+            for (int i = 0; i < na; i++) {
+                bool found = false;
+                for (int j = 0; j < nb; j++)
+                    found |= a[i] == b[j];
+                cr_assert(found, "layer %d expert %d", l, e);
+            }
+        }
+    placement_free(p);
+    placement_free(q);
+    unlink(path);
+}
