@@ -139,7 +139,7 @@ static void for_block_rows(const block_t *b, void (*fn)(const block_t *b, int r0
         return;
     }
     rows_run_t r = {b, fn};
-    par_for(b->m->tp, (b->nb + EXP_ROWS_PER_ITEM - 1) / EXP_ROWS_PER_ITEM, rows_item, &r);
+    kcpu_par_for(b->m->tp, (b->nb + EXP_ROWS_PER_ITEM - 1) / EXP_ROWS_PER_ITEM, rows_item, &r);
 }
 
 /* K and V of positions [0, end) of c at layer into ws->exk / ws->exv, in
@@ -154,8 +154,8 @@ static void expand(model_t *m, const model_layer_t *ly, const model_ctx_t *c, in
         const block_t b = {m, c, layer, t0, nb};
         for_block_rows(&b, load_rows);
         const void *act = model_act(m->tp, &ly->wkv_b, ws->exc, hp->kv_lora_rank, b.nb, ws->act);
-        const par_job_t j = par_mm(&ly->wkv_b, act, b.nb, ws->kvb, bw);
-        par_run(m->tp, &ws->plan, &j, 1);
+        const kcpu_job_t j = kcpu_job_mm(&ly->wkv_b, act, b.nb, ws->kvb, bw);
+        kcpu_run_jobs(m->tp, &ws->plan, &j, 1);
         for_block_rows(&b, store_rows);
     }
 }

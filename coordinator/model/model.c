@@ -30,7 +30,7 @@ static size_t act_need(const kcpu_mat_t *w, size_t cur)
 {
     if (w->nrows == 0)
         return cur;
-    size_t b = model_act_row(w->type, w->ncols);
+    size_t b = kcpu_act_row(w->type, w->ncols);
     return b > cur ? b : cur;
 }
 
@@ -57,8 +57,8 @@ static size_t head_act_row(const model_t *m, bool wkt)
         return 0;
     size_t need = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
-        size_t b = wkt ? model_act_row(m->ext[il].wkt.type, m->hp.qk_nope)
-                       : model_act_row(m->w.layers[il].wkv_b.type, m->hp.kv_lora_rank);
+        size_t b = wkt ? kcpu_act_row(m->ext[il].wkt.type, m->hp.qk_nope)
+                       : kcpu_act_row(m->w.layers[il].wkv_b.type, m->hp.kv_lora_rank);
         need = b > need ? b : need;
     }
     return need;
@@ -151,18 +151,19 @@ static void ws_layout(model_t *m, carve_t *c)
     ws->rope = carve(c, nb * nrot * F);
     ws->act = carve(c, 2 * nb * act_row_max(m));
     ws->thr = carve(c, (size_t)nth * ws->thr_stride * F);
-    ws->jobs = carve(c, (size_t)ws->jobs_cap * sizeof(par_job_t));
+    ws->jobs = carve(c, (size_t)ws->jobs_cap * sizeof(kcpu_job_t));
     ws->plan.cap = 64 * ws->jobs_cap + 4096;
-    ws->plan.chunks = carve(c, (size_t)ws->plan.cap * sizeof(par_chunk_t));
+    ws->plan.chunks = carve(c, (size_t)ws->plan.cap * sizeof(kcpu_chunk_t));
 }
 
-void *model_alloc_huge(size_t bytes)
+const void *model_act(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int64_t ldx,
+                      int nb, void *buf)
 {
-    const size_t huge = (size_t)2 << 20, n = (bytes + huge - 1) / huge * huge;
-    void *p = aligned_alloc(huge, n ? n : huge);
-    if (p)
-        madvise(p, n ? n : huge, MADV_HUGEPAGE);
-    return p;
+    const ecs_type_traits_t *tr = ecs_type_traits(w->type);
+    if (tr && tr->vec_dot_type == ECS_TYPE_F32 && ldx == w->ncols)
+        return x;
+    kcpu_quantize_rows(nb >= 8 ? tp : NULL, w->type, x, ldx, nb, w->ncols, buf);
+    return buf;
 }
 
 static ecs_err_t ws_alloc(model_t *m)
@@ -170,7 +171,7 @@ static ecs_err_t ws_alloc(model_t *m)
     carve_t c = {NULL, 0};
     ws_layout(m, &c);
     m->ws_bytes = c.off;
-    m->ws_mem = model_alloc_huge(c.off);
+    m->ws_mem = ecs_alloc_huge(c.off);
     if (!m->ws_mem)
         return ecs_error(ECS_ERR_NOMEM, "model: cannot allocate %zu bytes of workspace", c.off);
     c.base = m->ws_mem;
@@ -365,7 +366,7 @@ void prof_start(const model_t *m, prof_mark_t *mk)
         return;
     mk->wall = clock_s(CLOCK_MONOTONIC);
     mk->cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID);
-    mk->regions = par_regions();
+    mk->regions = kcpu_regions();
 }
 
 void prof_end(model_t *m, model_phase_t ph, prof_mark_t *mk)
