@@ -69,7 +69,7 @@ static model_kv_t ctx_kv(const model_ctx_t *c, int layer)
 static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
 {
     model_t *m = a->m;
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     const model_ws_t *ws = &m->ws;
     const model_kv_t kv = a->kv ? *a->kv : ctx_kv(a->rows[tl->row0].ctx, a->layer);
     const bool f16 = kv.f16;
@@ -223,7 +223,7 @@ static void absorb_mul(model_t *m, const model_layer_ext_t *ex, int h, int n)
 /* Head h of the latent path: q_abs = W_kT q_nope, and the values W_v o. */
 static void absorb_head(model_t *m, const model_layer_ext_t *ex, const float *q, int h, int n)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     kcpu_quantize_rows(NULL, ex->wkt.type, q + (size_t)h * hp->head_k,
                        (int64_t)hp->n_head * hp->head_k, n, hp->qk_nope,
@@ -245,14 +245,14 @@ static void absorb_item(void *arg, int h, int ith)
 }
 
 /* Head h's W_v: the head_v rows after its qk_nope W_k rows in W_kv_b. */
-static kcpu_mat_t wv_head(const model_hparams_t *hp, const kcpu_mat_t *wb, int h)
+static kcpu_mat_t wv_head(const arch_hparams_t *hp, const kcpu_mat_t *wb, int h)
 {
     return kcpu_mat_rows(wb, (int64_t)h * (hp->qk_nope + hp->head_v) + hp->qk_nope, hp->head_v);
 }
 
 static void values_head(model_t *m, const model_layer_t *ly, float *attv, int h, int n)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, kvl = hp->kv_lora_rank;
     char *act = head_act(ws->att_act, ws->att_row, h);
@@ -288,7 +288,7 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
                          const model_step_row_t *rows, int n, int layer, const float *q,
                          float *attv)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, hk = hp->head_k, nope = hp->qk_nope, kvl = hp->kv_lora_rank;
     const int hv = hp->head_v;

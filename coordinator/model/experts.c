@@ -15,7 +15,7 @@ ecs_err_t model_experts_local_new(const model_t *m, ecs_threadpool_t *tp,
                                   model_experts_local_t **out)
 {
     *out = NULL;
-    const model_hparams_t *hp = model_hparams(m);
+    const arch_hparams_t *hp = model_hparams(m);
     const model_weights_t *w = model_weights(m);
     const size_t X = (size_t)hp->n_expert, L = (size_t)hp->n_layer;
     model_experts_local_t *l = calloc(1, sizeof *l);

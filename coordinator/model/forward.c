@@ -216,7 +216,7 @@ typedef struct {
 static void route_row(model_t *m, void *ctx, int r)
 {
     const route_job_t *j = ctx;
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int k = hp->n_expert_used;
     const size_t X = (size_t)hp->n_expert;
@@ -272,7 +272,7 @@ static ecs_err_t moe_local(model_t *m, const model_layer_t *ly, int n, int layer
 
 static ecs_err_t ffn_moe(model_t *m, const model_layer_t *ly, int n, int layer, prof_mark_t *pm)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int E = hp->n_embd, X = hp->n_expert;
     const bool shared = ly->gate_shexp.nrows > 0;
@@ -310,7 +310,7 @@ typedef struct {
 static void mla_row(model_t *m, void *ctx, int i)
 {
     const rope_job_t *j = ctx;
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, hk = hp->head_k, kvl = hp->kv_lora_rank, nrot = hp->rope.n_rot;
     const float *cs = ws->rope + (size_t)i * nrot;
@@ -327,7 +327,7 @@ static void mla_row(model_t *m, void *ctx, int i)
 static void expand_row(model_t *m, void *ctx, int i)
 {
     const rope_job_t *j = ctx;
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, nope = hp->qk_nope, hv = hp->head_v, hk = hp->head_k;
     const int kvl = hp->kv_lora_rank, nrot = hp->rope.n_rot, bw = nh * (nope + hv);
@@ -345,7 +345,7 @@ static void expand_row(model_t *m, void *ctx, int i)
 static void attn_mla(model_t *m, const model_layer_t *ly, const model_step_row_t *rows, int n,
                      int layer, bool kv_only, prof_mark_t *pm)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int qw = hp->n_head * hp->head_k, E = hp->n_embd;
     if (kv_only) {
@@ -376,7 +376,7 @@ static void attn_mla(model_t *m, const model_layer_t *ly, const model_step_row_t
 static void gqa_row(model_t *m, void *ctx, int i)
 {
     const rope_job_t *j = ctx;
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, nkv = hp->n_head_kv, D = hp->head_k;
     const float *cs = ws->rope + (size_t)i * hp->rope.n_rot;
@@ -397,7 +397,7 @@ static void gqa_row(model_t *m, void *ctx, int i)
 static void attn_gqa(model_t *m, const model_layer_t *ly, const model_step_row_t *rows, int n,
                      int layer, bool kv_only, prof_mark_t *pm)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, nkv = hp->n_head_kv, D = hp->head_k, E = hp->n_embd;
     if (kv_only) {
@@ -440,7 +440,7 @@ static void add_row(model_t *m, void *ctx, int r)
 static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, int il,
                                bool kv_only)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     const model_layer_t *ly = &m->w.layers[il];
     model_ws_t *ws = &m->ws;
     const int E = hp->n_embd;
@@ -448,7 +448,7 @@ static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, 
     prof_start(m, &pm);
     norm_rows(m, ly->attn_norm, ws->x, E, ws->xn, E, E, n);
     prof_end(m, MODEL_PH_NORM, &pm);
-    if (hp->arch == MODEL_ARCH_DEEPSEEK2)
+    if (hp->arch == ARCH_DEEPSEEK2)
         attn_mla(m, ly, rows, n, il, kv_only, &pm);
     else
         attn_gqa(m, ly, rows, n, il, kv_only, &pm);
@@ -502,7 +502,7 @@ static const model_step_row_t *keep_rows(model_t *m, const model_step_row_t *row
 ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const int *out_rows,
                         int n_out, float *logits)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     const model_weights_t *w = &m->w;
     model_ws_t *ws = &m->ws;
     const int E = hp->n_embd;

@@ -133,7 +133,7 @@ typedef struct {
 
 struct model {
     gguf_file_t *file;
-    model_hparams_t hp;
+    arch_hparams_t hp;
     model_weights_t w;
     model_opts_t opts;
     ecs_threadpool_t *tp;
@@ -256,7 +256,7 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
 void model_attn_mla(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                     const model_step_row_t *rows, int n, int layer);
 /* F32 rows of expansion scratch ws_layout budgets for a context of n_ctx. */
-int model_exp_positions(const model_hparams_t *hp, int n_ctx);
+int model_exp_positions(const arch_hparams_t *hp, int n_ctx);
 /* Stores row r's K (and V, unless the cache is latent) at its position. */
 void model_cache_put(const model_step_row_t *r, int layer, const float *k, const float *v);
 
