@@ -25,7 +25,7 @@ AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16
 
 COMMON_SRC  = $(wildcard common/*.c)
-KERNELS_SRC = $(wildcard kernels/cpu/*.c)
+KERNELS_SRC = $(wildcard kernels/*/*.c)
 COORD_SRC   = $(filter-out coordinator/main.c,$(wildcard coordinator/*/*.c))
 TOOLS       = $(notdir $(wildcard tools/ecs-*))
 UNIT_SRC    = $(wildcard tests/unit/test_*.c)

@@ -5,6 +5,7 @@
  * a message instead of a huge allocation. Errors name the file, the field and
  * the byte offset where parsing stopped. */
 #include "gguf.h"
+#include "hash.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -476,6 +477,13 @@ uint64_t gguf_n_tensors(const gguf_file_t *f) { return f->n_tensors; }
 const gguf_kv_t *gguf_kv_at(const gguf_file_t *f, uint64_t i)
 {
     return i < f->n_kv ? &f->kv[i] : NULL;
+}
+
+size_t gguf_data_offset(const gguf_file_t *f) { return f->data_offset; }
+
+void gguf_fingerprint(const gguf_file_t *f, uint8_t out[GGUF_FINGERPRINT_BYTES])
+{
+    ecs_sha256(f->base, f->data_offset, out);
 }
 
 const gguf_tensor_t *gguf_tensor_at(const gguf_file_t *f, uint64_t i)

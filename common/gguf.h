@@ -96,6 +96,18 @@ uint32_t gguf_version(const gguf_file_t *f);
 uint32_t gguf_alignment(const gguf_file_t *f);
 size_t gguf_file_size(const gguf_file_t *f);
 
+/* The model fingerprint: SHA-256 of the file's bytes before the tensor
+ * data (header, metadata and tensor table, alignment padding included).
+ * Equal fingerprints mean the same architecture, hyperparameters,
+ * tokenizer and tensor names, types, shapes and offsets; the weights'
+ * values are not covered (that would read the whole file at every start).
+ * What two daemons compare before they serve one model together; print it
+ * with ecs_hex (common/hash.h). */
+#define GGUF_FINGERPRINT_BYTES 32
+void gguf_fingerprint(const gguf_file_t *f, uint8_t out[GGUF_FINGERPRINT_BYTES]);
+/* Offset of the tensor data section (the fingerprint covers [0, this)). */
+size_t gguf_data_offset(const gguf_file_t *f);
+
 uint64_t gguf_n_kv(const gguf_file_t *f);
 const gguf_kv_t *gguf_kv_at(const gguf_file_t *f, uint64_t i);
 /* NULL if absent. */

@@ -37,4 +37,32 @@ static inline __attribute__((always_inline)) void ecs_transpose16_epi32(__m512i 
     }
 }
 
+/* e^x, 1-2 ulp: x = n ln2 + r with |r| <= ln2/2, e^r by Cephes' expf
+ * polynomial, then scaled by 2^n (scalef also gives 0 for tiny results).
+ * SwiGLU (kernels/cpu) and softmax (coordinator/model) share it. */
+static inline __m512 ecs_exp512_ps(__m512 x)
+{
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.72283935546875f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y =
+        _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* Lanes of the next 16 values when n remain (none when n <= 0). */
+static inline __mmask16 ecs_tail_mask16(long long n)
+{
+    return n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
+
 #endif

@@ -69,7 +69,7 @@ static model_kv_t ctx_kv(const model_ctx_t *c, int layer)
 static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
 {
     model_t *m = a->m;
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     const model_ws_t *ws = &m->ws;
     const model_kv_t kv = a->kv ? *a->kv : ctx_kv(a->rows[tl->row0].ctx, a->layer);
     const bool f16 = kv.f16;
@@ -193,7 +193,7 @@ static void qheads_item(void *arg, int h, int ith)
 static void quantize_heads(model_t *m, const qheads_t *q)
 {
     if (q->n * m->hp.n_head >= 64)
-        par_for(m->tp, m->hp.n_head, qheads_item, (void *)q);
+        kcpu_par_for(m->tp, m->hp.n_head, qheads_item, (void *)q);
     else
         for (int h = 0; h < m->hp.n_head; h++)
             qheads_item((void *)q, h, 0);
@@ -223,7 +223,7 @@ static void absorb_mul(model_t *m, const model_layer_ext_t *ex, int h, int n)
 /* Head h of the latent path: q_abs = W_kT q_nope, and the values W_v o. */
 static void absorb_head(model_t *m, const model_layer_ext_t *ex, const float *q, int h, int n)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     kcpu_quantize_rows(NULL, ex->wkt.type, q + (size_t)h * hp->head_k,
                        (int64_t)hp->n_head * hp->head_k, n, hp->qk_nope,
@@ -245,14 +245,14 @@ static void absorb_item(void *arg, int h, int ith)
 }
 
 /* Head h's W_v: the head_v rows after its qk_nope W_k rows in W_kv_b. */
-static kcpu_mat_t wv_head(const model_hparams_t *hp, const kcpu_mat_t *wb, int h)
+static kcpu_mat_t wv_head(const arch_hparams_t *hp, const kcpu_mat_t *wb, int h)
 {
     return kcpu_mat_rows(wb, (int64_t)h * (hp->qk_nope + hp->head_v) + hp->qk_nope, hp->head_v);
 }
 
 static void values_head(model_t *m, const model_layer_t *ly, float *attv, int h, int n)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, kvl = hp->kv_lora_rank;
     char *act = head_act(ws->att_act, ws->att_row, h);
@@ -288,18 +288,18 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
                          const model_step_row_t *rows, int n, int layer, const float *q,
                          float *attv)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, hk = hp->head_k, nope = hp->qk_nope, kvl = hp->kv_lora_rank;
     const int hv = hp->head_v;
-    par_job_t *jobs = ws->jobs;
+    kcpu_job_t *jobs = ws->jobs;
     tile_t tiles[MODEL_MAX_BATCH];
     if (n <= MODEL_FUSED_ROWS) {
         fused_t f = {.ly = ly, .ex = ex, .attv = attv, .n = n};
         plan_run(&f.a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato,
                  (int64_t)nh * kvl, tiles);
         f.a.q = q;
-        par_for(m->tp, f.a.n_hg, fused_item, &f);
+        kcpu_par_for(m->tp, f.a.n_hg, fused_item, &f);
         return;
     }
 
@@ -309,21 +309,21 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
     quantize_heads(m, &qn);
     if (ex->packed) {
         absorb_t ab = {m, ex, n};
-        par_for(m->tp, nh, absorb_item, &ab);
+        kcpu_par_for(m->tp, nh, absorb_item, &ab);
     } else {
         for (int h = 0; h < nh; h++) {
             const kcpu_mat_t w = model_expert_mat(&ex->wkt, h, kvl);
-            jobs[h] = par_mm(&w, head_act(ws->qn_act, ws->qn_row, h), n,
+            jobs[h] = kcpu_job_mm(&w, head_act(ws->qn_act, ws->qn_row, h), n,
                              ws->att + (size_t)h * kvl, (int64_t)nh * kvl);
         }
-        par_run(m->tp, &ws->plan, jobs, nh);
+        kcpu_run_jobs(m->tp, &ws->plan, jobs, nh);
     }
 
     attn_run_t a;
     plan_run(&a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato, (int64_t)nh * kvl,
              tiles);
     a.q = q;
-    par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
+    kcpu_par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
 
     /* values = W_v (sum_t p_t c_t) per head */
     const kcpu_mat_t *wb = &ly->wkv_b;
@@ -332,10 +332,10 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
     quantize_heads(m, &ao);
     for (int h = 0; h < nh; h++) {
         const kcpu_mat_t wv = wv_head(hp, wb, h);
-        jobs[h] = par_mm(&wv, head_act(ws->att_act, ws->att_row, h), n, attv + (size_t)h * hv,
+        jobs[h] = kcpu_job_mm(&wv, head_act(ws->att_act, ws->att_row, h), n, attv + (size_t)h * hv,
                          (int64_t)nh * hv);
     }
-    par_run(m->tp, &ws->plan, jobs, nh);
+    kcpu_run_jobs(m->tp, &ws->plan, jobs, nh);
 }
 
 void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
@@ -351,7 +351,7 @@ void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_
     attn_run_t a;
     plan_run(&a, m, rows, n, layer, nh / c->n_kv_head, c->dk, c->dv, false, m->ws.attv,
              (int64_t)nh * c->dv, tiles);
-    par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
+    kcpu_par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
 }
 
 void model_attend_kv(model_t *m, const model_step_row_t *rows, int n, const model_ctx_t *only,
@@ -363,7 +363,7 @@ void model_attend_kv(model_t *m, const model_step_row_t *rows, int n, const mode
                     .n_hg = nh, .group = 1, .dk = dk, .dv = dv, .out = m->ws.attv,
                     .out_ld = (int64_t)nh * dv};
     a.n_tiles = make_tiles(rows, n, only, m->ws.att_qmax, tiles);
-    par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
+    kcpu_par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
 }
 
 void model_cache_put(const model_step_row_t *r, int layer, const float *k, const float *v)

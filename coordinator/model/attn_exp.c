@@ -36,14 +36,14 @@
 /* Rows per item of the latent load and the K/V store. */
 #define EXP_ROWS_PER_ITEM 16
 
-static size_t exp_row_f32(const model_hparams_t *hp)
+static size_t exp_row_f32(const arch_hparams_t *hp)
 {
     return (size_t)hp->n_head * (size_t)(hp->head_k + hp->head_v) * sizeof(float);
 }
 
-int model_exp_positions(const model_hparams_t *hp, int n_ctx)
+int model_exp_positions(const arch_hparams_t *hp, int n_ctx)
 {
-    if (hp->arch != MODEL_ARCH_DEEPSEEK2 || n_ctx <= 0)
+    if (hp->arch != ARCH_DEEPSEEK2 || n_ctx <= 0)
         return 0;
     const size_t cap = EXP_MAX_BYTES / exp_row_f32(hp);
     return (size_t)n_ctx < cap ? n_ctx : (int)cap;
@@ -97,7 +97,7 @@ static void put(const model_simd_t *sd, char *dst, const float *src, int n, bool
  * k_pe into per-head K and V rows of the scratch. */
 static void store_rows(const block_t *b, int r0, int r1)
 {
-    const model_hparams_t *hp = &b->m->hp;
+    const arch_hparams_t *hp = &b->m->hp;
     const model_ws_t *ws = &b->m->ws;
     const model_simd_t *sd = model_simd();
     const int nh = hp->n_head, nope = hp->qk_nope, hv = hp->head_v, hk = hp->head_k;
@@ -139,14 +139,14 @@ static void for_block_rows(const block_t *b, void (*fn)(const block_t *b, int r0
         return;
     }
     rows_run_t r = {b, fn};
-    par_for(b->m->tp, (b->nb + EXP_ROWS_PER_ITEM - 1) / EXP_ROWS_PER_ITEM, rows_item, &r);
+    kcpu_par_for(b->m->tp, (b->nb + EXP_ROWS_PER_ITEM - 1) / EXP_ROWS_PER_ITEM, rows_item, &r);
 }
 
 /* K and V of positions [0, end) of c at layer into ws->exk / ws->exv, in
  * blocks of MODEL_MAX_BATCH rows through ws->exc, ws->act and ws->kvb. */
 static void expand(model_t *m, const model_layer_t *ly, const model_ctx_t *c, int layer, int end)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int64_t bw = (int64_t)hp->n_head * (hp->qk_nope + hp->head_v);
     for (int t0 = 0; t0 < end; t0 += MODEL_MAX_BATCH) {
@@ -154,8 +154,8 @@ static void expand(model_t *m, const model_layer_t *ly, const model_ctx_t *c, in
         const block_t b = {m, c, layer, t0, nb};
         for_block_rows(&b, load_rows);
         const void *act = model_act(m->tp, &ly->wkv_b, ws->exc, hp->kv_lora_rank, b.nb, ws->act);
-        const par_job_t j = par_mm(&ly->wkv_b, act, b.nb, ws->kvb, bw);
-        par_run(m->tp, &ws->plan, &j, 1);
+        const kcpu_job_t j = kcpu_job_mm(&ly->wkv_b, act, b.nb, ws->kvb, bw);
+        kcpu_run_jobs(m->tp, &ws->plan, &j, 1);
         for_block_rows(&b, store_rows);
     }
 }
@@ -216,7 +216,7 @@ static void absorbed_subset(model_t *m, const model_layer_t *ly, const model_lay
 void model_attn_mla(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                     const model_step_row_t *rows, int n, int layer)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     bool expd[MODEL_MAX_BATCH];
     int n_exp = 0;

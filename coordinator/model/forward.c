@@ -111,7 +111,7 @@ static void for_rows(model_t *m, int n, row_fn fn, void *ctx)
         return;
     }
     rows_job_t j = {m, fn, ctx, n};
-    par_for(m->tp, (n + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM, rows_item, &j);
+    kcpu_par_for(m->tp, (n + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM, rows_item, &j);
 }
 
 typedef struct {
@@ -143,8 +143,8 @@ static bool same_vdt(const kcpu_mat_t *a, const kcpu_mat_t *b)
 static void mm(model_t *m, const kcpu_mat_t *w, const float *x, int64_t ldx, int nb, float *y,
                int64_t ldy)
 {
-    par_job_t j = par_mm(w, model_act(m->tp, w, x, ldx, nb, m->ws.act), nb, y, ldy);
-    par_run(m->tp, &m->ws.plan, &j, 1);
+    kcpu_job_t j = kcpu_job_mm(w, model_act(m->tp, w, x, ldx, nb, m->ws.act), nb, y, ldy);
+    kcpu_run_jobs(m->tp, &m->ws.plan, &j, 1);
 }
 
 /* y1 = w1 x and y2 = w2 x: one region and one quantization when the two
@@ -158,18 +158,18 @@ static void mm_pair(model_t *m, const kcpu_mat_t *w1, float *y1, int64_t ld1, co
         return;
     }
     const void *act = model_act(m->tp, w1, x, ldx, nb, m->ws.act);
-    par_job_t j[2] = {par_mm(w1, act, nb, y1, ld1), par_mm(w2, act, nb, y2, ld2)};
-    par_run(m->tp, &m->ws.plan, j, 2);
+    kcpu_job_t j[2] = {kcpu_job_mm(w1, act, nb, y1, ld1), kcpu_job_mm(w2, act, nb, y2, ld2)};
+    kcpu_run_jobs(m->tp, &m->ws.plan, j, 2);
 }
 
 /* ------------------------------------------------------------------- FFN */
 
 /* A gate/up region job for a SwiGLU FFN into ffa / ffb / ffq. */
-static par_job_t swiglu_job(model_t *m, const kcpu_mat_t *gate, const kcpu_mat_t *up,
+static kcpu_job_t swiglu_job(model_t *m, const kcpu_mat_t *gate, const kcpu_mat_t *up,
                             const kcpu_mat_t *down, const void *act, const void *act_up, int nb)
 {
     model_ws_t *ws = &m->ws;
-    return par_swiglu(gate, up, down, act, act_up, nb, ws->ffa, ws->ffb, gate->nrows, ws->ffq);
+    return kcpu_job_swiglu(gate, up, down, act, act_up, nb, ws->ffa, ws->ffb, gate->nrows, ws->ffq);
 }
 
 /* Activations of the up projection: act itself when gate's serve, else
@@ -179,12 +179,12 @@ static const void *up_act(model_t *m, const kcpu_mat_t *gate, const kcpu_mat_t *
 {
     if (same_vdt(gate, up))
         return act;
-    char *buf = (char *)m->ws.act + model_act_row(gate->type, gate->ncols) * MODEL_MAX_BATCH;
+    char *buf = (char *)m->ws.act + kcpu_act_row(gate->type, gate->ncols) * MODEL_MAX_BATCH;
     return model_act(m->tp, up, x, m->hp.n_embd, nb, buf);
 }
 
 /* The down projection's input: ffq when the gate/up region quantized it. */
-static const void *down_act(model_t *m, const par_job_t *gu, const kcpu_mat_t *down, int nb)
+static const void *down_act(model_t *m, const kcpu_job_t *gu, const kcpu_mat_t *down, int nb)
 {
     if (gu->hq)
         return gu->hq;
@@ -202,10 +202,10 @@ static void ffn_swiglu(model_t *m, const kcpu_mat_t *gate, const kcpu_mat_t *up,
         const int nb = n - r0 < per ? n - r0 : per;
         const float *xr = x + (size_t)r0 * E;
         const void *act = model_act(m->tp, gate, xr, E, nb, ws->act);
-        par_job_t gu = swiglu_job(m, gate, up, down, act, up_act(m, gate, up, act, xr, nb), nb);
-        par_run(m->tp, &ws->plan, &gu, 1);
-        par_job_t d = par_mm(down, down_act(m, &gu, down, nb), nb, out + (size_t)r0 * E, E);
-        par_run(m->tp, &ws->plan, &d, 1);
+        kcpu_job_t gu = swiglu_job(m, gate, up, down, act, up_act(m, gate, up, act, xr, nb), nb);
+        kcpu_run_jobs(m->tp, &ws->plan, &gu, 1);
+        kcpu_job_t d = kcpu_job_mm(down, down_act(m, &gu, down, nb), nb, out + (size_t)r0 * E, E);
+        kcpu_run_jobs(m->tp, &ws->plan, &d, 1);
     }
 }
 
@@ -216,7 +216,7 @@ typedef struct {
 static void route_row(model_t *m, void *ctx, int r)
 {
     const route_job_t *j = ctx;
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int k = hp->n_expert_used;
     const size_t X = (size_t)hp->n_expert;
@@ -248,23 +248,23 @@ static ecs_err_t moe_local(model_t *m, const model_layer_t *ly, int n, int layer
     model_experts_local_t *l = m->ex_ctx;
     const int k = m->hp.n_expert_used;
     MODEL_TRY(model_experts_local_prepare(l, layer, n, ws->xn, k, ws->ids));
-    model_jobs_t jobs = {ws->jobs, 0};
-    par_job_t gu = {0};
+    kcpu_jobs_t jobs = {ws->jobs, 0};
+    kcpu_job_t gu = {0};
     if (shared) {
         const void *act = model_act(m->tp, &ly->gate_shexp, ws->xn, m->hp.n_embd, n, ws->act);
         gu = swiglu_job(m, &ly->gate_shexp, &ly->up_shexp, &ly->down_shexp, act,
                         up_act(m, &ly->gate_shexp, &ly->up_shexp, act, ws->xn, n), n);
         jobs.jobs[jobs.n++] = gu;
     }
-    model_experts_local_gate_up(l, &jobs);
-    par_run(m->tp, &ws->plan, jobs.jobs, jobs.n);
+    kmoe_gate_up(l->moe, &jobs);
+    kcpu_run_jobs(m->tp, &ws->plan, jobs.jobs, jobs.n);
     prof_end(m, MODEL_PH_FFN_UP, pm);
     jobs.n = 0;
     if (shared)
-        jobs.jobs[jobs.n++] = par_mm(&ly->down_shexp, down_act(m, &gu, &ly->down_shexp, n), n,
+        jobs.jobs[jobs.n++] = kcpu_job_mm(&ly->down_shexp, down_act(m, &gu, &ly->down_shexp, n), n,
                                      ws->sh, m->hp.n_embd);
-    model_experts_local_down(l, &jobs);
-    par_run(m->tp, &ws->plan, jobs.jobs, jobs.n);
+    kmoe_down(l->moe, &jobs);
+    kcpu_run_jobs(m->tp, &ws->plan, jobs.jobs, jobs.n);
     prof_end(m, MODEL_PH_FFN_DOWN, pm);
     model_experts_local_finish(l, ws->w, ws->moe);
     return ECS_OK;
@@ -272,7 +272,7 @@ static ecs_err_t moe_local(model_t *m, const model_layer_t *ly, int n, int layer
 
 static ecs_err_t ffn_moe(model_t *m, const model_layer_t *ly, int n, int layer, prof_mark_t *pm)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int E = hp->n_embd, X = hp->n_expert;
     const bool shared = ly->gate_shexp.nrows > 0;
@@ -310,7 +310,7 @@ typedef struct {
 static void mla_row(model_t *m, void *ctx, int i)
 {
     const rope_job_t *j = ctx;
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, hk = hp->head_k, kvl = hp->kv_lora_rank, nrot = hp->rope.n_rot;
     const float *cs = ws->rope + (size_t)i * nrot;
@@ -327,7 +327,7 @@ static void mla_row(model_t *m, void *ctx, int i)
 static void expand_row(model_t *m, void *ctx, int i)
 {
     const rope_job_t *j = ctx;
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, nope = hp->qk_nope, hv = hp->head_v, hk = hp->head_k;
     const int kvl = hp->kv_lora_rank, nrot = hp->rope.n_rot, bw = nh * (nope + hv);
@@ -345,7 +345,7 @@ static void expand_row(model_t *m, void *ctx, int i)
 static void attn_mla(model_t *m, const model_layer_t *ly, const model_step_row_t *rows, int n,
                      int layer, bool kv_only, prof_mark_t *pm)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int qw = hp->n_head * hp->head_k, E = hp->n_embd;
     if (kv_only) {
@@ -376,7 +376,7 @@ static void attn_mla(model_t *m, const model_layer_t *ly, const model_step_row_t
 static void gqa_row(model_t *m, void *ctx, int i)
 {
     const rope_job_t *j = ctx;
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, nkv = hp->n_head_kv, D = hp->head_k;
     const float *cs = ws->rope + (size_t)i * hp->rope.n_rot;
@@ -397,17 +397,17 @@ static void gqa_row(model_t *m, void *ctx, int i)
 static void attn_gqa(model_t *m, const model_layer_t *ly, const model_step_row_t *rows, int n,
                      int layer, bool kv_only, prof_mark_t *pm)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int nh = hp->n_head, nkv = hp->n_head_kv, D = hp->head_k, E = hp->n_embd;
     if (kv_only) {
         mm_pair(m, &ly->wk, ws->kv, nkv * D, &ly->wv, ws->v, nkv * D, ws->xn, E, n);
     } else if (same_vdt(&ly->wq, &ly->wk) && same_vdt(&ly->wq, &ly->wv)) {
         const void *act = model_act(m->tp, &ly->wq, ws->xn, E, n, ws->act);
-        par_job_t j[3] = {par_mm(&ly->wq, act, n, ws->q, nh * D),
-                          par_mm(&ly->wk, act, n, ws->kv, nkv * D),
-                          par_mm(&ly->wv, act, n, ws->v, nkv * D)};
-        par_run(m->tp, &ws->plan, j, 3);
+        kcpu_job_t j[3] = {kcpu_job_mm(&ly->wq, act, n, ws->q, nh * D),
+                          kcpu_job_mm(&ly->wk, act, n, ws->kv, nkv * D),
+                          kcpu_job_mm(&ly->wv, act, n, ws->v, nkv * D)};
+        kcpu_run_jobs(m->tp, &ws->plan, j, 3);
     } else {
         mm(m, &ly->wq, ws->xn, E, n, ws->q, nh * D);
         mm_pair(m, &ly->wk, ws->kv, nkv * D, &ly->wv, ws->v, nkv * D, ws->xn, E, n);
@@ -440,7 +440,7 @@ static void add_row(model_t *m, void *ctx, int r)
 static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, int il,
                                bool kv_only)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     const model_layer_t *ly = &m->w.layers[il];
     model_ws_t *ws = &m->ws;
     const int E = hp->n_embd;
@@ -448,7 +448,7 @@ static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, 
     prof_start(m, &pm);
     norm_rows(m, ly->attn_norm, ws->x, E, ws->xn, E, E, n);
     prof_end(m, MODEL_PH_NORM, &pm);
-    if (hp->arch == MODEL_ARCH_DEEPSEEK2)
+    if (hp->arch == ARCH_DEEPSEEK2)
         attn_mla(m, ly, rows, n, il, kv_only, &pm);
     else
         attn_gqa(m, ly, rows, n, il, kv_only, &pm);
@@ -502,7 +502,7 @@ static const model_step_row_t *keep_rows(model_t *m, const model_step_row_t *row
 ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const int *out_rows,
                         int n_out, float *logits)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     const model_weights_t *w = &m->w;
     model_ws_t *ws = &m->ws;
     const int E = hp->n_embd;

@@ -30,7 +30,7 @@ static size_t act_need(const kcpu_mat_t *w, size_t cur)
 {
     if (w->nrows == 0)
         return cur;
-    size_t b = model_act_row(w->type, w->ncols);
+    size_t b = kcpu_act_row(w->type, w->ncols);
     return b > cur ? b : cur;
 }
 
@@ -53,12 +53,12 @@ static size_t act_row_max(const model_t *m)
  * for W_kT (which) or the latent output for W_v (!which). */
 static size_t head_act_row(const model_t *m, bool wkt)
 {
-    if (m->hp.arch != MODEL_ARCH_DEEPSEEK2)
+    if (m->hp.arch != ARCH_DEEPSEEK2)
         return 0;
     size_t need = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
-        size_t b = wkt ? model_act_row(m->ext[il].wkt.type, m->hp.qk_nope)
-                       : model_act_row(m->w.layers[il].wkv_b.type, m->hp.kv_lora_rank);
+        size_t b = wkt ? kcpu_act_row(m->ext[il].wkt.type, m->hp.qk_nope)
+                       : kcpu_act_row(m->w.layers[il].wkv_b.type, m->hp.kv_lora_rank);
         need = b > need ? b : need;
     }
     return need;
@@ -76,7 +76,7 @@ static int pad16(int x) { return (x + 15) & ~15; }
 /* Floats in ffa / ffb: all rows of a step through the widest shared FFN,
  * and at least DENSE_PASS_ROWS rows through the dense one (which then runs
  * in passes). */
-static size_t ff_cap(const model_hparams_t *hp)
+static size_t ff_cap(const arch_hparams_t *hp)
 {
     const size_t a = (size_t)MODEL_MAX_BATCH * (size_t)imax(hp->n_ff_shexp, 1);
     const size_t b = (size_t)DENSE_PASS_ROWS * (size_t)imax(imax(hp->n_ff, hp->n_ff_shexp), 1);
@@ -97,10 +97,10 @@ static size_t ffq_row_max(const model_t *m)
 
 static void ws_layout(model_t *m, carve_t *c)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const size_t nb = MODEL_MAX_BATCH, F = sizeof(float);
-    const bool ds2 = hp->arch == MODEL_ARCH_DEEPSEEK2;
+    const bool ds2 = hp->arch == ARCH_DEEPSEEK2;
     const int nrot = hp->rope.n_rot, kvl = hp->kv_lora_rank;
     ws->kv_w = ds2 ? kvl + nrot : hp->n_head_kv * hp->head_k;
     ws->att_w = ds2 ? imax(kvl, hp->head_v) : hp->head_v;
@@ -151,18 +151,19 @@ static void ws_layout(model_t *m, carve_t *c)
     ws->rope = carve(c, nb * nrot * F);
     ws->act = carve(c, 2 * nb * act_row_max(m));
     ws->thr = carve(c, (size_t)nth * ws->thr_stride * F);
-    ws->jobs = carve(c, (size_t)ws->jobs_cap * sizeof(par_job_t));
+    ws->jobs = carve(c, (size_t)ws->jobs_cap * sizeof(kcpu_job_t));
     ws->plan.cap = 64 * ws->jobs_cap + 4096;
-    ws->plan.chunks = carve(c, (size_t)ws->plan.cap * sizeof(par_chunk_t));
+    ws->plan.chunks = carve(c, (size_t)ws->plan.cap * sizeof(kcpu_chunk_t));
 }
 
-void *model_alloc_huge(size_t bytes)
+const void *model_act(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int64_t ldx,
+                      int nb, void *buf)
 {
-    const size_t huge = (size_t)2 << 20, n = (bytes + huge - 1) / huge * huge;
-    void *p = aligned_alloc(huge, n ? n : huge);
-    if (p)
-        madvise(p, n ? n : huge, MADV_HUGEPAGE);
-    return p;
+    const ecs_type_traits_t *tr = ecs_type_traits(w->type);
+    if (tr && tr->vec_dot_type == ECS_TYPE_F32 && ldx == w->ncols)
+        return x;
+    kcpu_quantize_rows(nb >= 8 ? tp : NULL, w->type, x, ldx, nb, w->ncols, buf);
+    return buf;
 }
 
 static ecs_err_t ws_alloc(model_t *m)
@@ -170,7 +171,7 @@ static ecs_err_t ws_alloc(model_t *m)
     carve_t c = {NULL, 0};
     ws_layout(m, &c);
     m->ws_bytes = c.off;
-    m->ws_mem = model_alloc_huge(c.off);
+    m->ws_mem = ecs_alloc_huge(c.off);
     if (!m->ws_mem)
         return ecs_error(ECS_ERR_NOMEM, "model: cannot allocate %zu bytes of workspace", c.off);
     c.base = m->ws_mem;
@@ -217,7 +218,7 @@ static ecs_err_t reserve_mat(model_t *m, const kcpu_mat_t *w, int nb, size_t *mo
  * (the dense FFN runs in passes of ff_cap / n_ff rows). */
 static ecs_err_t reserve_kernels(model_t *m)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     const int nb = MODEL_MAX_BATCH, dense_nb = (int)(m->ws.ff_cap / (size_t)imax(hp->n_ff, 1));
     size_t most = 0;
     ecs_err_t e = reserve_mat(m, &m->w.output, nb, &most);
@@ -299,7 +300,7 @@ void model_free(model_t *m)
     free(m);
 }
 
-const model_hparams_t *model_hparams(const model_t *m) { return &m->hp; }
+const arch_hparams_t *model_hparams(const model_t *m) { return &m->hp; }
 const model_weights_t *model_weights(const model_t *m) { return &m->w; }
 int model_n_vocab(const model_t *m) { return m->hp.n_vocab; }
 int model_n_ctx_max(const model_t *m) { return m->opts.n_ctx; }
@@ -318,7 +319,7 @@ static size_t mat_bytes(const kcpu_mat_t *w)
 
 size_t model_decode_bytes(const model_t *m)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     const size_t E = (size_t)hp->n_embd * sizeof(float);
     size_t b = m->w.token_embd.row_bytes + E + mat_bytes(&m->w.output);
     for (int il = 0; il < hp->n_layer; il++) {
@@ -332,7 +333,7 @@ size_t model_decode_bytes(const model_t *m)
                           mat_bytes(&l->down_exps);
         if (l->moe)
             b += ex / (size_t)hp->n_expert * (size_t)hp->n_expert_used;
-        if (hp->arch == MODEL_ARCH_DEEPSEEK2) { /* latent: W_kT replaces W_kv_b's k rows */
+        if (hp->arch == ARCH_DEEPSEEK2) { /* latent: W_kT replaces W_kv_b's k rows */
             b -= (size_t)hp->n_head * (size_t)hp->qk_nope * l->wkv_b.row_bytes;
             b += mat_bytes(&m->ext[il].wkt);
         }
@@ -365,7 +366,7 @@ void prof_start(const model_t *m, prof_mark_t *mk)
         return;
     mk->wall = clock_s(CLOCK_MONOTONIC);
     mk->cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID);
-    mk->regions = par_regions();
+    mk->regions = kcpu_regions();
 }
 
 void prof_end(model_t *m, model_phase_t ph, prof_mark_t *mk)
@@ -412,11 +413,11 @@ void model_set_experts(model_t *m, const model_experts_ops *ops, void *ctx)
 
 static void ctx_geometry(const model_t *m, unsigned flags, model_ctx_t *c)
 {
-    const model_hparams_t *hp = &m->hp;
+    const arch_hparams_t *hp = &m->hp;
     c->flags = flags;
     c->f32 = (flags & MODEL_CTX_KV_F32) != 0;
     c->elt = c->f32 ? sizeof(float) : sizeof(ecs_fp16_t);
-    if (hp->arch == MODEL_ARCH_DEEPSEEK2 && !(flags & MODEL_CTX_MLA_EXPANDED)) {
+    if (hp->arch == ARCH_DEEPSEEK2 && !(flags & MODEL_CTX_MLA_EXPANDED)) {
         c->latent = true;
         c->n_kv_head = 1;
         c->dk = hp->kv_lora_rank + hp->rope.n_rot;

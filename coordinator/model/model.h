@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/arch.h"
 #include "common/gguf.h"
 #include "common/threadpool.h"
 #include "kernels/cpu/cpu.h"
@@ -27,76 +28,7 @@
  * that each routed expert sees many rows per step (its weights are read
  * once per step); the products run in tiles of KCPU_MAX_BATCH rows. */
 #define MODEL_MAX_BATCH 512
-/* Sanity bounds on metadata, so that a malformed file cannot ask for an
- * absurd allocation. */
-#define MODEL_MAX_LAYERS 1024
-#define MODEL_MAX_EXPERTS 4096
 #define MODEL_MAX_CTX (1 << 22)
-
-typedef enum {
-    MODEL_ARCH_DEEPSEEK2 = 0,
-    MODEL_ARCH_QWEN3MOE = 1,
-} model_arch_t;
-
-typedef enum {
-    MODEL_GATING_SOFTMAX = 1,
-    MODEL_GATING_SIGMOID = 2,
-} model_gating_t;
-
-/* ggml's rope modes: NORM rotates adjacent pairs (x[2i], x[2i+1]); NEOX
- * rotates (x[i], x[i + n_rot/2]). */
-typedef enum {
-    MODEL_ROPE_NORM = 0,
-    MODEL_ROPE_NEOX = 2,
-} model_rope_mode_t;
-
-/* Rotary embedding parameters, as ggml_rope_ext takes them. */
-typedef struct {
-    int n_rot;            /* rotated dims (even) */
-    model_rope_mode_t mode;
-    int n_ctx_orig;       /* YaRN: original training context */
-    float freq_base;
-    float freq_scale;     /* 1/factor for linear and YaRN scaling */
-    float ext_factor;     /* YaRN extrapolation mix; 0 = off */
-    float attn_factor;    /* magnitude factor passed to the rope */
-    float beta_fast, beta_slow;
-} model_rope_t;
-
-typedef struct {
-    model_arch_t arch;
-    int n_layer;
-    int n_embd;
-    int n_vocab;
-    int n_ctx_train;
-    int n_head;
-    int n_head_kv;
-    int head_k;           /* n_embd_head_k (deepseek2: qk_nope + n_rot) */
-    int head_v;           /* n_embd_head_v */
-    float rms_eps;
-
-    /* deepseek2 MLA */
-    int q_lora_rank;      /* 0: no q-LoRA (single attn_q, V2-Lite) */
-    int kv_lora_rank;
-    int qk_nope;          /* head_k - n_rot */
-
-    /* FFN */
-    int n_layer_dense;    /* leading dense layers */
-    int n_ff;             /* dense FFN width */
-    int n_expert;
-    int n_expert_used;
-    int n_ff_exp;
-    int n_expert_shared;
-    int n_ff_shexp;       /* n_ff_exp * n_expert_shared; 0 = none */
-    int n_expert_groups;  /* 0/1 = no group limit */
-    int n_group_used;
-    model_gating_t gating;
-    bool expert_weights_norm;
-    float expert_weights_scale; /* 0 or 1 = no scaling */
-
-    float kq_scale;       /* softmax scale of Q.K */
-    model_rope_t rope;
-    bool tied_output;     /* no output.weight: the head is token_embd */
-} model_hparams_t;
 
 /* One layer's tensors. Norm vectors are F32 pointers into the mapping; every
  * matrix is a kcpu_mat_t view (nrows = output width, ncols = input width).
@@ -167,7 +99,7 @@ typedef struct {
 ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out);
 void model_free(model_t *m);
 
-const model_hparams_t *model_hparams(const model_t *m);
+const arch_hparams_t *model_hparams(const model_t *m);
 const model_weights_t *model_weights(const model_t *m);
 int model_n_vocab(const model_t *m);
 int model_n_ctx_max(const model_t *m);
@@ -319,9 +251,9 @@ ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *lo
 
 /* cos/sin pairs for position pos: cs[2i], cs[2i+1] for i < n_rot/2, as
  * ggml's rope cache (YaRN ramp and magnitude included). */
-void model_rope_cache(const model_rope_t *r, int pos, float *cs);
+void model_rope_cache(const arch_rope_t *r, int pos, float *cs);
 /* Rotates the first n_rot values of x in place with a cache from above. */
-void model_rope_apply(const model_rope_t *r, const float *cs, float *x);
+void model_rope_apply(const arch_rope_t *r, const float *cs, float *x);
 /* ggml_rope_yarn_corr_dims: the dims range where YaRN blends. */
 void model_rope_yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
                                float beta_slow, float dims[2]);
@@ -329,7 +261,7 @@ void model_rope_yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, floa
 /* Routing for one row: router logits[n_expert] -> k expert ids and weights,
  * with the gating function, selection bias (may be NULL), group limit,
  * normalisation and scaling of hp. scratch holds 3*n_expert floats. */
-void model_route(const model_hparams_t *hp, const float *logits, const float *bias,
+void model_route(const arch_hparams_t *hp, const float *logits, const float *bias,
                  int32_t *ids, float *w, float *scratch);
 
 #endif

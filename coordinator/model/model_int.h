@@ -1,71 +1,15 @@
 /* model_int.h - private structures shared by the files of the model module
- * (loader, forward pass, attention, parallel regions, local expert backend,
+ * (loader, forward pass, attention, local expert backend,
  * SIMD helpers). Not part of the API. */
 #ifndef ECS_MODEL_INT_H
 #define ECS_MODEL_INT_H
 
 #include <stdatomic.h>
 
+#include "common/mem.h"
 #include "coordinator/model/model.h"
+#include "kernels/moe/moe.h"
 
-/* ------------------------------------------------------------ par.c
- * Parallel regions on the pool. A region is a list of matrix products
- * (jobs); their weight rows are cut into chunks, largest first and
- * shrinking towards the end (guided scheduling), and the pool's threads
- * take chunks from a shared counter. One region = one pool wake-up however
- * many matrices it holds, and the tail where one thread waits for the other
- * is a small chunk. */
-
-typedef enum {
-    PAR_MM,     /* y = W act */
-    PAR_SWIGLU, /* y = silu(W act) * (W2 act), y2 scratch; then optionally quantized */
-} par_kind_t;
-
-typedef struct {
-    par_kind_t kind;
-    kcpu_mat_t w, w2;   /* w2: the up projection of PAR_SWIGLU */
-    const void *act;    /* nb activation rows of w's vec_dot type, act_stride bytes apart */
-    size_t act_stride;
-    const void *act2;   /* PAR_SWIGLU: w2's rows, act2_stride apart */
-    size_t act2_stride;
-    int nb;             /* any count: products run in tiles of KCPU_MAX_BATCH rows */
-    float *y, *y2;      /* [nb][ldy]; y2 only for PAR_SWIGLU */
-    int64_t ldy;
-    /* PAR_SWIGLU: when hq is set, each chunk also quantizes its columns of
-     * y to hq_vdt (rows hq_stride bytes apart); chunks are then aligned to
-     * that type's block. */
-    void *hq;
-    size_t hq_stride;
-    ecs_type_t hq_vdt;
-} par_job_t;
-
-typedef struct {
-    int job;
-    int64_t r0, r1;
-} par_chunk_t;
-
-typedef struct {
-    par_chunk_t *chunks;
-    int cap;
-} par_plan_t;
-
-/* A job for y = w act over nb rows (act as kcpu_quantize_rows makes it). */
-par_job_t par_mm(const kcpu_mat_t *w, const void *act, int nb, float *y, int64_t ldy);
-/* A SwiGLU job: y = silu(gate act) * (up act_up), y2 scratch, both
- * [nb][ldy]; y quantized for down into hq (may be NULL) when chunks can. */
-par_job_t par_swiglu(const kcpu_mat_t *gate, const kcpu_mat_t *up, const kcpu_mat_t *down,
-                     const void *act, const void *act_up, int nb, float *y, float *y2, int64_t ldy,
-                     void *hq);
-void par_run(ecs_threadpool_t *tp, par_plan_t *plan, const par_job_t *jobs, int n);
-
-/* fn(arg, item, ith) for item in [0, n), items handed out in order. */
-typedef void (*par_item_fn)(void *arg, int item, int ith);
-void par_for(ecs_threadpool_t *tp, int n, par_item_fn fn, void *arg);
-/* Parallel regions started by this process (for profiles). */
-uint64_t par_regions(void);
-
-/* Bytes between packed activation rows for weights of type wtype. */
-size_t model_act_row(ecs_type_t wtype, int64_t ncols);
 /* x (nb rows, ldx apart) as activations for w: x itself when w takes F32
  * rows of exactly ncols, else quantized into buf (on the pool for big
  * batches). */
@@ -76,8 +20,6 @@ const void *model_act(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x,
  * Hot loops with an AVX-512 version (simd_avx512.c) and a plain one
  * (simd.c); model_simd() picks by the ISA in use (kcpu_isa()). */
 typedef struct {
-    /* g[i] = silu(g[i]) * u[i] */
-    void (*swiglu)(float *g, const float *u, int64_t n);
     /* S[j][t] = scale * Q[j] . K[t] for j < nq (multiple of 4), t < len[j]
      * <= nt (what lies past len[j] is left unspecified: causal masking
      * never reads it); Q rows ldq floats apart, zero-padded to dkp
@@ -171,8 +113,8 @@ typedef struct {
     void *act;       /* quantized activations of one matrix input, nb rows */
     float *thr;      /* per thread attention scratch, thr_stride floats */
     size_t thr_stride;
-    par_plan_t plan;
-    par_job_t *jobs; /* [jobs_cap] for regions of many products */
+    kcpu_plan_t plan;
+    kcpu_job_t *jobs; /* [jobs_cap] for regions of many products */
     int jobs_cap;
     int kv_w, att_w, ff_w;
     size_t ff_cap;   /* floats in ffa / ffb */
@@ -191,7 +133,7 @@ typedef struct {
 
 struct model {
     gguf_file_t *file;
-    model_hparams_t hp;
+    arch_hparams_t hp;
     model_weights_t w;
     model_opts_t opts;
     ecs_threadpool_t *tp;
@@ -314,31 +256,31 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
 void model_attn_mla(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                     const model_step_row_t *rows, int n, int layer);
 /* F32 rows of expansion scratch ws_layout budgets for a context of n_ctx. */
-int model_exp_positions(const model_hparams_t *hp, int n_ctx);
+int model_exp_positions(const arch_hparams_t *hp, int n_ctx);
 /* Stores row r's K (and V, unless the cache is latent) at its position. */
 void model_cache_put(const model_step_row_t *r, int layer, const float *k, const float *v);
 
-/* experts.c: the local backend, run inside the model's own regions. */
-typedef struct {
-    par_job_t *jobs;
-    int n;
-} model_jobs_t;
-/* Checks and groups a step's rows; quantizes x for the experts. */
+/* experts.c: the local backend over kernels/moe; the model's default
+ * path runs its jobs inside its own regions (forward.c). */
+struct model_experts_local {
+    kmoe_t *moe;
+    kmoe_expert_t *experts;       /* [n_layer * n_expert] views of the stacks */
+    const kmoe_expert_t **layers; /* [n_layer]: NULL for a dense layer */
+    ecs_threadpool_t *tp;
+    int n_embd, k_used;
+    /* the current step */
+    int n_tok, k, layer;
+    ecs_err_t status;             /* of the last submit, reported by wait */
+    const float *w;               /* submit's weights, summed by wait */
+};
+/* Checks a step's rows (k must be n_expert_used), groups and quantizes
+ * them (kmoe_prepare); then kmoe_gate_up / kmoe_down on l->moe. */
 ecs_err_t model_experts_local_prepare(model_experts_local_t *l, int layer, int n_tok,
                                       const float *x, int k, const int32_t *ids);
-/* Appends the gate/up (then down) jobs of every expert with rows. */
-void model_experts_local_gate_up(model_experts_local_t *l, model_jobs_t *j);
-void model_experts_local_down(model_experts_local_t *l, model_jobs_t *j);
 /* out[t] = sum over slots (in slot order) of w[t][slot] * expert output. */
 void model_experts_local_finish(model_experts_local_t *l, const float *w, float *out);
-/* Most jobs model_experts_local_gate_up / _down append. */
+/* Most jobs one region of the local backend appends, plus one. */
 int model_experts_local_max_jobs(const model_t *m);
 
-/* At least bytes of memory (not zeroed) in whole 2 MB pages where the
- * kernel gives them (transparent huge pages on advice), for the step
- * buffers: a prompt step reads tens of MB of them in scattered rows (the
- * experts' outputs, the queries), a TLB miss every 4 KB otherwise.
- * free() releases it. */
-void *model_alloc_huge(size_t bytes);
 
 #endif

@@ -25,7 +25,7 @@ void model_rope_yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, floa
     dims[1] = fminf((float)(n_dims - 1), end);
 }
 
-void model_rope_cache(const model_rope_t *r, int pos, float *cs)
+void model_rope_cache(const arch_rope_t *r, int pos, float *cs)
 {
     float corr[2];
     model_rope_yarn_corr_dims(r->n_rot, r->n_ctx_orig, r->freq_base, r->beta_fast, r->beta_slow,
@@ -48,13 +48,13 @@ void model_rope_cache(const model_rope_t *r, int pos, float *cs)
     }
 }
 
-void model_rope_apply(const model_rope_t *r, const float *cs, float *x)
+void model_rope_apply(const arch_rope_t *r, const float *cs, float *x)
 {
     const int n = r->n_rot;
     /* NORM rotates (x[2i], x[2i+1]); NEOX rotates (x[i], x[i + n/2]). */
-    const int stride = r->mode == MODEL_ROPE_NEOX ? n / 2 : 1;
+    const int stride = r->mode == ARCH_ROPE_NEOX ? n / 2 : 1;
     for (int i0 = 0; i0 < n; i0 += 2) {
-        const int a = r->mode == MODEL_ROPE_NEOX ? i0 / 2 : i0;
+        const int a = r->mode == ARCH_ROPE_NEOX ? i0 / 2 : i0;
         const float c = cs[i0], s = cs[i0 + 1];
         const float x0 = x[a], x1 = x[a + stride];
         x[a] = x0 * c - x1 * s;

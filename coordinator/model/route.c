@@ -34,7 +34,7 @@ static int argmax_untaken(const float *v, int n)
 /* DeepSeek-V3 group limit (as llama.cpp): a group scores the sum of its two
  * best selection values; experts outside the n_group_used best groups are
  * excluded. gs holds n_expert_groups floats. */
-static void group_limit(const model_hparams_t *hp, float *sel, float *gs)
+static void group_limit(const arch_hparams_t *hp, float *sel, float *gs)
 {
     const int ng = hp->n_expert_groups, per = hp->n_expert / ng;
     for (int g = 0; g < ng; g++) {
@@ -57,13 +57,13 @@ static void group_limit(const model_hparams_t *hp, float *sel, float *gs)
                 sel[e] = -INFINITY;
 }
 
-void model_route(const model_hparams_t *hp, const float *logits, const float *bias, int32_t *ids,
+void model_route(const arch_hparams_t *hp, const float *logits, const float *bias, int32_t *ids,
                  float *w, float *scratch)
 {
     const int ne = hp->n_expert, k = hp->n_expert_used;
     float *probs = scratch, *sel = scratch + ne, *gs = scratch + 2 * ne;
     memcpy(probs, logits, (size_t)ne * sizeof *probs);
-    if (hp->gating == MODEL_GATING_SIGMOID)
+    if (hp->gating == ARCH_GATING_SIGMOID)
         for (int e = 0; e < ne; e++)
             probs[e] = 1.0f / (1.0f + expf(-probs[e]));
     else

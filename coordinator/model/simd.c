@@ -1,5 +1,5 @@
-/* simd.c - the model's hot loops outside the matrix products (SwiGLU,
- * attention scores, softmax, probabilities x values; and the absorption
+/* simd.c - the model's hot loops outside the matrix products (attention
+ * scores, softmax, probabilities x values; and the absorption
  * product of deepseek2's packed W_kT, whose layout this file defines) in
  * plain C, and the choice between them and the AVX-512 versions
  * (simd_avx512.c) by the ISA in use. The plain versions define the results; the SIMD ones may differ
@@ -8,12 +8,6 @@
 #include <string.h>
 
 #include "coordinator/model/model_int.h"
-
-static void swiglu_plain(float *g, const float *u, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
 
 static float elt(const void *p, size_t i, bool f16)
 {
@@ -138,7 +132,7 @@ static void dot_q8p_plain(const void *w, int nrows, int nblk, const void *a, siz
     }
 }
 
-static const model_simd_t plain = {swiglu_plain, scores_plain, softmax_plain, pv_plain,
+static const model_simd_t plain = {scores_plain, softmax_plain, pv_plain,
                                    round_f16_plain, to_f16_plain, dot_q8p_plain};
 
 const model_simd_t *model_simd_plain(void) { return &plain; }

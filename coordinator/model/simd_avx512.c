@@ -1,5 +1,5 @@
 /* simd_avx512.c - AVX-512 versions of the model's hot loops (see simd.c
- * for what each computes): a vector exp for SwiGLU and softmax, and
+ * for what each computes): a vector exp for softmax, and
  * register-blocked attention products over an F16 or F32 KV cache: Q.K on
  * blocks of 16 keys transposed once (8 queries x 16 keys per kernel), P.V
  * with 6 (or 4) queries x 64 values of accumulators. Every output element
@@ -14,45 +14,6 @@
 
 /* Round to nearest even, no exceptions (F16 conversions). */
 #define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-
-/* e^x, 1-2 ulp: x = n ln2 + r with |r| <= ln2/2, e^r by Cephes' expf
- * polynomial, then scaled by 2^n (scalef also gives 0 for tiny results). */
-static inline __m512 exp_ps(__m512 x)
-{
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.72283935546875f));
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    const __m512 y =
-        _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, n);
-}
-
-/* Lanes of the next 16 values when n remain (none when n <= 0). */
-static inline __mmask16 tail_mask(int64_t n)
-{
-    return n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-}
-
-static void swiglu_avx512(float *g, const float *u, int64_t n)
-{
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = tail_mask(n - i);
-        const __m512 x = _mm512_maskz_loadu_ps(k, g + i);
-        const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, e));
-        _mm512_mask_storeu_ps(g + i, k, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(k, u + i)));
-    }
-}
 
 /* r[i] becomes column i of the 16 x 16 block whose rows were r[0..15]
  * (the words moved as integers: the same bits). */
@@ -78,7 +39,7 @@ static void load_kt(float *kt, const void *K, size_t ks, bool f16, int dk, int d
     const int tn = nt - t0 - 16 < 16 ? nt - t0 - 16 : 16;
     const size_t eb = f16 ? sizeof(ecs_fp16_t) : sizeof(float);
     for (int d = 0; d < dkp; d += 16) {
-        const __mmask16 k = tail_mask(dk - d);
+        const __mmask16 k = ecs_tail_mask16(dk - d);
         __m512 r[16];
         for (int i = 0; i < tn; i++)
             _mm_prefetch((const char *)K + ((size_t)(t0 + 16 + i) * ks + (size_t)d) * eb,
@@ -173,13 +134,13 @@ static void softmax_avx512(float *S, int nq, int lds, const int *len, int nt, bo
         const int n = len[j];
         __m512 vmx = _mm512_set1_ps(-INFINITY);
         for (int t = 0; t < n; t += 16)
-            vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(vmx, tail_mask(n - t), s + t));
+            vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(vmx, ecs_tail_mask16(n - t), s + t));
         const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
         __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
         for (int t = 0; t < n; t += 16) {
-            const __mmask16 k = tail_mask(n - t);
+            const __mmask16 k = ecs_tail_mask16(n - t);
             const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), mx);
-            const __m512 e = _mm512_maskz_mov_ps(k, exp_ps(x));
+            const __m512 e = _mm512_maskz_mov_ps(k, ecs_exp512_ps(x));
             _mm512_mask_storeu_ps(s + t, k, e);
             const __m256 e_hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1));
             lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
@@ -188,8 +149,8 @@ static void softmax_avx512(float *S, int nq, int lds, const int *len, int nt, bo
         const double sum = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
         const __m512 inv = _mm512_set1_ps(n > 0 ? (float)(1.0 / sum) : 0.0f);
         for (int t = 0; t < nt; t += 16) {
-            const __mmask16 k = tail_mask(nt - t);
-            __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail_mask(n - t), s + t), inv);
+            const __mmask16 k = ecs_tail_mask16(nt - t);
+            __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(ecs_tail_mask16(n - t), s + t), inv);
             if (f16)
                 p = _mm512_cvtph_ps(_mm512_cvtps_ph(p, RNE));
             _mm512_mask_storeu_ps(s + t, k, p);
@@ -221,8 +182,8 @@ static inline __attribute__((always_inline)) void
 pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, int d0, int nt,
          float *O, int ldo, bool six)
 {
-    const __mmask16 m0 = tail_mask(dv - d0), m1 = tail_mask(dv - d0 - 16);
-    const __mmask16 m2 = tail_mask(dv - d0 - 32), m3 = tail_mask(dv - d0 - 48);
+    const __mmask16 m0 = ecs_tail_mask16(dv - d0), m1 = ecs_tail_mask16(dv - d0 - 16);
+    const __mmask16 m2 = ecs_tail_mask16(dv - d0 - 32), m3 = ecs_tail_mask16(dv - d0 - 48);
     __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     __m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
@@ -288,7 +249,7 @@ static void pv_avx512(const float *P, int nq, int ldp, const void *V, size_t vs,
 static void round_f16_avx512(float *dst, const float *src, int64_t n)
 {
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = tail_mask(n - i);
+        const __mmask16 k = ecs_tail_mask16(n - i);
         const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i), RNE);
         _mm512_mask_storeu_ps(dst + i, k, _mm512_cvtph_ps(h));
     }
@@ -297,7 +258,7 @@ static void round_f16_avx512(float *dst, const float *src, int64_t n)
 static void to_f16_avx512(ecs_fp16_t *dst, const float *src, int64_t n)
 {
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = tail_mask(n - i);
+        const __mmask16 k = ecs_tail_mask16(n - i);
         const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i), RNE);
         _mm256_mask_storeu_epi16(dst + i, k, h);
     }
@@ -364,7 +325,7 @@ static void dot_q8p_avx512(const void *w, int nrows, int nblk, const void *a, si
     }
 }
 
-static const model_simd_t avx512 = {swiglu_avx512, scores_avx512,    softmax_avx512, pv_avx512,
+static const model_simd_t avx512 = {scores_avx512, softmax_avx512, pv_avx512,
                                     round_f16_avx512, to_f16_avx512, dot_q8p_avx512};
 
 const model_simd_t *model_simd_avx512(void) { return &avx512; }

@@ -136,6 +136,80 @@ uint64_t kcpu_scratch_grows(void);
 void kcpu_matmul(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int64_t ldx, int nb,
                  float *y, int64_t ldy, void *scratch);
 
+/* ---- Parallel regions (par.c) ----
+ * Parallel regions on the pool. A region is a list of matrix products
+ * (jobs); their weight rows are cut into chunks, largest first and
+ * shrinking towards the end (guided scheduling), and the pool's threads
+ * take chunks from a shared counter. One region = one pool wake-up however
+ * many matrices it holds, and the tail where one thread waits for the other
+ * is a small chunk. */
+
+typedef enum {
+    KCPU_JOB_MM,     /* y = W act */
+    KCPU_JOB_SWIGLU, /* y = silu(W act) * (W2 act), y2 scratch; then optionally quantized */
+} kcpu_job_kind_t;
+
+typedef struct {
+    kcpu_job_kind_t kind;
+    kcpu_mat_t w, w2;   /* w2: the up projection of KCPU_JOB_SWIGLU */
+    const void *act;    /* nb activation rows of w's vec_dot type, act_stride bytes apart */
+    size_t act_stride;
+    const void *act2;   /* KCPU_JOB_SWIGLU: w2's rows, act2_stride apart */
+    size_t act2_stride;
+    int nb;             /* any count: products run in tiles of KCPU_MAX_BATCH rows */
+    float *y, *y2;      /* [nb][ldy]; y2 only for KCPU_JOB_SWIGLU */
+    int64_t ldy;
+    /* KCPU_JOB_SWIGLU: when hq is set, each chunk also quantizes its columns of
+     * y to hq_vdt (rows hq_stride bytes apart); chunks are then aligned to
+     * that type's block. */
+    void *hq;
+    size_t hq_stride;
+    ecs_type_t hq_vdt;
+} kcpu_job_t;
+
+typedef struct {
+    int job;
+    int64_t r0, r1;
+} kcpu_chunk_t;
+
+typedef struct {
+    kcpu_chunk_t *chunks;
+    int cap;
+} kcpu_plan_t;
+
+/* A job for y = w act over nb rows (act as kcpu_quantize_rows makes it). */
+kcpu_job_t kcpu_job_mm(const kcpu_mat_t *w, const void *act, int nb, float *y, int64_t ldy);
+/* A SwiGLU job: y = silu(gate act) * (up act_up), y2 scratch, both
+ * [nb][ldy]; y quantized for down into hq (may be NULL) when chunks can. */
+kcpu_job_t kcpu_job_swiglu(const kcpu_mat_t *gate, const kcpu_mat_t *up, const kcpu_mat_t *down,
+                           const void *act, const void *act_up, int nb, float *y, float *y2,
+                           int64_t ldy, void *hq);
+/* Runs jobs[0, n) as one region; plan->chunks holds plan->cap chunks
+ * (KCPU_PLAN_CHUNKS(n) is always enough: a full plan gives each job's
+ * remaining rows to its last chunk). */
+void kcpu_run_jobs(ecs_threadpool_t *tp, kcpu_plan_t *plan, const kcpu_job_t *jobs, int n);
+#define KCPU_PLAN_CHUNKS(n_jobs) (64 * (n_jobs) + 1024)
+
+/* A list of jobs being built for one region: callers (and modules that
+ * add their products to a caller's region, kernels/moe) append at n. */
+typedef struct {
+    kcpu_job_t *jobs;
+    int n;
+} kcpu_jobs_t;
+
+/* g[i] = silu(g[i]) * u[i] (AVX-512 where in use: the same values up to a
+ * last-place exp rounding; each ISA always gives the same bits). */
+void kcpu_swiglu(float *g, const float *u, int64_t n);
+
+/* fn(arg, item, ith) for item in [0, n), items handed out in order. */
+typedef void (*kcpu_item_fn)(void *arg, int item, int ith);
+void kcpu_par_for(ecs_threadpool_t *tp, int n, kcpu_item_fn fn, void *arg);
+/* Parallel regions started by this process (for profiles). */
+uint64_t kcpu_regions(void);
+
+/* Bytes between packed activation rows for weights of type wtype. */
+size_t kcpu_act_row(ecs_type_t wtype, int64_t ncols);
+
 /* ---- Internal to kernels/cpu: how the per-ISA files (*_avx2.c, *_avx512.c)
  * hand their kernels to dispatch.c and matmul.c. Other modules use the API
  * above. ---- */
@@ -238,6 +312,8 @@ kcpu_gemm_t kcpu_gemm(ecs_type_t wtype);
 /* SIMD activation quantizers; false if vdt has none on that ISA. */
 bool kcpu_quantize_act_avx2(ecs_type_t vdt, const float *x, void *out, int64_t n);
 bool kcpu_quantize_act_avx512(ecs_type_t vdt, const float *x, void *out, int64_t n);
+/* kcpu_swiglu on AVX-512 (swiglu_avx512.c); false where not built. */
+bool kcpu_swiglu_avx512(float *g, const float *u, int64_t n);
 
 /* Defines name##_multi (a kcpu_dot_multi_fn) from impl(NA, n, w, a, a_stride,
  * out), an always-inline kernel whose activation-row count NA is a

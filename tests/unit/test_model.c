@@ -364,7 +364,7 @@ Test(rope, yarn_corr_dims_known_values)
 
 Test(rope, plain_rope_known_angles)
 {
-    model_rope_t r = {.n_rot = 16, .mode = MODEL_ROPE_NORM, .n_ctx_orig = 4096,
+    arch_rope_t r = {.n_rot = 16, .mode = ARCH_ROPE_NORM, .n_ctx_orig = 4096,
                       .freq_base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f,
                       .beta_fast = 32.0f, .beta_slow = 1.0f};
     float cs[16];
@@ -385,7 +385,7 @@ Test(rope, plain_rope_known_angles)
 
 Test(rope, norm_and_neox_pairs)
 {
-    model_rope_t r = {.n_rot = 4, .mode = MODEL_ROPE_NORM, .n_ctx_orig = 4096,
+    arch_rope_t r = {.n_rot = 4, .mode = ARCH_ROPE_NORM, .n_ctx_orig = 4096,
                       .freq_base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f,
                       .beta_fast = 32.0f, .beta_slow = 1.0f};
     float cs[4];
@@ -396,7 +396,7 @@ Test(rope, norm_and_neox_pairs)
     cr_assert_float_eq(x[1], sinf(1.0f), 1e-6);
     cr_assert_float_eq(x[2], 0.0f, 0);
     cr_assert_float_eq(x[4], 7.0f, 0); /* past n_rot: untouched */
-    r.mode = MODEL_ROPE_NEOX;
+    r.mode = ARCH_ROPE_NEOX;
     float y[4] = {1, 0, 0, 0};
     model_rope_apply(&r, cs, y);
     cr_assert_float_eq(y[0], cosf(1.0f), 1e-6);
@@ -407,8 +407,8 @@ Test(rope, norm_and_neox_pairs)
 Test(rope, deepseek2_yarn_from_the_file)
 {
     model_t *m = load(DS2_Q8, 64);
-    const model_hparams_t *hp = model_hparams(m);
-    cr_assert_eq(hp->rope.mode, MODEL_ROPE_NORM);
+    const arch_hparams_t *hp = model_hparams(m);
+    cr_assert_eq(hp->rope.mode, ARCH_ROPE_NORM);
     cr_assert_float_eq(hp->rope.freq_scale, 0.025f, 1e-7);
     cr_assert_float_eq(hp->rope.ext_factor, 1.0f, 0);
     /* kq_scale = (1 + 0.0707 ln 40)^2 / sqrt(48) */
@@ -430,15 +430,15 @@ Test(rope, deepseek2_yarn_from_the_file)
 
 /* ---------------------------------------------------------------- routing */
 
-static model_hparams_t route_hp(void)
+static arch_hparams_t route_hp(void)
 {
-    return (model_hparams_t){.n_expert = 8, .n_expert_used = 2, .gating = MODEL_GATING_SOFTMAX,
+    return (arch_hparams_t){.n_expert = 8, .n_expert_used = 2, .gating = ARCH_GATING_SOFTMAX,
                              .expert_weights_scale = 1.0f};
 }
 
 Test(route, softmax_top_k)
 {
-    model_hparams_t hp = route_hp();
+    arch_hparams_t hp = route_hp();
     const float logits[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     int32_t ids[2];
     float w[2], scratch[24];
@@ -458,8 +458,8 @@ Test(route, softmax_top_k)
 
 Test(route, sigmoid_groups_bias_scale)
 {
-    model_hparams_t hp = route_hp();
-    hp.gating = MODEL_GATING_SIGMOID;
+    arch_hparams_t hp = route_hp();
+    hp.gating = ARCH_GATING_SIGMOID;
     hp.expert_weights_norm = true;
     hp.expert_weights_scale = 2.5f;
     /* groups of 2: sums of sigmoids 1.0, 1.462, 1.245, 0.538; the best single
@@ -492,7 +492,7 @@ Test(route, sigmoid_groups_bias_scale)
 static void naive_experts(const model_t *m, int layer, int n, const float *x, const int32_t *ids,
                           const float *w, float *out)
 {
-    const model_hparams_t *hp = model_hparams(m);
+    const arch_hparams_t *hp = model_hparams(m);
     const model_layer_t *ly = &model_weights(m)->layers[layer];
     const int E = hp->n_embd, F = hp->n_ff_exp, k = hp->n_expert_used;
     float *g = malloc(F * sizeof *g), *u = malloc(F * sizeof *u), *d = malloc(E * sizeof *d);
@@ -533,7 +533,7 @@ typedef struct {
 static experts_case_t experts_case(const model_t *m, int n, uint64_t seed, const int abc[3],
                                    const float w3[3])
 {
-    const model_hparams_t *hp = model_hparams(m);
+    const arch_hparams_t *hp = model_hparams(m);
     experts_case_t c = {.n = n, .E = hp->n_embd, .k = hp->n_expert_used};
     const size_t nE = (size_t)n * c.E, nk = (size_t)n * c.k;
     c.x = malloc(nE * sizeof *c.x), c.w = malloc(nk * sizeof *c.w);
@@ -623,7 +623,7 @@ Test(experts, custom_backend_is_used)
     static const model_experts_ops ops = {spy_submit, spy_wait};
     model_set_experts(m, &ops, &spy);
     float *got = eval_all(m, 0, PROMPT, 10);
-    const model_hparams_t *hp = model_hparams(m);
+    const arch_hparams_t *hp = model_hparams(m);
     cr_assert_eq(spy.submits, hp->n_layer - hp->n_layer_dense, "one submit per MoE layer");
     cr_assert_eq(spy.waits, spy.submits);
     cr_assert_eq(spy.last_layer, hp->n_layer - 1);
@@ -842,7 +842,7 @@ Test(batch, prefill_equals_token_by_token_ds2)
 Test(batch, prefill_equals_token_by_token_qwen3moe)
 {
     model_t *m = load(QWEN_Q8, 64);
-    cr_assert_eq(model_hparams(m)->arch, MODEL_ARCH_QWEN3MOE);
+    cr_assert_eq(model_hparams(m)->arch, ARCH_QWEN3MOE);
     check_batched(m, 0, PROMPT, N_PROMPT, 1e-4);
     model_free(m);
 }
@@ -881,10 +881,10 @@ Test(batch, variants_f32)
     s.n_shared = 0;
     random_tokens(toks, N, s.n_vocab, 5);
     model_t *m = load_spec(&s, N + 8);
-    const model_hparams_t *hp = model_hparams(m);
+    const arch_hparams_t *hp = model_hparams(m);
     cr_assert(hp->tied_output);
     cr_assert_eq(model_weights(m)->output.data, model_weights(m)->token_embd.data);
-    cr_assert_eq(hp->gating, MODEL_GATING_SIGMOID);
+    cr_assert_eq(hp->gating, ARCH_GATING_SIGMOID);
     cr_assert_eq(hp->n_expert_groups, 4);
     cr_assert_not_null(model_weights(m)->layers[1].exp_probs_b);
     cr_assert_eq(hp->n_ff_shexp, 0);
@@ -1204,7 +1204,7 @@ Test(profile, phases_are_timed_only_when_asked)
 Test(budget, decode_bytes_of_the_tiny_model)
 {
     model_t *m = load(DS2_Q8, 32);
-    const model_hparams_t *hp = model_hparams(m);
+    const arch_hparams_t *hp = model_hparams(m);
     const model_weights_t *w = model_weights(m);
     const gguf_file_t *f = model_gguf(m);
     size_t all = 0, experts = 0;
@@ -1295,8 +1295,8 @@ Test(load, bad_files_are_clear_errors)
 Test(load, describes_the_tiny_models)
 {
     model_t *m = load(DS2_Q8, 32);
-    const model_hparams_t *hp = model_hparams(m);
-    cr_assert_eq(hp->arch, MODEL_ARCH_DEEPSEEK2);
+    const arch_hparams_t *hp = model_hparams(m);
+    cr_assert_eq(hp->arch, ARCH_DEEPSEEK2);
     cr_assert_eq(hp->n_layer, 4);
     cr_assert_eq(hp->q_lora_rank, 128);
     cr_assert_eq(hp->kv_lora_rank, 64);
@@ -1314,9 +1314,9 @@ Test(load, describes_the_tiny_models)
 
     m = load(QWEN_Q8, 32);
     hp = model_hparams(m);
-    cr_assert_eq(hp->arch, MODEL_ARCH_QWEN3MOE);
+    cr_assert_eq(hp->arch, ARCH_QWEN3MOE);
     cr_assert_eq(hp->n_head_kv, 2);
-    cr_assert_eq(hp->rope.mode, MODEL_ROPE_NEOX);
+    cr_assert_eq(hp->rope.mode, ARCH_ROPE_NEOX);
     cr_assert(hp->expert_weights_norm);
     cr_assert_float_eq(hp->kq_scale, 1.0f / sqrtf(32.0f), 1e-7);
     model_free(m);

@@ -261,14 +261,14 @@ static double now_s(void)
 }
 
 /* The prompt's ids (chat-formatted when asked). */
-static int encode_prompt(const tok_t *tok, const args_t *a, model_arch_t arch, int32_t **ids,
+static int encode_prompt(const tok_t *tok, const args_t *a, arch_id_t arch, int32_t **ids,
                          int *n)
 {
     const char *text = a->prompt;
     char *chat = NULL;
     if (a->chat) {
         tok_chat_msg_t msg = {"user", a->prompt};
-        tok_chat_kind_t fb = arch == MODEL_ARCH_QWEN3MOE ? TOK_CHAT_CHATML : TOK_CHAT_DEEPSEEK2;
+        tok_chat_kind_t fb = arch == ARCH_QWEN3MOE ? TOK_CHAT_CHATML : TOK_CHAT_DEEPSEEK2;
         size_t len = 0;
         ecs_err_t e = tok_chat_format(tok, fb, &msg, 1, true, NULL, 0, &len);
         if (e != ECS_OK && e != ECS_ERR_RANGE)
@@ -307,8 +307,8 @@ static int cmd_tokenize(const args_t *a)
     gguf_get_str(f, "general.architecture", &arch);
     int32_t *ids;
     int n;
-    int rc = encode_prompt(tok, a, gguf_str_eq(arch, "qwen3moe") ? MODEL_ARCH_QWEN3MOE
-                                                                 : MODEL_ARCH_DEEPSEEK2, &ids, &n);
+    int rc = encode_prompt(tok, a, gguf_str_eq(arch, "qwen3moe") ? ARCH_QWEN3MOE
+                                                                 : ARCH_DEEPSEEK2, &ids, &n);
     if (rc == 0) {
         printf("[");
         for (int i = 0; i < n; i++)
@@ -691,7 +691,7 @@ static unsigned ctx_flags(const args_t *a)
 
 static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
 {
-    const model_hparams_t *hp = model_hparams(m);
+    const arch_hparams_t *hp = model_hparams(m);
     const int V = model_n_vocab(m), n_ctx = model_ctx_n_ctx(c);
     if (a->pp + a->tg > n_ctx)
         return fail("--pp %d + --tg %d do not fit in the context of %d (raise --ctx)", a->pp, a->tg,
@@ -715,9 +715,9 @@ static int cmd_bench(model_t *m, model_ctx_t *c, const args_t *a)
     const double gb_tok = (double)model_decode_bytes(m) / 1e9;
     const int nth = ecs_threadpool_size(model_threadpool(m));
     printf("bench: %s  arch %s  layers %d  threads %d  ctx %d  kv %s  attention %s\n", a->model,
-           hp->arch == MODEL_ARCH_DEEPSEEK2 ? "deepseek2" : "qwen3moe", hp->n_layer,
+           hp->arch == ARCH_DEEPSEEK2 ? "deepseek2" : "qwen3moe", hp->n_layer,
            nth, n_ctx, a->kv_f32 ? "f32" : "f16",
-           hp->arch != MODEL_ARCH_DEEPSEEK2 ? "gqa"
+           hp->arch != ARCH_DEEPSEEK2 ? "gqa"
            : a->expanded                   ? "mla-expanded"
            : a->absorbed                   ? "mla-latent (absorbed)"
                                            : "mla-latent (expanded prompts)");

@@ -1,4 +1,4 @@
-/* par.c - parallel regions of the forward pass: several matrix products
+/* par.c - parallel regions: several matrix products
  * (and their SwiGLU epilogues) in one pool run, cut into guided chunks;
  * and a plain parallel loop over work items.
  *
@@ -9,9 +9,10 @@
  * gate/up, every routed expert's gate/up) into one region, with chunks that
  * shrink towards the end, keeps both threads streaming. */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
-#include "coordinator/model/model_int.h"
+#include "kernels/cpu/cpu.h"
 
 /* Smallest chunk, in weight bytes: big enough that handing it out (an
  * atomic on a shared line) and packing its activations are noise, small
@@ -26,71 +27,61 @@
 
 static _Atomic uint64_t n_regions;
 
-uint64_t par_regions(void) { return atomic_load_explicit(&n_regions, memory_order_relaxed); }
+uint64_t kcpu_regions(void) { return atomic_load_explicit(&n_regions, memory_order_relaxed); }
 
 static void count_region(void) { atomic_fetch_add_explicit(&n_regions, 1, memory_order_relaxed); }
 
-par_job_t par_mm(const kcpu_mat_t *w, const void *act, int nb, float *y, int64_t ldy)
+kcpu_job_t kcpu_job_mm(const kcpu_mat_t *w, const void *act, int nb, float *y, int64_t ldy)
 {
-    return (par_job_t){.kind = PAR_MM, .w = *w, .act = act,
-                       .act_stride = model_act_row(w->type, w->ncols), .nb = nb, .y = y,
+    return (kcpu_job_t){.kind = KCPU_JOB_MM, .w = *w, .act = act,
+                       .act_stride = kcpu_act_row(w->type, w->ncols), .nb = nb, .y = y,
                        .ldy = ldy};
 }
 
-par_job_t par_swiglu(const kcpu_mat_t *gate, const kcpu_mat_t *up, const kcpu_mat_t *down,
+kcpu_job_t kcpu_job_swiglu(const kcpu_mat_t *gate, const kcpu_mat_t *up, const kcpu_mat_t *down,
                      const void *act, const void *act_up, int nb, float *y, float *y2, int64_t ldy,
                      void *hq)
 {
-    par_job_t j = par_mm(gate, act, nb, y, ldy);
-    j.kind = PAR_SWIGLU;
+    kcpu_job_t j = kcpu_job_mm(gate, act, nb, y, ldy);
+    j.kind = KCPU_JOB_SWIGLU;
     j.w2 = *up;
     j.act2 = act_up;
-    j.act2_stride = model_act_row(up->type, up->ncols);
+    j.act2_stride = kcpu_act_row(up->type, up->ncols);
     j.y2 = y2;
     /* chunks quantize their own columns only for small blocks: 256-value
      * blocks would make the chunks too coarse to balance */
     const ecs_type_t vdt = ecs_type_traits(down->type)->vec_dot_type;
     if (hq && vdt != ECS_TYPE_F32 && ecs_type_traits(vdt)->blck_size <= 32) {
         j.hq = hq;
-        j.hq_stride = model_act_row(down->type, down->ncols);
+        j.hq_stride = kcpu_act_row(down->type, down->ncols);
         j.hq_vdt = vdt;
     }
     return j;
 }
 
-size_t model_act_row(ecs_type_t wtype, int64_t ncols)
+size_t kcpu_act_row(ecs_type_t wtype, int64_t ncols)
 {
     const ecs_type_traits_t *tr = ecs_type_traits(wtype);
     return tr ? ecs_row_size(tr->vec_dot_type, ncols) : 0;
 }
 
-const void *model_act(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x, int64_t ldx,
-                      int nb, void *buf)
-{
-    const ecs_type_traits_t *tr = ecs_type_traits(w->type);
-    if (tr && tr->vec_dot_type == ECS_TYPE_F32 && ldx == w->ncols)
-        return x;
-    kcpu_quantize_rows(nb >= 8 ? tp : NULL, w->type, x, ldx, nb, w->ncols, buf);
-    return buf;
-}
-
 /* ---------------------------------------------------------------- chunks */
 
-static int64_t job_mats(const par_job_t *j) { return j->kind == PAR_SWIGLU ? 2 : 1; }
+static int64_t job_mats(const kcpu_job_t *j) { return j->kind == KCPU_JOB_SWIGLU ? 2 : 1; }
 
 /* Relative cost of one weight row: its bytes stream once, and each
  * activation row adds compute. */
-static double row_cost(const par_job_t *j)
+static double row_cost(const kcpu_job_t *j)
 {
     return (double)j->w.row_bytes * (double)job_mats(j) * (double)(j->nb + 3);
 }
 
 /* Chunks start at multiples of this: whole blocks of the fused
  * quantization, whole groups of interleaved rows (both powers of two). */
-static int64_t job_align(const par_job_t *j)
+static int64_t job_align(const kcpu_job_t *j)
 {
     int64_t a = 1;
-    if (j->kind == PAR_SWIGLU && j->hq)
+    if (j->kind == KCPU_JOB_SWIGLU && j->hq)
         a = ecs_type_traits(j->hq_vdt)->blck_size;
     if (j->w.r16 && a < KCPU_R16_ROWS)
         a = KCPU_R16_ROWS;
@@ -100,7 +91,7 @@ static int64_t job_align(const par_job_t *j)
 static int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 /* Rows of the smallest chunk of a job. */
-static int64_t job_min_rows(const par_job_t *j)
+static int64_t job_min_rows(const kcpu_job_t *j)
 {
     const double min_bytes = j->nb <= PAR_SMALL_NB ? PAR_MIN_BYTES_SMALL : PAR_MIN_BYTES;
     return round_up(
@@ -114,7 +105,7 @@ static int64_t job_min_rows(const par_job_t *j)
  * many. Stable; job order when there are too many jobs to sort here. */
 #define PAR_SORT_MAX 1024
 
-static void order_jobs(const par_job_t *jobs, int n, int *order)
+static void order_jobs(const kcpu_job_t *jobs, int n, int *order)
 {
     double key[PAR_SORT_MAX];
     for (int j = 0; j < n; j++) {
@@ -131,7 +122,7 @@ static void order_jobs(const par_job_t *jobs, int n, int *order)
 
 /* Cuts the jobs into chunks of decreasing size (remaining / (2 nth), at
  * least job_min_rows); returns the count. */
-static int plan_chunks(par_plan_t *p, const par_job_t *jobs, int n, int nth)
+static int plan_chunks(kcpu_plan_t *p, const kcpu_job_t *jobs, int n, int nth)
 {
     int order[PAR_SORT_MAX];
     const bool sorted = n <= PAR_SORT_MAX;
@@ -144,7 +135,7 @@ static int plan_chunks(par_plan_t *p, const par_job_t *jobs, int n, int nth)
     int nc = 0;
     for (int o = 0; o < n; o++) {
         const int j = sorted ? order[o] : o;
-        const par_job_t *jb = &jobs[j];
+        const kcpu_job_t *jb = &jobs[j];
         if (jb->nb <= 0 || jb->w.nrows <= 0)
             continue;
         const double rc = row_cost(jb);
@@ -155,7 +146,7 @@ static int plan_chunks(par_plan_t *p, const par_job_t *jobs, int n, int nth)
             /* the last chunks of a plan that is full take what is left */
             if (nc >= p->cap - (n - o) || r + want + min_rows / 2 > rows)
                 want = rows - r;
-            p->chunks[nc++] = (par_chunk_t){j, r, r + want};
+            p->chunks[nc++] = (kcpu_chunk_t){j, r, r + want};
             rem -= rc * (double)want;
             r += want;
         }
@@ -166,17 +157,16 @@ static int plan_chunks(par_plan_t *p, const par_job_t *jobs, int n, int nth)
 /* ---------------------------------------------------------------- running */
 
 typedef struct {
-    const par_job_t *jobs;
-    const par_chunk_t *chunks;
+    const kcpu_job_t *jobs;
+    const kcpu_chunk_t *chunks;
     int n;
-    const model_simd_t *simd;
     _Atomic int next;
 } par_task_t;
 
 /* y[., r0:r1) = w[r0:r1) act over every activation row, in tiles of
  * KCPU_MAX_BATCH rows (the chunk's weights stay in cache between tiles);
  * with w2, also y2 = w2 act, the activations packed once for both. */
-static void mm_part(const par_job_t *j, const kcpu_mat_t *w, const kcpu_mat_t *w2, const void *act,
+static void mm_part(const kcpu_job_t *j, const kcpu_mat_t *w, const kcpu_mat_t *w2, const void *act,
                     size_t stride, float *y, float *y2, int64_t r0, int64_t r1)
 {
     const kcpu_mat_t s1 = kcpu_mat_rows(w, r0, r1 - r0);
@@ -192,15 +182,15 @@ static void mm_part(const par_job_t *j, const kcpu_mat_t *w, const kcpu_mat_t *w
     }
 }
 
-static void run_chunk(const par_task_t *t, const par_chunk_t *c)
+static void run_chunk(const par_task_t *t, const kcpu_chunk_t *c)
 {
-    const par_job_t *j = &t->jobs[c->job];
+    const kcpu_job_t *j = &t->jobs[c->job];
     /* a SwiGLU's gate and up on the same activations: one packing */
-    const bool pair = j->kind == PAR_SWIGLU && j->act2 == j->act &&
+    const bool pair = j->kind == KCPU_JOB_SWIGLU && j->act2 == j->act &&
                       j->act2_stride == j->act_stride;
     mm_part(j, &j->w, pair ? &j->w2 : NULL, j->act, j->act_stride, j->y, pair ? j->y2 : NULL,
             c->r0, c->r1);
-    if (j->kind != PAR_SWIGLU)
+    if (j->kind != KCPU_JOB_SWIGLU)
         return;
     if (!pair)
         mm_part(j, &j->w2, NULL, j->act2, j->act2_stride, j->y2, NULL, c->r0, c->r1);
@@ -208,7 +198,7 @@ static void run_chunk(const par_task_t *t, const par_chunk_t *c)
     const ecs_type_traits_t *qt = j->hq ? ecs_type_traits(j->hq_vdt) : NULL;
     for (int b = 0; b < j->nb; b++) {
         float *g = j->y + (int64_t)b * j->ldy + c->r0;
-        t->simd->swiglu(g, j->y2 + (int64_t)b * j->ldy + c->r0, w);
+        kcpu_swiglu(g, j->y2 + (int64_t)b * j->ldy + c->r0, w);
         if (qt)
             kcpu_quantize_act(j->hq_vdt, g,
                               (char *)j->hq + (size_t)b * j->hq_stride +
@@ -229,10 +219,10 @@ static void par_worker(void *arg, int ith, int nth)
     }
 }
 
-void par_run(ecs_threadpool_t *tp, par_plan_t *plan, const par_job_t *jobs, int n)
+void kcpu_run_jobs(ecs_threadpool_t *tp, kcpu_plan_t *plan, const kcpu_job_t *jobs, int n)
 {
     const int nth = ecs_threadpool_size(tp);
-    par_task_t t = {.jobs = jobs, .chunks = plan->chunks, .simd = model_simd()};
+    par_task_t t = {.jobs = jobs, .chunks = plan->chunks};
     t.n = plan_chunks(plan, jobs, n, nth);
     atomic_init(&t.next, 0);
     if (t.n == 0)
@@ -248,7 +238,7 @@ void par_run(ecs_threadpool_t *tp, par_plan_t *plan, const par_job_t *jobs, int 
 /* ---------------------------------------------------------------- par_for */
 
 typedef struct {
-    par_item_fn fn;
+    kcpu_item_fn fn;
     void *arg;
     int n;
     _Atomic int next;
@@ -266,7 +256,7 @@ static void for_worker(void *arg, int ith, int nth)
     }
 }
 
-void par_for(ecs_threadpool_t *tp, int n, par_item_fn fn, void *arg)
+void kcpu_par_for(ecs_threadpool_t *tp, int n, kcpu_item_fn fn, void *arg)
 {
     if (n <= 0)
         return;
@@ -278,4 +268,19 @@ void par_for(ecs_threadpool_t *tp, int n, par_item_fn fn, void *arg)
         count_region();
         ecs_threadpool_run(tp, for_worker, &t);
     }
+}
+
+/* ---------------------------------------------------------------- SwiGLU */
+
+static void swiglu_plain(float *g, const float *u, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void kcpu_swiglu(float *g, const float *u, int64_t n)
+{
+    if (kcpu_isa() >= KCPU_ISA_AVX512 && kcpu_swiglu_avx512(g, u, n))
+        return;
+    swiglu_plain(g, u, n);
 }
