@@ -13,19 +13,24 @@ BUILD   ?= build
 PYTHON  ?= /usr/bin/python3
 SAN     ?=
 OPT     ?= -O2
-CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -pthread -I. \
+CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -pthread -I. -I$(BUILD)/gen \
               -fno-strict-aliasing
 ifeq ($(SAN),1)
 CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDSAN = -fsanitize=address,undefined
 endif
 CFLAGS  = $(CFLAGS_BASE) $(EXTRA_CFLAGS)
-LDLIBS  = -lpcre2-8 -lm -lpthread
+LDLIBS  = -lpcre2-8 -lprotobuf-c -lzmq -lm -lpthread
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16
 
 COMMON_SRC  = $(wildcard common/*.c)
 KERNELS_SRC = $(wildcard kernels/*/*.c)
+# proto/ecs.proto is compiled by protoc-c into $(BUILD)/gen/proto/ (never
+# committed); proto/*.c include it as "proto/ecs.pb-c.h".
+PROTO_GEN_C = $(BUILD)/gen/proto/ecs.pb-c.c
+PROTO_GEN_H = $(BUILD)/gen/proto/ecs.pb-c.h
+PROTO_SRC   = $(wildcard proto/*.c) $(PROTO_GEN_C)
 COORD_SRC   = $(filter-out coordinator/main.c,$(wildcard coordinator/*/*.c))
 TOOLS       = $(notdir $(wildcard tools/ecs-*))
 UNIT_SRC    = $(wildcard tests/unit/test_*.c)
@@ -34,8 +39,9 @@ BENCH_SRC   = $(wildcard tests/bench/bench_*.c)
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 LIB_COMMON  = $(BUILD)/lib/libecs_common.a
 LIB_KERNELS = $(BUILD)/lib/libecs_kernels.a
+LIB_PROTO   = $(BUILD)/lib/libecs_proto.a
 LIB_COORD   = $(BUILD)/lib/libecs_coord.a
-LIBS        = $(LIB_COORD) $(LIB_KERNELS) $(LIB_COMMON)
+LIBS        = $(LIB_COORD) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
 BINS        = $(addprefix $(BUILD)/bin/,$(TOOLS))
 UNIT_BINS   = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 BENCH_BINS  = $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
@@ -56,6 +62,14 @@ $(BUILD)/obj/%.o: %.c
 $(LIB_COMMON): $(call obj,$(COMMON_SRC))
 $(LIB_KERNELS): $(call obj,$(KERNELS_SRC))
 $(LIB_COORD): $(call obj,$(COORD_SRC))
+$(LIB_PROTO): $(call obj,$(PROTO_SRC))
+
+$(PROTO_GEN_H): $(PROTO_GEN_C)
+$(PROTO_GEN_C): proto/ecs.proto
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen $<
+# whatever may include the generated header waits for it
+$(call obj,$(wildcard proto/*.c) $(wildcard tests/unit/test_*.c) $(wildcard tests/bench/*.c)): | $(PROTO_GEN_H)
 $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
@@ -72,7 +86,8 @@ $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBS)
 	$(CC) $(CFLAGS) $(LDSAN) -o $@ $< $(LIBS) $(LDLIBS)
 
 # ---- installing what the project needs (Debian, as root; idempotent) ----
-DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy
+DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy \
+           protobuf-c-compiler libprotobuf-c-dev libzmq3-dev
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -90,9 +105,17 @@ asan:
 
 FUZZ_SRC = $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS = $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
-build/fuzz/%: tests/fuzz/%.c $(COMMON_SRC) $(wildcard common/*.h)
+# A fuzz target links common/ and proto/ (with the generated protobuf-c code)
+# built from source with the fuzzer's instrumentation.
+FUZZ_LIB_SRC = $(COMMON_SRC) $(wildcard proto/*.c) build/gen/proto/ecs.pb-c.c
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC) $(wildcard common/*.h proto/*.h)
 	@mkdir -p $(dir $@)
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o $@ $< $(COMMON_SRC) -lm -lpthread
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -Ibuild/gen -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB_SRC) -lprotobuf-c -lzmq -lm -lpthread
+ifneq ($(BUILD),build)
+build/gen/proto/ecs.pb-c.c: proto/ecs.proto
+	@mkdir -p build/gen
+	protoc-c --c_out=build/gen $<
+endif
 fuzz: $(FUZZ_BINS)
 	tests/run_fuzz.sh $(FUZZ_BINS)
 
