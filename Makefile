@@ -32,6 +32,7 @@ PROTO_GEN_C = $(BUILD)/gen/proto/ecs.pb-c.c
 PROTO_GEN_H = $(BUILD)/gen/proto/ecs.pb-c.h
 PROTO_SRC   = $(wildcard proto/*.c) $(PROTO_GEN_C)
 COORD_SRC   = $(filter-out coordinator/main.c,$(wildcard coordinator/*/*.c))
+WORKER_SRC  = $(wildcard worker/*.c)
 TOOLS       = $(notdir $(wildcard tools/ecs-*))
 UNIT_SRC    = $(wildcard tests/unit/test_*.c)
 BENCH_SRC   = $(wildcard tests/bench/bench_*.c)
@@ -41,7 +42,10 @@ LIB_COMMON  = $(BUILD)/lib/libecs_common.a
 LIB_KERNELS = $(BUILD)/lib/libecs_kernels.a
 LIB_PROTO   = $(BUILD)/lib/libecs_proto.a
 LIB_COORD   = $(BUILD)/lib/libecs_coord.a
-LIBS        = $(LIB_COORD) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
+LIB_WORKER  = $(BUILD)/lib/libecs_worker.a
+# ecs-worker links only these (a test checks it holds no coordinator symbol)
+WORKER_LIBS = $(LIB_WORKER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
+LIBS        = $(LIB_COORD) $(LIB_WORKER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
 BINS        = $(addprefix $(BUILD)/bin/,$(TOOLS))
 UNIT_BINS   = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 BENCH_BINS  = $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
@@ -63,17 +67,22 @@ $(LIB_COMMON): $(call obj,$(COMMON_SRC))
 $(LIB_KERNELS): $(call obj,$(KERNELS_SRC))
 $(LIB_COORD): $(call obj,$(COORD_SRC))
 $(LIB_PROTO): $(call obj,$(PROTO_SRC))
+$(LIB_WORKER): $(call obj,$(WORKER_SRC))
 
 $(PROTO_GEN_H): $(PROTO_GEN_C)
 $(PROTO_GEN_C): proto/ecs.proto
 	@mkdir -p $(BUILD)/gen
 	protoc-c --c_out=$(BUILD)/gen $<
 # whatever may include the generated header waits for it
-$(call obj,$(wildcard proto/*.c) $(wildcard tests/unit/test_*.c) $(wildcard tests/bench/*.c)): | $(PROTO_GEN_H)
+$(call obj,$(wildcard proto/*.c) $(WORKER_SRC) $(COORD_SRC) $(wildcard tools/*/*.c) \
+    $(wildcard tests/unit/test_*.c) $(wildcard tests/bench/*.c)): | $(PROTO_GEN_H)
 $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+$(BUILD)/bin/ecs-worker: $(call obj,$(wildcard tools/ecs-worker/*.c)) $(WORKER_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDSAN) -o $@ $(call obj,$(wildcard tools/ecs-worker/*.c)) $(WORKER_LIBS) $(LDLIBS)
 .SECONDEXPANSION:
 $(BUILD)/bin/%: $$(call obj,$$(wildcard tools/%/*.c)) $(LIBS)
 	@mkdir -p $(dir $@)
@@ -87,7 +96,7 @@ $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBS)
 
 # ---- installing what the project needs (Debian, as root; idempotent) ----
 DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy \
-           protobuf-c-compiler libprotobuf-c-dev libzmq3-dev
+           protobuf-c-compiler libprotobuf-c-dev libzmq3-dev python3-zmq
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -2,8 +2,13 @@
  *
  * Placement says which workers hold each routed expert (layer, expert):
  * made uniform or weighted by each worker's capacity with a replication
- * factor, or read from a placement file. The dispatcher (below, once the
- * workers exist) sends each expert's rows to its least busy live holder.
+ * factor, or read from a placement file. The dispatcher (below) is a
+ * model_experts_ops backend: it registers the expert workers (starting
+ * them itself with spawn_workers), hands out the placement, and per layer
+ * sends each worker exactly one call with the rows of its experts, each
+ * expert to its least busy holder. Workers return one f32 row per (row,
+ * slot); the sum runs here, in slot order, with the local backend's code
+ * (kmoe_sum): the logits do not depend on where the experts ran.
  *
  * Placement file (docs/operations.md): one line per rule,
  *     WORKER LAYERS EXPERTS        # comment
@@ -29,6 +34,7 @@
 #include <stdio.h>
 
 #include "common/err.h"
+#include "coordinator/model/model.h"
 
 #define PLACEMENT_MAX_WORKERS 1024
 #define PLACEMENT_MAX_HOLDERS 8
@@ -72,5 +78,85 @@ int placement_held(const placement_t *p, int wi);
 int placement_worker_pairs(const placement_t *p, int wi, int32_t *pairs, int cap);
 /* The placement in the file format above. */
 ecs_err_t placement_write(const placement_t *p, FILE *f);
+
+/* ---- the dispatcher ---- */
+
+typedef enum {
+    DISPATCH_UNIFORM = 0,  /* every worker the same share */
+    DISPATCH_CAPACITY = 1, /* shares by declared memory budget (if every worker
+                            * declares one), else by threads */
+} dispatch_weighting_t;
+
+typedef struct {
+    const char *control;        /* control endpoint to bind; NULL: ipc in a private dir */
+    int spawn_workers;          /* local ecs-worker processes to start (0: none) */
+    const char *worker_bin;     /* NULL: ecs-worker beside this program */
+    int worker_threads;         /* per spawned worker; 0: cores / spawn_workers, >= 1 */
+    const char *worker_budget;  /* --mem-budget for spawned workers, NULL: none */
+    int min_workers;            /* registrations to wait for; 0: spawn_workers or 1 */
+    int replication;            /* holders per expert; 0: 1 */
+    dispatch_weighting_t weighting;
+    const char *placement_file; /* explicit placement (worker ids); NULL: made */
+    int start_timeout_ms;       /* registration and loading; 0: 300 s */
+    int call_timeout_ms;        /* a layer's calls; 0: 120 s */
+    bool quiet;                 /* log only errors */
+} dispatch_opts_t;
+
+typedef struct dispatch dispatch_t;
+
+/* Binds the control endpoint, starts the spawned workers, waits for
+ * min_workers registrations (each checked: protocol version, model
+ * fingerprint, unique id), places the experts, assigns them and waits
+ * until every worker is Ready; then m computes its routed experts through
+ * the workers. Fails, saying which experts have no holder, when a worker
+ * refuses its assignment (over its budget) or the wait times out. */
+ecs_err_t dispatch_start(model_t *m, const dispatch_opts_t *o, dispatch_t **out);
+/* m back to its local experts; workers it spawned are stopped (SIGTERM,
+ * then SIGKILL), by pid. */
+void dispatch_free(dispatch_t *d);
+extern const model_experts_ops dispatch_experts_ops;
+
+const placement_t *dispatch_placement(const dispatch_t *d);
+const char *dispatch_control_endpoint(const dispatch_t *d);
+
+typedef struct {
+    char id[PLACEMENT_ID_MAX];
+    int pid;                     /* as the worker declared it */
+    int threads;
+    uint64_t mem_budget, bytes_held;
+    int pairs_held;
+    uint64_t calls_in_flight, rows_in_flight, calls, rows, bytes_out, bytes_in;
+    uint64_t latency_p50_us, latency_p99_us;
+} dispatch_worker_stats_t;
+
+typedef struct {
+    int n_workers;
+    uint64_t layer_calls;        /* submits */
+    double imbalance;            /* mean over submits of busiest / mean rows per worker */
+} dispatch_stats_t;
+
+void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s);
+
+/* ---- command-line options (ecs-run, ecs-coordinator) ---- */
+
+#define DISPATCH_USAGE                                                                       \
+    "  --spawn-workers N  run the routed experts on N local ecs-worker processes\n"          \
+    "  --control ADDR     take workers' registrations here (tcp://HOST:PORT, ipc://PATH;\n"  \
+    "                     workers started by hand: ecs-worker --coordinator ADDR)\n"         \
+    "  --min-workers N    workers to wait for before serving (default: the spawned, or 1)\n" \
+    "  --replication R    holders per expert (default 1)\n"                                  \
+    "  --placement P      uniform (default), capacity (shares by memory budget or\n"         \
+    "                     threads), or a placement file (docs/operations.md)\n"              \
+    "  --worker-threads N threads of each spawned worker (default: cores / N)\n"             \
+    "  --worker-mem-budget SIZE  --mem-budget of each spawned worker\n"
+
+/* Whether opt is one of the options above that takes a value. */
+bool dispatch_opt_takes_value(const char *opt);
+/* Applies opt (and its value v) to o: 1 taken, 0 not a dispatcher
+ * option, -1 bad value (ecs_errmsg says why). */
+int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v);
+/* Whether o asks for workers at all. */
+bool dispatch_wanted(const dispatch_opts_t *o);
+ecs_err_t dispatch_worker_stats(const dispatch_t *d, int wi, dispatch_worker_stats_t *out);
 
 #endif

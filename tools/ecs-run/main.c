@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "coordinator/dispatch/dispatch.h"
 #include "coordinator/model/model.h"
 #include "coordinator/sampler/sampler.h"
 #include "coordinator/tokenizer/tokenizer.h"
@@ -25,8 +26,9 @@ typedef struct {
     const char *model, *prompt, *tokens, *dump, *logits_of, *repack_dir;
     int n_predict, threads, ctx, top, pp, tg, reps, step;
     bool chat, tokenize, ignore_eos, expanded, absorbed, kv_f32, bench, seed_given, profile;
-    bool no_repack;
+    bool no_repack, print_placement;
     sampler_params_t sp;
+    dispatch_opts_t dispatch;
 } args_t;
 
 static void usage(FILE *f)
@@ -64,7 +66,9 @@ static void usage(FILE *f)
             "                     the prompt; --reps R runs (default 1);\n"
             "                     prints tok/s, GB/s of weights per decoded token against\n"
             "                     the measured read bandwidth of the mapping, and RSS\n"
-            "  --profile          with --bench: time per phase of the forward pass\n");
+            "  --profile          with --bench: time per phase of the forward pass\n"
+            "experts on workers (the results are the same bits):\n" DISPATCH_USAGE
+            "  --print-placement  print which worker holds which experts\n");
 }
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -147,7 +151,7 @@ static bool takes_value(const char *o)
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (!strcmp(o, opts[i]))
             return true;
-    return false;
+    return dispatch_opt_takes_value(o);
 }
 
 static int parse_args(int argc, char **argv, args_t *a)
@@ -174,6 +178,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         if (!strcmp(o, "--bench")) { a->bench = true; continue; }
         if (!strcmp(o, "--profile")) { a->profile = true; continue; }
         if (!strcmp(o, "--no-repack")) { a->no_repack = true; continue; }
+        if (!strcmp(o, "--print-placement")) { a->print_placement = true; continue; }
         if (!takes_value(o))
             return fail("unknown option %s (see --help)", o);
         if (i + 1 >= argc)
@@ -181,6 +186,11 @@ static int parse_args(int argc, char **argv, args_t *a)
         const char *v = argv[++i];
         long l;
         float f;
+        const int dr = dispatch_parse_opt(&a->dispatch, o, v);
+        if (dr < 0)
+            return fail("%s", ecs_errmsg());
+        if (dr > 0)
+            continue;
         if (!strcmp(o, "-m")) a->model = v;
         else if (!strcmp(o, "-p")) a->prompt = v;
         else if (!strcmp(o, "--tokens")) a->tokens = v;
@@ -838,6 +848,16 @@ int main(int argc, char **argv)
     if (model_load(a.model, &opts, &m) != ECS_OK)
         return fail("%s", ecs_errmsg());
     repack_report(m, now_s() - t0);
+    dispatch_t *dsp = NULL;
+    if (dispatch_wanted(&a.dispatch)) {
+        if (dispatch_start(m, &a.dispatch, &dsp) != ECS_OK) {
+            int rc = fail("%s", ecs_errmsg());
+            model_free(m);
+            return rc;
+        }
+        if (a.print_placement)
+            placement_write(dispatch_placement(dsp), stdout);
+    }
     const unsigned flags =
         ctx_flags(&a);
     if (a.bench) {
@@ -846,6 +866,7 @@ int main(int argc, char **argv)
                      ? fail("%s", ecs_errmsg())
                      : cmd_bench(m, c, &a);
         model_ctx_free(c);
+        dispatch_free(dsp);
         model_free(m);
         return rc;
     }
@@ -876,6 +897,7 @@ int main(int argc, char **argv)
     model_ctx_free(c);
     free(toks);
     tok_free(tok);
+    dispatch_free(dsp);
     model_free(m);
     return rc;
 }

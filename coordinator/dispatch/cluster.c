@@ -1,0 +1,493 @@
+/* cluster.c - bringing up the expert workers: spawning local ones,
+ * registration (version, fingerprint, unique id), placement, assignment,
+ * and a control thread that keeps draining the control socket while the
+ * model serves.
+ *
+ * Registration runs on the thread that calls dispatch_start(); after it
+ * the control thread is the only reader of control messages. A spawned
+ * worker that exits before it registers fails the start at once, with its
+ * exit status, instead of waiting out the timeout. */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/hash.h"
+#include "coordinator/dispatch/dispatch_int.h"
+
+#define CLUSTER_HEARTBEAT_MS 1000
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void logmsg(const dispatch_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logmsg(const dispatch_t *d, const char *fmt, ...)
+{
+    if (d->o.quiet)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dispatch: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* ecs-worker beside the running program, unless given. */
+static ecs_err_t worker_path(const dispatch_t *d, char *out, size_t cap)
+{
+    if (d->o.worker_bin) {
+        snprintf(out, cap, "%s", d->o.worker_bin);
+        return ECS_OK;
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return ecs_error(ECS_ERR_IO, "dispatch: cannot find this program's path: %s",
+                         strerror(errno));
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
+    if ((size_t)snprintf(out, cap, "%.*s/ecs-worker", (int)(cap - 16), self) >= cap)
+        return ecs_error(ECS_ERR_RANGE, "dispatch: path too long");
+    if (access(out, X_OK) != 0)
+        return ecs_error(ECS_ERR_NOTFOUND, "dispatch: no ecs-worker beside this program (%s)",
+                         out);
+    return ECS_OK;
+}
+
+static ecs_err_t spawn(dispatch_t *d, const char *bin)
+{
+    const int n = d->o.spawn_workers;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = d->o.worker_threads;
+    if (threads <= 0)
+        threads = cores / n > 0 ? (int)(cores / n) : 1;
+    d->spawned = calloc((size_t)n, sizeof *d->spawned);
+    if (!d->spawned)
+        return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory");
+    const char *model = gguf_path(model_gguf(d->m));
+    for (int i = 0; i < n; i++) {
+        char id[16], th[16];
+        snprintf(id, sizeof id, "w%d", i);
+        snprintf(th, sizeof th, "%d", threads);
+        const char *argv[16] = {bin, "-m", model, "--coordinator", mux_control_endpoint(d->mux),
+                                "--id", id, "--threads", th};
+        int a = 9;
+        if (d->o.worker_budget) {
+            argv[a++] = "--mem-budget";
+            argv[a++] = d->o.worker_budget;
+        }
+        if (d->o.quiet)
+            argv[a++] = "-q";
+        argv[a] = NULL;
+        const pid_t parent = getpid();
+        pid_t pid = fork();
+        if (pid < 0)
+            return ecs_error(ECS_ERR_IO, "dispatch: fork: %s", strerror(errno));
+        if (pid == 0) {
+            /* the worker goes when this process goes, however it goes */
+            prctl(PR_SET_PDEATHSIG, SIGTERM);
+            if (getppid() != parent)
+                _exit(127);
+            execv(bin, (char *const *)argv);
+            fprintf(stderr, "dispatch: cannot start %s: %s\n", bin, strerror(errno));
+            _exit(127);
+        }
+        d->spawned[d->n_spawned++] = pid;
+    }
+    logmsg(d, "started %d workers (%s, %d threads each)", n, bin, threads);
+    return ECS_OK;
+}
+
+static void stop_spawned(dispatch_t *d)
+{
+    for (int i = 0; i < d->n_spawned; i++)
+        if (d->spawned[i] > 0)
+            kill(d->spawned[i], SIGTERM);
+    const uint64_t deadline = now_ms() + 5000;
+    for (int i = 0; i < d->n_spawned; i++) {
+        while (d->spawned[i] > 0) {
+            pid_t r = waitpid(d->spawned[i], NULL, WNOHANG);
+            if (r == d->spawned[i] || (r < 0 && errno != EINTR)) {
+                d->spawned[i] = 0;
+                break;
+            }
+            if (now_ms() > deadline) {
+                kill(d->spawned[i], SIGKILL);
+                waitpid(d->spawned[i], NULL, 0);
+                d->spawned[i] = 0;
+                break;
+            }
+            usleep(10000);
+        }
+    }
+}
+
+/* A spawned worker that already exited: its description, for the error. */
+static bool spawned_died(dispatch_t *d, char *why, size_t cap)
+{
+    for (int i = 0; i < d->n_spawned; i++) {
+        int st;
+        if (d->spawned[i] > 0 && waitpid(d->spawned[i], &st, WNOHANG) == d->spawned[i]) {
+            if (WIFEXITED(st))
+                snprintf(why, cap, "worker w%d (pid %d) exited with status %d at start", i,
+                         (int)d->spawned[i], WEXITSTATUS(st));
+            else
+                snprintf(why, cap, "worker w%d (pid %d) was killed by signal %d at start", i,
+                         (int)d->spawned[i], WTERMSIG(st));
+            d->spawned[i] = 0;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void send_error(dispatch_t *d, const mux_route_t *to, wire_status_t code,
+                       wire_kind_t about, const char *msg)
+{
+    wire_msg_t m = {.kind = WIRE_ERROR, .error = {.code = code, .message = msg, .about = about}};
+    mux_ctrl_send(d->mux, to, &m);
+}
+
+static int find_worker(const dispatch_t *d, const char *id)
+{
+    for (int i = 0; i < d->n_workers; i++)
+        if (!strcmp(d->w[i].id, id))
+            return i;
+    return -1;
+}
+
+/* Checks a Hello and records the worker, or refuses it with an Error. */
+static void on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t *h, int cap)
+{
+    char msg[512];
+    const uint32_t v = wire_negotiate(h->min_version, h->max_version, WIRE_VERSION_MIN,
+                                      WIRE_VERSION);
+    if (!v) {
+        snprintf(msg, sizeof msg, "worker %s speaks protocol %u-%u, this coordinator %u-%u",
+                 h->worker_id, h->min_version, h->max_version, WIRE_VERSION_MIN, WIRE_VERSION);
+        send_error(d, from, WIRE_ST_VERSION, WIRE_HELLO, msg);
+        logmsg(d, "refused: %s", msg);
+        return;
+    }
+    if (h->fingerprint_len != sizeof d->fp || memcmp(h->fingerprint, d->fp, sizeof d->fp)) {
+        char mine[17], theirs[17] = "?";
+        ecs_hex(d->fp, 8, mine);
+        if (h->fingerprint_len >= 8)
+            ecs_hex(h->fingerprint, 8, theirs);
+        snprintf(msg, sizeof msg, "worker %s holds another model (fingerprint %s...) than this "
+                 "coordinator (%s...)", h->worker_id, theirs, mine);
+        send_error(d, from, WIRE_ST_FINGERPRINT, WIRE_HELLO, msg);
+        logmsg(d, "refused: %s", msg);
+        return;
+    }
+    int wi = find_worker(d, h->worker_id);
+    if (wi < 0) {
+        if (d->n_workers >= cap || strlen(h->worker_id) >= PLACEMENT_ID_MAX) {
+            send_error(d, from, WIRE_ST_BAD_MESSAGE, WIRE_HELLO,
+                       "no room for another worker (or its id is too long)");
+            return;
+        }
+        wi = d->n_workers++;
+    } else if (d->w[wi].pid != (int)h->pid) {
+        /* the same id from another process: the newer one wins only
+         * before assignment; afterwards that is supervision's business */
+        logmsg(d, "worker %s registered again (pid %d, was %d)", h->worker_id, (int)h->pid,
+               d->w[wi].pid);
+    }
+    dispatch_worker_t *w = &d->w[wi];
+    snprintf(w->id, sizeof w->id, "%s", h->worker_id);
+    snprintf(w->endpoint, sizeof w->endpoint, "%s", h->data_endpoint);
+    w->route = *from;
+    w->pid = (int)h->pid;
+    w->threads = (int)h->threads;
+    w->mem_budget = h->mem_budget;
+    w->peer = -1;
+    wire_msg_t m = {.kind = WIRE_WELCOME,
+                    .welcome = {.version = v, .coordinator_id = "ecs-coordinator",
+                                .heartbeat_ms = CLUSTER_HEARTBEAT_MS}};
+    mux_ctrl_send(d->mux, from, &m);
+    logmsg(d, "worker %s registered (pid %d, %d threads, data %s)", w->id, w->pid, w->threads,
+           w->endpoint);
+}
+
+static ecs_err_t wait_registrations(dispatch_t *d, int want, uint64_t deadline)
+{
+    char why[256];
+    while (d->n_workers < want) {
+        if (spawned_died(d, why, sizeof why))
+            return ecs_error(ECS_ERR_IO, "dispatch: %s", why);
+        if (now_ms() > deadline)
+            return ecs_error(ECS_ERR_IO, "dispatch: %d of %d workers registered on %s in time",
+                             d->n_workers, want, mux_control_endpoint(d->mux));
+        mux_route_t from;
+        wire_msg_t m;
+        if (mux_ctrl_recv(d->mux, &from, &m, 100) != ECS_OK)
+            continue;
+        if (m.kind == WIRE_HELLO)
+            on_hello(d, &from, &m.hello, want);
+        wire_msg_clear(&m);
+    }
+    return ECS_OK;
+}
+
+static ecs_err_t make_placement(dispatch_t *d)
+{
+    placement_worker_t pw[PLACEMENT_MAX_WORKERS];
+    bool budgets = true;
+    for (int i = 0; i < d->n_workers; i++)
+        budgets &= d->w[i].mem_budget > 0;
+    for (int i = 0; i < d->n_workers; i++) {
+        pw[i].id = d->w[i].id;
+        pw[i].weight = d->o.weighting == DISPATCH_UNIFORM ? 1.0
+                       : budgets ? (double)d->w[i].mem_budget / 1048576.0
+                                 : (double)(d->w[i].threads > 0 ? d->w[i].threads : 1);
+    }
+    dispatch_shape_t s = {.n_layer = d->hp.n_layer, .first_moe = d->hp.n_layer_dense,
+                          .n_expert = d->hp.n_expert};
+    const int repl = d->o.replication > 0 ? d->o.replication : 1;
+    if (d->o.placement_file)
+        return placement_load(&s, d->o.placement_file, pw, d->n_workers, &d->pl);
+    return placement_make(&s, pw, d->n_workers, repl, &d->pl);
+}
+
+static ecs_err_t send_assign(dispatch_t *d, int wi)
+{
+    const int n = placement_held(d->pl, wi);
+    int32_t *pairs = malloc(2 * (size_t)(n > 0 ? n : 1) * sizeof *pairs);
+    uint32_t *ls = malloc((size_t)(n > 0 ? n : 1) * sizeof *ls);
+    uint32_t *es = malloc((size_t)(n > 0 ? n : 1) * sizeof *es);
+    ecs_err_t rc = ECS_OK;
+    if (!pairs || !ls || !es) {
+        rc = ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory");
+        goto done;
+    }
+    placement_worker_pairs(d->pl, wi, pairs, n);
+    for (int i = 0; i < n; i++) {
+        ls[i] = (uint32_t)pairs[2 * i];
+        es[i] = (uint32_t)pairs[2 * i + 1];
+    }
+    wire_msg_t m = {.kind = WIRE_ASSIGN,
+                    .assign = {.generation = 1, .n = (size_t)n, .layers = ls, .experts = es}};
+    if ((rc = mux_ctrl_send(d->mux, &d->w[wi].route, &m)) != ECS_OK)
+        rc = ecs_error(rc, "dispatch: assigning worker %s: %s", d->w[wi].id, ecs_errmsg());
+done:
+    free(pairs);
+    free(ls);
+    free(es);
+    return rc;
+}
+
+/* Which experts lose every holder if the refusing workers hold nothing. */
+static void describe_orphans(const dispatch_t *d, const bool *refused, char *out, size_t cap)
+{
+    int missing = 0;
+    size_t len = 0;
+    out[0] = 0;
+    for (int l = d->hp.n_layer_dense; l < d->hp.n_layer; l++)
+        for (int e = 0; e < d->hp.n_expert; e++) {
+            const int16_t *h;
+            const int n = placement_holders(d->pl, l, e, &h);
+            bool alive = false;
+            for (int i = 0; i < n; i++)
+                alive |= !refused[h[i]];
+            if (alive)
+                continue;
+            if (missing++ < 8 && len < cap) {
+                int w = snprintf(out + len, cap - len, "%s%d/%d", len ? ", " : "", l, e);
+                len += w > 0 ? (size_t)w : 0;
+            }
+        }
+    if (missing > 8 && len < cap)
+        snprintf(out + len, cap - len, ", ... (%d pairs in all)", missing);
+}
+
+static ecs_err_t wait_ready(dispatch_t *d, uint64_t deadline)
+{
+    bool refused[PLACEMENT_MAX_WORKERS] = {0};
+    char reason[512] = "";
+    int ready = 0, n_refused = 0;
+    while (ready + n_refused < d->n_workers) {
+        char why[256];
+        if (spawned_died(d, why, sizeof why))
+            return ecs_error(ECS_ERR_IO, "dispatch: %s", why);
+        if (now_ms() > deadline)
+            return ecs_error(ECS_ERR_IO, "dispatch: %d of %d workers ready in time", ready,
+                             d->n_workers);
+        mux_route_t from;
+        wire_msg_t m;
+        if (mux_ctrl_recv(d->mux, &from, &m, 100) != ECS_OK)
+            continue;
+        int wi = -1;
+        for (int i = 0; i < d->n_workers; i++)
+            if (d->w[i].route.len == from.len && !memcmp(d->w[i].route.id, from.id, from.len))
+                wi = i;
+        if (wi >= 0 && m.kind == WIRE_READY && !d->w[wi].ready) {
+            d->w[wi].ready = true;
+            d->w[wi].bytes_held = m.ready.bytes_mapped;
+            ready++;
+            logmsg(d, "worker %s ready: %d experts, %.1f MiB, loaded in %.0f ms", d->w[wi].id,
+                   placement_held(d->pl, wi), m.ready.bytes_mapped / 1048576.0,
+                   m.ready.load_ns / 1e6);
+        } else if (wi >= 0 && m.kind == WIRE_ERROR && !refused[wi] && !d->w[wi].ready) {
+            refused[wi] = true;
+            n_refused++;
+            snprintf(reason, sizeof reason, "worker %s refused its assignment: %s", d->w[wi].id,
+                     m.error.message);
+            fprintf(stderr, "dispatch: %s\n", reason);
+        }
+        wire_msg_clear(&m);
+    }
+    if (n_refused) {
+        char orphans[512];
+        describe_orphans(d, refused, orphans, sizeof orphans);
+        return ecs_error(ECS_ERR_NOMEM, "dispatch: %s; %s%s", reason,
+                         orphans[0] ? "experts (layer/expert) without a holder: "
+                                    : "every expert still has a holder",
+                         orphans);
+    }
+    return ECS_OK;
+}
+
+static void *control_loop(void *arg)
+{
+    dispatch_t *d = arg;
+    while (!atomic_load(&d->stop)) {
+        mux_route_t from;
+        wire_msg_t m;
+        if (mux_ctrl_recv(d->mux, &from, &m, 200) != ECS_OK)
+            continue;
+        if (m.kind == WIRE_ERROR)
+            fprintf(stderr, "dispatch: a worker says %s: %s\n", wire_status_name(m.error.code),
+                    m.error.message);
+        wire_msg_clear(&m);
+    }
+    return NULL;
+}
+
+ecs_err_t dispatch_cluster_start(dispatch_t *d)
+{
+    char ep[300];
+    const char *bind = d->o.control;
+    if (!bind) {
+        snprintf(d->dir, sizeof d->dir, "/tmp/ecs-%d-XXXXXX", (int)getpid());
+        if (!mkdtemp(d->dir))
+            return ecs_error(ECS_ERR_IO, "dispatch: cannot make a directory for the endpoints: "
+                             "%s", strerror(errno));
+        snprintf(ep, sizeof ep, "ipc://%s/control", d->dir);
+        bind = ep;
+    }
+    ecs_err_t rc = mux_new(&(mux_opts_t){.control_bind = bind}, &d->mux);
+    if (rc != ECS_OK)
+        return ecs_error(rc, "dispatch: control endpoint %s: %s", bind, ecs_errmsg());
+    const int timeout = d->o.start_timeout_ms > 0 ? d->o.start_timeout_ms : 300000;
+    const uint64_t deadline = now_ms() + (uint64_t)timeout;
+    char bin[PATH_MAX];
+    if (d->o.spawn_workers > 0 &&
+        ((rc = worker_path(d, bin, sizeof bin)) != ECS_OK || (rc = spawn(d, bin)) != ECS_OK))
+        return rc;
+    int want = d->o.min_workers > 0 ? d->o.min_workers
+               : d->o.spawn_workers > 0 ? d->o.spawn_workers : 1;
+    if (want > PLACEMENT_MAX_WORKERS)
+        return ecs_error(ECS_ERR_RANGE, "dispatch: %d workers (at most %d)", want,
+                         PLACEMENT_MAX_WORKERS);
+    d->w = calloc((size_t)want, sizeof *d->w);
+    if (!d->w)
+        return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory");
+    logmsg(d, "waiting for %d workers on %s", want, mux_control_endpoint(d->mux));
+    if ((rc = wait_registrations(d, want, deadline)) != ECS_OK || (rc = make_placement(d)))
+        return rc;
+    for (int i = 0; i < d->n_workers; i++)
+        if ((rc = send_assign(d, i)) != ECS_OK)
+            return rc;
+    if ((rc = wait_ready(d, deadline)) != ECS_OK)
+        return rc;
+    for (int i = 0; i < d->n_workers; i++)
+        if ((rc = mux_peer_connect(d->mux, d->w[i].endpoint, &d->w[i].peer)) != ECS_OK)
+            return ecs_error(rc, "dispatch: worker %s's data endpoint %s: %s", d->w[i].id,
+                             d->w[i].endpoint, ecs_errmsg());
+    if (pthread_create(&d->ctl, NULL, control_loop, d) != 0)
+        return ecs_error(ECS_ERR_INTERNAL, "dispatch: cannot start the control thread");
+    d->ctl_started = true;
+    return ECS_OK;
+}
+
+void dispatch_cluster_stop(dispatch_t *d)
+{
+    atomic_store(&d->stop, true);
+    if (d->ctl_started)
+        pthread_join(d->ctl, NULL);
+    d->ctl_started = false;
+    mux_free(d->mux);
+    d->mux = NULL;
+    if (d->spawned)
+        stop_spawned(d);
+    free(d->spawned);
+    d->spawned = NULL;
+    if (d->dir[0])
+        rmdir(d->dir); /* the workers' sockets are gone with them */
+}
+
+const char *dispatch_control_endpoint(const dispatch_t *d)
+{
+    return d->mux ? mux_control_endpoint(d->mux) : "";
+}
+
+ecs_err_t dispatch_start(model_t *m, const dispatch_opts_t *o, dispatch_t **out)
+{
+    *out = NULL;
+    if (o->spawn_workers < 0 || o->spawn_workers > 256)
+        return ecs_error(ECS_ERR_RANGE, "dispatch: --spawn-workers %d (0 to 256)",
+                         o->spawn_workers);
+    dispatch_t *d = calloc(1, sizeof *d);
+    if (!d)
+        return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory");
+    d->m = m;
+    d->o = *o;
+    d->hp = *model_hparams(m);
+    pthread_mutex_init(&d->lock, NULL);
+    gguf_fingerprint(model_gguf(m), d->fp);
+    ecs_err_t rc = dispatch_cluster_start(d);
+    if (rc == ECS_OK)
+        rc = dispatch_buffers_new(d);
+    if (rc != ECS_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ecs_errmsg());
+        dispatch_free(d);
+        return ecs_error(rc, "%s", msg);
+    }
+    model_set_experts(m, &dispatch_experts_ops, d);
+    *out = d;
+    return ECS_OK;
+}
+
+void dispatch_free(dispatch_t *d)
+{
+    if (!d)
+        return;
+    if (d->m)
+        model_set_experts(d->m, NULL, NULL);
+    for (int i = 0; i < d->n_calls; i++)
+        mux_call_release(d->calls[i]);
+    d->n_calls = 0;
+    dispatch_cluster_stop(d);
+    dispatch_buffers_free(d);
+    placement_free(d->pl);
+    free(d->w);
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+}

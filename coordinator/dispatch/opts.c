@@ -1,0 +1,76 @@
+/* opts.c - the dispatcher's command-line options, shared by every program
+ * that can run its experts on workers (ecs-run, ecs-coordinator), so they
+ * spell and check them the same way. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/dispatch/dispatch.h"
+
+static const char *const with_value[] = {"--control",    "--spawn-workers",  "--replication",
+                                         "--placement",  "--min-workers",    "--worker-threads",
+                                         "--worker-mem-budget"};
+
+bool dispatch_opt_takes_value(const char *opt)
+{
+    for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++)
+        if (!strcmp(opt, with_value[i]))
+            return true;
+    return false;
+}
+
+static bool parse_int(const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || end == v || *end || n < lo || n > hi)
+        return false;
+    *out = (int)n;
+    return true;
+}
+
+int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
+{
+    if (!dispatch_opt_takes_value(opt))
+        return 0;
+    if (!v) {
+        ecs_error(ECS_ERR_INVAL, "%s needs a value", opt);
+        return -1;
+    }
+    if (!strcmp(opt, "--control")) {
+        if (strncmp(v, "tcp://", 6) && strncmp(v, "ipc://", 6)) {
+            ecs_error(ECS_ERR_INVAL, "--control: '%s' is not tcp://HOST:PORT or ipc://PATH", v);
+            return -1;
+        }
+        o->control = v;
+    } else if (!strcmp(opt, "--spawn-workers")) {
+        if (!parse_int(v, 0, 256, &o->spawn_workers))
+            goto bad;
+    } else if (!strcmp(opt, "--replication")) {
+        if (!parse_int(v, 1, PLACEMENT_MAX_HOLDERS, &o->replication))
+            goto bad;
+    } else if (!strcmp(opt, "--min-workers")) {
+        if (!parse_int(v, 1, PLACEMENT_MAX_WORKERS, &o->min_workers))
+            goto bad;
+    } else if (!strcmp(opt, "--worker-threads")) {
+        if (!parse_int(v, 1, 1024, &o->worker_threads))
+            goto bad;
+    } else if (!strcmp(opt, "--worker-mem-budget")) {
+        o->worker_budget = v; /* the worker checks it */
+    } else if (!strcmp(opt, "--placement")) {
+        o->placement_file = NULL;
+        if (!strcmp(v, "uniform"))
+            o->weighting = DISPATCH_UNIFORM;
+        else if (!strcmp(v, "capacity"))
+            o->weighting = DISPATCH_CAPACITY;
+        else
+            o->placement_file = v;
+    }
+    return 1;
+bad:
+    ecs_error(ECS_ERR_RANGE, "%s: bad value '%s'", opt, v);
+    return -1;
+}
+
+bool dispatch_wanted(const dispatch_opts_t *o) { return o->control || o->spawn_workers > 0; }

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# test_workers.sh - routed experts on ecs-worker daemons give the local
+# backend's logits bit for bit, whatever the layout: 1 worker, 3 uniform,
+# 3 with replication 2, capacity-weighted, a placement file, ipc and tcp,
+# deepseek2 and qwen3moe; greedy text identical; a worker over its memory
+# budget is refused and the coordinator says which experts lack a holder;
+# a worker with another model is refused; garbage sent to both daemons is
+# survived; ecs-worker holds no coordinator symbol.
+# usage: tests/integration/test_workers.sh BUILD_DIR   (from the repo root)
+set -u
+build=${1:?usage: test_workers.sh BUILD_DIR}
+run="$build/bin/ecs-run"
+worker="$build/bin/ecs-worker"
+py=/usr/bin/python3
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+ds2=../shared/models/tiny-ds2-q8_0.gguf
+qwen=../shared/models/tiny-qwen3moe-q8_0.gguf
+fail=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fail=1; }
+
+toks=$($py -c "import random; random.seed(7); print(','.join(str(random.randrange(1, 2000)) for _ in range(90)))")
+
+# 1. the symbol check: ecs-worker links worker, proto, kernels, common only
+if nm "$worker" | grep -E ' [TtDdBbRr] (model_|tok_|sampler_|dispatch_|placement_|api_|sched_)' >"$tmp/sym"; then
+    bad "ecs-worker holds coordinator symbols: $(head -3 "$tmp/sym" | tr '\n' ' ')"
+else
+    ok "ecs-worker has no coordinator symbol"
+fi
+
+dump() { # model out [args...]
+    local model=$1 out=$2; shift 2
+    timeout 120 "$run" -m "$model" --threads 2 --no-repack --tokens "$toks" --dump-logits "$out" \
+        --top 8 "$@" 2>"$out.err"
+}
+
+# 2. teacher-forced logits on spawned workers (ipc)
+for model in "$ds2" "$qwen"; do
+    name=$(basename "$model" .gguf)
+    dump "$model" "$tmp/$name-local.json" || { bad "$name local run: $(tail -2 "$tmp/$name-local.json.err")"; continue; }
+    cat >"$tmp/placement" <<EOF
+# w0 takes the low half of every layer, w1 the high half, w2 a replica of layer 3
+w0 * 0-7
+w1 * 8-15
+w2 3 *
+EOF
+    layouts=("--spawn-workers 1" "--spawn-workers 3" "--spawn-workers 3 --replication 2"
+             "--spawn-workers 2 --placement capacity --worker-mem-budget 64M"
+             "--spawn-workers 3 --placement $tmp/placement")
+    for lay in "${layouts[@]}"; do
+        out="$tmp/$name-w.json"
+        if ! dump "$model" "$out" $lay; then
+            bad "$name [$lay]: ecs-run failed: $(tail -3 "$out.err")"
+        elif cmp -s "$tmp/$name-local.json" "$out"; then
+            ok "$name [$lay]: logits identical to the local backend"
+        else
+            bad "$name [$lay]: logits differ from the local backend"
+        fi
+    done
+    # greedy generation, 2 workers, one token per step
+    a=$(timeout 60 "$run" -m "$model" --threads 2 --no-repack -p "The quick brown fox" -n 24 --temp 0 2>/dev/null)
+    b=$(timeout 60 "$run" -m "$model" --threads 2 --no-repack -p "The quick brown fox" -n 24 --temp 0 --spawn-workers 2 2>/dev/null)
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$name: greedy text identical on 2 workers"
+    else bad "$name: greedy text differs: [$a] vs [$b]"; fi
+done
+
+# 3. workers started by hand over tcp (capacity-weighted by threads), with
+#    a worker of another model refused first and garbage thrown at both
+(timeout 120 "$run" -m "$ds2" --threads 2 --no-repack --tokens "$toks" --dump-logits "$tmp/tcp.json" \
+    --top 8 --control 'tcp://127.0.0.1:*' --min-workers 2 --placement capacity \
+    --print-placement >"$tmp/placement.out" 2>"$tmp/coord.err") &
+coord=$!; pids+=("$coord")
+ep=""
+for _ in $(seq 100); do
+    ep=$(sed -n 's/.*waiting for 2 workers on \(tcp:[^ ]*\).*/\1/p' "$tmp/coord.err")
+    [ -n "$ep" ] && break
+    sleep 0.1
+done
+if [ -z "$ep" ]; then
+    bad "tcp: the coordinator did not say its control endpoint: $(tail -3 "$tmp/coord.err")"
+else
+    $py tests/integration/zpoke.py control "$ep" >"$tmp/poke1" 2>&1 \
+        && ok "garbage on the coordinator's control socket: $(tail -1 "$tmp/poke1")" \
+        || bad "poking the control socket: $(tail -3 "$tmp/poke1")"
+    if timeout 30 "$worker" -m "$qwen" --coordinator "$ep" --id wrong 2>"$tmp/wrong.err"; then
+        bad "a worker with another model was not refused"
+    elif grep -q "another model" "$tmp/wrong.err"; then
+        ok "a worker with another model is refused: $(grep -o 'another model.*' "$tmp/wrong.err" | head -1)"
+    else
+        bad "wrong-model worker: $(tail -2 "$tmp/wrong.err")"
+    fi
+    "$worker" -m "$ds2" --coordinator "$ep" --id big --threads 2 --listen 'tcp://127.0.0.1:*' 2>"$tmp/w1.err" &
+    w1=$!; pids+=("$w1")
+    "$worker" -m "$ds2" --coordinator "$ep" --id small --threads 1 2>"$tmp/w2.err" &
+    w2=$!; pids+=("$w2")
+    if wait "$coord"; then
+        if cmp -s "$tmp/tiny-ds2-q8_0-local.json" "$tmp/tcp.json"; then
+            ok "tcp, workers by hand, capacity-weighted: logits identical"
+        else
+            bad "tcp: logits differ"
+        fi
+        small=$(grep -o '# small holds [0-9]*' "$tmp/placement.out" | grep -o '[0-9]*$')
+        bigh=$(grep -o '# big holds [0-9]*' "$tmp/placement.out" | grep -o '[0-9]*$')
+        if [ -n "$bigh" ] && [ -n "$small" ] && [ "$bigh" -gt $((small * 3 / 2)) ]; then
+            ok "capacity: the 2-thread worker holds $bigh pairs, the 1-thread one $small"
+        else
+            bad "capacity-weighted placement: big=$bigh small=$small"
+        fi
+    else
+        bad "tcp coordinator failed: $(tail -3 "$tmp/coord.err")"
+    fi
+    # the workers outlive their coordinator: garbage at a worker's data socket
+    dep=$(sed -n 's/.*data on \(tcp:[^ ,]*\).*/\1/p' "$tmp/w1.err" | head -1)
+    if [ -n "$dep" ]; then
+        $py tests/integration/zpoke.py data "$dep" >"$tmp/poke2" 2>&1 \
+            && ok "garbage on a worker's data socket: $(tail -1 "$tmp/poke2")" \
+            || bad "poking the worker's data socket: $(tail -3 "$tmp/poke2")"
+    else
+        bad "worker did not print its data endpoint"
+    fi
+    kill -0 "$w1" 2>/dev/null && ok "worker alive after the garbage" || bad "worker died"
+    kill -TERM "$w1" "$w2" 2>/dev/null
+    wait "$w1"; r1=$?; wait "$w2"; r2=$?
+    [ "$r1" -eq 0 ] && [ "$r2" -eq 0 ] && ok "workers exit 0 on SIGTERM" || bad "worker exit codes $r1 $r2"
+fi
+
+# 4. a budget too small: refused, and the coordinator names the orphans
+if timeout 60 "$run" -m "$ds2" --threads 2 --no-repack --tokens 1,2,3 --dump-logits "$tmp/x.json" \
+        --spawn-workers 2 --worker-mem-budget 1M 2>"$tmp/budget.err"; then
+    bad "an assignment over the memory budget was accepted"
+elif grep -q "over the memory budget" "$tmp/budget.err" && grep -q "without a holder" "$tmp/budget.err"; then
+    ok "over budget: $(grep -o 'refused its assignment.*' "$tmp/budget.err" | head -1 | cut -c1-160)"
+else
+    bad "budget refusal message: $(tail -3 "$tmp/budget.err")"
+fi
+[ -e "$tmp/x.json" ] && bad "a failed run left its output file"
+
+# 5. nothing left behind
+sleep 0.2
+left=$(pgrep -f "$worker" | tr '\n' ' ')
+[ -z "$left" ] && ok "no worker process left" || bad "worker processes left: $left"
+
+[ "$fail" -eq 0 ] && echo "test_workers: ok" || echo "test_workers: FAIL"
+exit "$fail"

@@ -1,0 +1,134 @@
+/* ecs-worker - the expert worker daemon: holds a shard of a model's routed
+ * experts and serves the coordinator's expert calls (worker/worker.h).
+ * Links worker, proto, kernels and common only: never the coordinator. */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "worker/worker.h"
+
+static worker_t *g_worker;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    worker_stop(g_worker);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ecs-worker -m MODEL.gguf --coordinator ADDR [options]\n"
+            "  --coordinator ADDR  the coordinator's control endpoint (tcp://HOST:PORT, ipc://PATH)\n"
+            "  --listen ADDR       where to take expert calls (default: beside an ipc\n"
+            "                      coordinator, else tcp://127.0.0.1 on a free port; a\n"
+            "                      remote coordinator needs e.g. tcp://0.0.0.0:5600)\n"
+            "  --threads N         compute threads (default: all CPUs)\n"
+            "  --mem-budget SIZE   most bytes of expert weights to hold (e.g. 12G, 512M);\n"
+            "                      a larger assignment is refused (default: no limit)\n"
+            "  --id NAME           this worker's id, unique per coordinator (default HOST-PID)\n"
+            "  --device DEV        cpu (default)\n"
+            "  -q, --quiet         log errors only\n");
+}
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ecs-worker: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 2;
+}
+
+/* "12G", "512M", "4096K", "1000" (bytes); false on anything else. */
+static bool parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v > 0))
+        return false;
+    double mul = 1;
+    switch (*end) {
+    case 'K': case 'k': mul = 1024.0; end++; break;
+    case 'M': case 'm': mul = 1048576.0; end++; break;
+    case 'G': case 'g': mul = 1073741824.0; end++; break;
+    case 'T': case 't': mul = 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b' || (*end == 'i' && end[1] == 'B'))
+        end += *end == 'i' ? 2 : 1;
+    if (*end || v * mul > 1e18)
+        return false;
+    *out = (uint64_t)(v * mul);
+    return true;
+}
+
+int main(int argc, char **argv)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    worker_opts_t o = {.threads = ncpu > 0 ? (int)ncpu : 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            o.quiet = true;
+            continue;
+        }
+        static const char *const with_value[] = {"-m", "--coordinator", "--listen", "--threads",
+                                                 "--mem-budget", "--id", "--device"};
+        bool known = false;
+        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
+            known |= !strcmp(a, with_value[k]);
+        if (!known) {
+            usage(stderr);
+            return fail("unknown option '%s'", a);
+        }
+        if (i + 1 >= argc)
+            return fail("%s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "-m")) o.model = v;
+        else if (!strcmp(a, "--coordinator")) o.coordinator = v;
+        else if (!strcmp(a, "--listen")) o.listen = v;
+        else if (!strcmp(a, "--id")) o.id = v;
+        else if (!strcmp(a, "--device")) o.device = v;
+        else if (!strcmp(a, "--threads")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || end == v || n < 1 || n > 1024)
+                return fail("--threads: bad count '%s' (1 to 1024)", v);
+            o.threads = (int)n;
+        } else if (!strcmp(a, "--mem-budget")) {
+            if (!parse_size(v, &o.mem_budget))
+                return fail("--mem-budget: bad size '%s' (e.g. 12G, 512M)", v);
+        }
+    }
+    if (!o.model)
+        return fail("-m MODEL.gguf is required (see --help)");
+    if (!o.coordinator)
+        return fail("--coordinator ADDR is required (see --help)");
+    if (o.id && (!o.id[0] || strlen(o.id) >= 64))
+        return fail("--id: 1 to 63 bytes");
+    if (worker_new(&o, &g_worker) != ECS_OK)
+        return fail("%s", ecs_errmsg());
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    ecs_err_t rc = worker_run(g_worker);
+    if (rc != ECS_OK)
+        fprintf(stderr, "ecs-worker: %s\n", ecs_errmsg());
+    worker_free(g_worker);
+    return rc == ECS_OK ? 0 : 1;
+}

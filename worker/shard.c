@@ -1,0 +1,197 @@
+/* shard.c - the experts a worker holds and the one thing it computes.
+ *
+ * The whole GGUF is mapped, but a worker only ever reads the pages of the
+ * experts it was assigned: resident memory is its shard (plus the page
+ * tables of the mapping). An assignment is checked against the budget
+ * before anything is touched, then its bytes are prefaulted (madvise and a
+ * read per page) so that the first call does not pay the page faults. The
+ * calls run kernels/moe, the code of the coordinator's local backend:
+ * the same bits for the same rows. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "worker/worker_int.h"
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static kcpu_mat_t stack_mat(const gguf_tensor_t *t)
+{
+    kcpu_mat_t m = {.type = t->type,
+                    .ncols = t->ne[0],
+                    .nrows = t->ne[1] * t->ne[2],
+                    .row_bytes = ecs_row_size(t->type, t->ne[0]),
+                    .data = t->data};
+    return m;
+}
+
+static size_t mat_bytes(const kcpu_mat_t *m) { return (size_t)m->nrows * m->row_bytes; }
+
+size_t shard_expert_bytes(const kmoe_expert_t *e)
+{
+    return mat_bytes(&e->gate) + mat_bytes(&e->up) + mat_bytes(&e->down);
+}
+
+ecs_err_t shard_open(shard_t *s, const gguf_file_t *f, const arch_hparams_t *hp)
+{
+    memset(s, 0, sizeof *s);
+    s->hp = *hp;
+    const size_t cells = (size_t)hp->n_layer * (size_t)hp->n_expert;
+    s->all = calloc(cells, sizeof *s->all);
+    s->held = calloc(cells, sizeof *s->held);
+    s->layers = calloc((size_t)hp->n_layer, sizeof *s->layers);
+    s->row = malloc((size_t)KCPU_MAX_BATCH * (size_t)hp->n_expert_used * sizeof *s->row);
+    s->expert = malloc((size_t)KCPU_MAX_BATCH * (size_t)hp->n_expert_used * sizeof *s->expert);
+    if (!s->all || !s->held || !s->layers || !s->row || !s->expert) {
+        shard_close(s);
+        return ecs_error(ECS_ERR_NOMEM, "worker: out of memory for the expert table");
+    }
+    for (int il = 0; il < hp->n_layer; il++) {
+        if (!arch_layer_moe(hp, il))
+            continue;
+        const gguf_tensor_t *t[3];
+        for (int which = 0; which < 3; which++) {
+            ecs_err_t rc = arch_exps_tensor(f, hp, il, (arch_exps_t)which, &t[which]);
+            if (rc != ECS_OK) {
+                shard_close(s);
+                return rc;
+            }
+        }
+        const kcpu_mat_t g = stack_mat(t[0]), u = stack_mat(t[1]), d = stack_mat(t[2]);
+        kmoe_split(&g, &u, &d, hp->n_expert, s->all + (size_t)il * (size_t)hp->n_expert);
+    }
+    return ECS_OK;
+}
+
+void shard_close(shard_t *s)
+{
+    kmoe_free(s->moe);
+    free(s->all);
+    free(s->held);
+    free(s->layers);
+    free(s->row);
+    free(s->expert);
+    memset(s, 0, sizeof *s);
+}
+
+/* Reads one byte a page so the pages are resident before the first call. */
+static void prefault(const void *p, size_t n)
+{
+    const long page = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1);
+    const uintptr_t end = (uintptr_t)p + n;
+    madvise((void *)a, end - a, MADV_WILLNEED);
+    volatile unsigned char sink = 0;
+    for (; a < end; a += (uintptr_t)page)
+        sink ^= *(const volatile unsigned char *)(a < (uintptr_t)p ? (uintptr_t)p : a);
+    (void)sink;
+}
+
+ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_threadpool_t *tp,
+                       uint64_t *bytes, uint64_t *load_ns)
+{
+    const arch_hparams_t *hp = &s->hp;
+    const uint64_t t0 = now_ns();
+    uint64_t need = 0;
+    for (size_t i = 0; i < a->n; i++) {
+        const int l = (int)a->layers[i], e = (int)a->experts[i];
+        if (l >= hp->n_layer || !arch_layer_moe(hp, l) || e >= hp->n_expert)
+            return ecs_error(ECS_ERR_RANGE,
+                             "assignment names layer %d expert %d: the model has %d layers "
+                             "(routed from %d) of %d experts",
+                             l, e, hp->n_layer, hp->n_layer_dense, hp->n_expert);
+        need += shard_expert_bytes(&s->all[(size_t)l * (size_t)hp->n_expert + (size_t)e]);
+    }
+    if (budget && need > budget)
+        return ecs_error(ECS_ERR_NOMEM,
+                         "assignment of %zu experts needs %.1f MiB, over the memory budget of "
+                         "%.1f MiB (--mem-budget)",
+                         a->n, need / 1048576.0, budget / 1048576.0);
+    kmoe_free(s->moe);
+    s->moe = NULL;
+    const size_t cells = (size_t)hp->n_layer * (size_t)hp->n_expert;
+    memset(s->held, 0, cells * sizeof *s->held);
+    for (int il = 0; il < hp->n_layer; il++)
+        s->layers[il] = NULL;
+    for (size_t i = 0; i < a->n; i++) {
+        const size_t c = (size_t)a->layers[i] * (size_t)hp->n_expert + a->experts[i];
+        s->held[c] = s->all[c];
+        s->layers[a->layers[i]] = s->held + (size_t)a->layers[i] * (size_t)hp->n_expert;
+    }
+    kmoe_shape_t shape = {.n_embd = hp->n_embd, .n_ff_exp = hp->n_ff_exp,
+                          .n_expert = hp->n_expert, .k = hp->n_expert_used,
+                          .max_rows = KCPU_MAX_BATCH};
+    ecs_err_t rc = kmoe_new(&shape, (const kmoe_expert_t *const *)s->layers, hp->n_layer, tp,
+                            &s->moe);
+    if (rc != ECS_OK) {
+        s->n_held = 0;
+        return rc;
+    }
+    for (size_t c = 0; c < cells; c++)
+        if (s->held[c].gate.nrows) {
+            prefault(s->held[c].gate.data, mat_bytes(&s->held[c].gate));
+            prefault(s->held[c].up.data, mat_bytes(&s->held[c].up));
+            prefault(s->held[c].down.data, mat_bytes(&s->held[c].down));
+        }
+    s->n_held = a->n;
+    s->bytes = need;
+    *bytes = need;
+    *load_ns = now_ns() - t0;
+    return ECS_OK;
+}
+
+/* Fills reply with the call's result rows, or an error status. */
+void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
+{
+    const arch_hparams_t *hp = &s->hp;
+#define REFUSE(st, ...)                                                 \
+    do {                                                                \
+        r->status = (st);                                               \
+        snprintf(r->message, sizeof r->message, __VA_ARGS__);           \
+        return;                                                         \
+    } while (0)
+    if (!s->moe)
+        REFUSE(WIRE_ST_NOT_READY, "no assignment loaded yet");
+    if (c->dtype != ECS_TYPE_F32 || c->result_dtype != ECS_TYPE_F32)
+        REFUSE(WIRE_ST_UNSUPPORTED, "activations and results in %s/%s: this worker takes f32",
+               ecs_type_name((ecs_type_t)c->dtype), ecs_type_name((ecs_type_t)c->result_dtype));
+    if ((int)c->n_embd != hp->n_embd || (int)c->k != hp->n_expert_used)
+        REFUSE(WIRE_ST_BAD_MESSAGE, "rows of %u values with k %u: the model has %d and %d",
+               c->n_embd, c->k, hp->n_embd, hp->n_expert_used);
+    if (c->n_rows > KCPU_MAX_BATCH)
+        REFUSE(WIRE_ST_UNSUPPORTED, "%u rows in one call (at most %d)", c->n_rows,
+               KCPU_MAX_BATCH);
+    const int l = (int)c->layer;
+    if (l >= hp->n_layer || !s->layers[l])
+        REFUSE(WIRE_ST_NOT_ASSIGNED, "layer %d: no expert of it is held here", l);
+    size_t p = 0;
+    for (size_t i = 0; i < c->n_experts; i++) {
+        const uint32_t e = c->experts[i];
+        if ((int)e >= hp->n_expert || !s->layers[l][e].gate.nrows)
+            REFUSE(WIRE_ST_NOT_ASSIGNED, "layer %d expert %u is not held here", l, e);
+        for (uint32_t j = 0; j < c->expert_counts[i]; j++, p++) {
+            s->expert[p] = (int32_t)e;
+            s->row[p] = (int32_t)c->row_index[p];
+        }
+    }
+    if (kmoe_prepare(s->moe, l, (int)c->n_rows, c->payload, (int)p, s->row, s->expert) !=
+        ECS_OK)
+        REFUSE(WIRE_ST_BAD_MESSAGE, "%s", ecs_errmsg());
+    kmoe_compute(s->moe);
+    const float *outs = kmoe_outs(s->moe);
+    const int32_t *where = kmoe_where(s->moe);
+    const size_t row = (size_t)hp->n_embd * sizeof(float);
+    for (size_t q = 0; q < p; q++)
+        memcpy((char *)r->rows + q * row, outs + (size_t)where[q] * (size_t)hp->n_embd, row);
+    s->calls++;
+    s->rows += c->n_rows;
+#undef REFUSE
+}

@@ -1,0 +1,37 @@
+/* worker_int.h - inside the worker module: the shard (experts held, their
+ * compute) that worker.c's serve loop drives. */
+#ifndef ECS_WORKER_INT_H
+#define ECS_WORKER_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/arch.h"
+#include "common/gguf.h"
+#include "common/threadpool.h"
+#include "kernels/moe/moe.h"
+#include "proto/mux.h"
+#include "proto/wire.h"
+
+typedef struct {
+    arch_hparams_t hp;
+    kmoe_expert_t *all;            /* [n_layer * n_expert] every expert's matrices */
+    kmoe_expert_t *held;           /* same shape; zeroed where not held */
+    kmoe_expert_t **layers;        /* [n_layer] held + layer offset, NULL: none held */
+    kmoe_t *moe;                   /* NULL until an assignment is loaded */
+    int32_t *row, *expert;         /* [KCPU_MAX_BATCH * k] a call's pairs */
+    size_t n_held;
+    uint64_t bytes;
+    uint64_t calls, rows;
+} shard_t;
+
+ecs_err_t shard_open(shard_t *s, const gguf_file_t *f, const arch_hparams_t *hp);
+void shard_close(shard_t *s);
+size_t shard_expert_bytes(const kmoe_expert_t *e);
+/* Checks the pairs and the budget (ECS_ERR_NOMEM: over it, nothing
+ * changed), then holds exactly them and prefaults their bytes. */
+ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_threadpool_t *tp,
+                       uint64_t *bytes, uint64_t *load_ns);
+void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r);
+
+#endif
