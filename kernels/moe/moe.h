@@ -77,8 +77,8 @@ void kmoe_split(const kcpu_mat_t *gate, const kcpu_mat_t *up, const kcpu_mat_t *
                 int n_expert, kmoe_expert_t *out);
 
 /* layers[l] (l < n_layer): n_expert experts, or NULL for a layer without
- * routed experts; the arrays must outlive the kmoe_t (they are not
- * copied). Checks every held expert's shape and types against s, sizes
+ * routed experts. The list of layers is copied; the expert arrays it points
+ * to (and the weights) must outlive the kmoe_t. Checks every held expert's shape and types against s, sizes
  * the scratch for max_rows rows and max_rows * k pairs of the widest
  * types present, and reserves the kernels' scratch on tp's threads.
  * ECS_ERR_INVAL for a bad shape, ECS_ERR_NOMEM. */
