@@ -65,7 +65,7 @@ typedef struct {
     int n_ff_exp;
     int n_expert;  /* experts per layer; expert ids are in [0, n_expert) */
     int k;         /* slots per row (n_expert_used): the pair count of a full call */
-    int max_rows;  /* activation rows per call, 1 .. KCPU_MAX_BATCH * 8 */
+    int max_rows;  /* activation rows per call, 1 .. 65536 (scratch is sized for it) */
 } kmoe_shape_t;
 
 typedef struct kmoe kmoe_t;
