@@ -1,9 +1,14 @@
 # ECS - one entry point: make, make deps, make test, make run, make bench.
 #
-# Layout: every folder under common/, kernels/cpu/ and coordinator/* is a
-# module compiled into a static library; every folder under tools/ is one
+# Layout: one static library per top-level folder (libecs_common,
+# libecs_kernels, libecs_proto, libecs_coord, libecs_worker; proto/ and
+# worker/ as soon as they hold sources); every folder under tools/ is one
 # program; every tests/unit/test_*.c is one Criterion binary. New files are
 # picked up by the wildcards below, so adding a source needs no edit here.
+# Libraries follow the dependency direction (coordinator, worker -> proto ->
+# common <- kernels): tools/ecs-worker links worker, proto, kernels and
+# common only, and tests/integration/test_deps.sh checks with nm that it
+# (and build/deps/moe_only, kernels + common) holds no coordinator symbol.
 # SIMD files are chosen by suffix: *_avx2.c and *_avx512.c get their ISA's
 # flags; nothing else is built with -m flags, so one binary runs on any
 # x86-64 and picks its kernels at run time.
@@ -30,12 +35,13 @@ KERNELS_SRC = $(wildcard kernels/*/*.c)
 # committed); proto/*.c include it as "proto/ecs.pb-c.h".
 PROTO_GEN_C = $(BUILD)/gen/proto/ecs.pb-c.c
 PROTO_GEN_H = $(BUILD)/gen/proto/ecs.pb-c.h
-PROTO_SRC   = $(wildcard proto/*.c) $(PROTO_GEN_C)
+PROTO_SRC   = $(wildcard proto/*.c proto/*/*.c) $(PROTO_GEN_C)
 COORD_SRC   = $(filter-out coordinator/main.c,$(wildcard coordinator/*/*.c))
-WORKER_SRC  = $(wildcard worker/*.c)
+WORKER_SRC  = $(wildcard worker/*.c worker/*/*.c)
 TOOLS       = $(notdir $(wildcard tools/ecs-*))
 UNIT_SRC    = $(wildcard tests/unit/test_*.c)
 BENCH_SRC   = $(wildcard tests/bench/bench_*.c)
+DEPS_SRC    = $(wildcard tests/deps/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 LIB_COMMON  = $(BUILD)/lib/libecs_common.a
@@ -43,15 +49,20 @@ LIB_KERNELS = $(BUILD)/lib/libecs_kernels.a
 LIB_PROTO   = $(BUILD)/lib/libecs_proto.a
 LIB_COORD   = $(BUILD)/lib/libecs_coord.a
 LIB_WORKER  = $(BUILD)/lib/libecs_worker.a
-# ecs-worker links only these (a test checks it holds no coordinator symbol)
-WORKER_LIBS = $(LIB_WORKER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
+# what a program links, in dependency order: the coordinator side (every
+# tool but the worker), the worker side (never the coordinator: test_deps.sh
+# and test_workers.sh check with nm), and all (tests)
+LIBS_COORD  = $(LIB_COORD) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
+LIBS_WORKER = $(LIB_WORKER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
 LIBS        = $(LIB_COORD) $(LIB_WORKER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
+tool_libs   = $(if $(filter ecs-worker,$(1)),$(LIBS_WORKER),$(LIBS_COORD))
 BINS        = $(addprefix $(BUILD)/bin/,$(TOOLS))
 UNIT_BINS   = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 BENCH_BINS  = $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+DEPS_BINS   = $(patsubst tests/deps/%.c,$(BUILD)/deps/%,$(DEPS_SRC))
 
 .PHONY: all deps test unit asan fuzz integration bench run clean
-all: $(BINS) $(UNIT_BINS) $(BENCH_BINS)
+all: $(BINS) $(UNIT_BINS) $(BENCH_BINS) $(DEPS_BINS)
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
@@ -80,19 +91,21 @@ $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/bin/ecs-worker: $(call obj,$(wildcard tools/ecs-worker/*.c)) $(WORKER_LIBS)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDSAN) -o $@ $(call obj,$(wildcard tools/ecs-worker/*.c)) $(WORKER_LIBS) $(LDLIBS)
 .SECONDEXPANSION:
-$(BUILD)/bin/%: $$(call obj,$$(wildcard tools/%/*.c)) $(LIBS)
+$(BUILD)/bin/%: $$(call obj,$$(wildcard tools/%/*.c)) $$(call tool_libs,%)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDSAN) -o $@ $(call obj,$(wildcard tools/$*/*.c)) $(LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDSAN) -o $@ $(call obj,$(wildcard tools/$*/*.c)) $(call tool_libs,$*) $(LDLIBS)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDSAN) -o $@ $< $(LIBS) $(LDLIBS) -lcriterion
 $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDSAN) -o $@ $< $(LIBS) $(LDLIBS)
+# programs that must not depend on the coordinator: kernels and common only
+# (a coordinator symbol would not link; test_deps.sh checks with nm too)
+$(BUILD)/deps/%: $(BUILD)/obj/tests/deps/%.o $(LIB_KERNELS) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDSAN) -o $@ $< $(LIB_KERNELS) $(LIB_COMMON) -lm -lpthread
 
 # ---- installing what the project needs (Debian, as root; idempotent) ----
 DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy \
@@ -128,7 +141,7 @@ endif
 fuzz: $(FUZZ_BINS)
 	tests/run_fuzz.sh $(FUZZ_BINS)
 
-integration: $(BINS)
+integration: $(BINS) $(DEPS_BINS)
 	tests/run_integration.sh $(BUILD)
 
 test: deps

@@ -29,6 +29,8 @@ struct gguf_file {
     uint32_t version;
     uint32_t alignment;
     size_t data_offset;
+    struct stat st; /* gguf_open's fstat */
+    bool has_st;
     uint64_t n_kv;
     gguf_kv_t *kv;
     uint64_t n_tensors;
@@ -464,6 +466,8 @@ ecs_err_t gguf_open(const char *path, gguf_file_t **out)
     f->base = map;
     f->size = (size_t)st.st_size;
     f->mapped = true;
+    f->st = st;
+    f->has_st = true;
     return open_common(f, out);
 }
 
@@ -480,6 +484,8 @@ const gguf_kv_t *gguf_kv_at(const gguf_file_t *f, uint64_t i)
 }
 
 size_t gguf_data_offset(const gguf_file_t *f) { return f->data_offset; }
+
+const struct stat *gguf_stat(const gguf_file_t *f) { return f->has_st ? &f->st : NULL; }
 
 void gguf_fingerprint(const gguf_file_t *f, uint8_t out[GGUF_FINGERPRINT_BYTES])
 {

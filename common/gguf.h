@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "err.h"
 #include "quant.h"
@@ -107,6 +108,9 @@ size_t gguf_file_size(const gguf_file_t *f);
 void gguf_fingerprint(const gguf_file_t *f, uint8_t out[GGUF_FINGERPRINT_BYTES]);
 /* Offset of the tensor data section (the fingerprint covers [0, this)). */
 size_t gguf_data_offset(const gguf_file_t *f);
+/* The opened file's fstat (device, inode, ctime: which file this mapping
+ * is, as no later stat of the path can tell); NULL for a buffer. */
+const struct stat *gguf_stat(const gguf_file_t *f);
 
 uint64_t gguf_n_kv(const gguf_file_t *f);
 const gguf_kv_t *gguf_kv_at(const gguf_file_t *f, uint64_t i);

@@ -264,10 +264,11 @@ ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
             m->opts.n_threads = n > 0 ? (int)(n > 256 ? 256 : n) : 1;
         }
     }
-    if (e == ECS_OK && m->opts.repack_dir)
-        model_repack(m, m->opts.repack_dir);
     if (e == ECS_OK)
         e = ecs_threadpool_create(m->opts.n_threads, &m->tp);
+    /* after the pool: the copy's checksums are checked on it */
+    if (e == ECS_OK && m->opts.repack_dir)
+        model_repack(m, m->opts.repack_dir);
     if (e == ECS_OK)
         e = model_build_ext(m);
     if (e == ECS_OK)

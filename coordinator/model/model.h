@@ -119,6 +119,12 @@ const char *model_repack_note(const model_t *m);
 /* Bytes of the mapped decode copy (0: none); its path, and whether this
  * load made it, where path / made are not NULL. */
 size_t model_repack_bytes(const model_t *m, const char **path, bool *made);
+/* Why this load made the decode copy ("none found", "the old one was made
+ * from another file, or the GGUF changed since", "the old one is damaged
+ * (...)"); NULL when it found a good one or there is none. */
+const char *model_repack_made_why(const model_t *m);
+/* Temporary copies of killed loads this load removed. */
+int model_repack_cleaned(const model_t *m);
 /* The decode copy's mapping (NULL: none), model_repack_bytes long. */
 const void *model_repack_map(const model_t *m);
 /* Whether the tensor whose data starts at data is read from the copy alone

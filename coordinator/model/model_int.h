@@ -9,6 +9,7 @@
 #include "common/mem.h"
 #include "coordinator/model/model.h"
 #include "kernels/moe/moe.h"
+#include "kernels/repack/repack.h"
 
 /* x (nb rows, ldx apart) as activations for w: x itself when w takes F32
  * rows of exactly ncols, else quantized into buf (on the pool for big
@@ -154,13 +155,10 @@ struct model {
     model_prof_t prof[MODEL_PH_COUNT];
 
     /* repack.c: the interleaved decode copy (opts.repack_dir) */
-    void *r16_map;
-    size_t r16_bytes;
+    krepack_t *r16;       /* the mapped copy (kernels/repack), NULL: none */
     const void **r16_src; /* [r16_n] data of the copied matrices whose rows
                            * the kernels never read (else NULL) */
     int r16_n;
-    bool r16_made;        /* made by this load (not found) */
-    char r16_path[4096];
     char r16_note[512];   /* why there is none, if it was asked for */
 };
 

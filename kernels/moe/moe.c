@@ -23,7 +23,7 @@
 
 struct kmoe {
     kmoe_shape_t s;
-    const kmoe_expert_t *const *layers;
+    const kmoe_expert_t **layers; /* [n_layer], kmoe_new's copy */
     int n_layer;
     ecs_threadpool_t *tp;
     /* the current call */
@@ -146,13 +146,16 @@ ecs_err_t kmoe_new(const kmoe_shape_t *s, const kmoe_expert_t *const *layers, in
         total += sizes[i];
     kmoe_t *m = calloc(1, sizeof *m);
     char *p = ecs_alloc_huge(total);
-    if (!m || !p) {
+    const kmoe_expert_t **lc = malloc((size_t)n_layer * sizeof *lc);
+    if (!m || !p || !lc) {
         free(m);
         free(p);
+        free(lc);
         return ecs_error(ECS_ERR_NOMEM, "kmoe: cannot allocate %zu bytes", total);
     }
+    memcpy(lc, layers, (size_t)n_layer * sizeof *lc);
     m->s = *s;
-    m->layers = layers;
+    m->layers = lc;
     m->n_layer = n_layer;
     m->tp = tp;
     m->mem = p;
@@ -174,6 +177,7 @@ void kmoe_free(kmoe_t *m)
     if (!m)
         return;
     free(m->mem);
+    free(m->layers);
     free(m);
 }
 

@@ -65,7 +65,7 @@ typedef struct {
     int n_ff_exp;
     int n_expert;  /* experts per layer; expert ids are in [0, n_expert) */
     int k;         /* slots per row (n_expert_used): the pair count of a full call */
-    int max_rows;  /* activation rows per call, 1 .. KCPU_MAX_BATCH * 8 */
+    int max_rows;  /* activation rows per call, 1 .. 65536 (scratch is sized for it) */
 } kmoe_shape_t;
 
 typedef struct kmoe kmoe_t;
@@ -77,8 +77,8 @@ void kmoe_split(const kcpu_mat_t *gate, const kcpu_mat_t *up, const kcpu_mat_t *
                 int n_expert, kmoe_expert_t *out);
 
 /* layers[l] (l < n_layer): n_expert experts, or NULL for a layer without
- * routed experts; the arrays must outlive the kmoe_t (they are not
- * copied). Checks every held expert's shape and types against s, sizes
+ * routed experts. The list of layers is copied; the expert arrays it points
+ * to (and the weights) must outlive the kmoe_t. Checks every held expert's shape and types against s, sizes
  * the scratch for max_rows rows and max_rows * k pairs of the widest
  * types present, and reserves the kernels' scratch on tp's threads.
  * ECS_ERR_INVAL for a bad shape, ECS_ERR_NOMEM. */

@@ -65,6 +65,66 @@ for arch in deepseek2 qwen3moe; do
     ls "$cache" | grep -q tmp && bad "$arch: temporary files left in $cache"
     echo "ok   $arch: remade after touch, bad header, truncation"
 
+    # issue 12: a copy is never used for a file it was not made from, damage
+    # is found before it changes an output, killed loads leave nothing behind
+    # and a special file in the copy's place neither hangs nor is trusted.
+    cf="$cache/$arch.gguf.r16"
+    # (a) another model (other weights, same shapes) copied over the file with
+    # the old name, size and mtime (what cp -p, tar and rsync give)
+    other="$tmp/other-$arch.gguf"
+    "$mk" --arch $arch --preset tiny --types q4_k_m --seed 4 -o "$other" >/dev/null 2>&1 ||
+        bad "$arch: ecs-mkmodel (other)"
+    dump "$other" "$tmp/oplain.json" --no-repack || bad "$arch: --no-repack run of the other model"
+    cmp -s "$tmp/plain.json" "$tmp/oplain.json" && bad "$arch: two seeds give the same logits"
+    [ "$(stat -c %s "$model")" = "$(stat -c %s "$other")" ] || bad "$arch: the two models differ in size"
+    cp -p "$model" "$tmp/keep.gguf"
+    cp -p "$other" "$model" && touch -r "$tmp/keep.gguf" "$model"
+    [ "$(stat -c %Y "$model")" = "$(stat -c %Y "$tmp/keep.gguf")" ] || bad "$arch: mtime not kept"
+    dump "$model" "$tmp/a.json" --repack "$cache" || bad "$arch: run on the foreign file"
+    cmp -s "$tmp/oplain.json" "$tmp/a.json" || bad "$arch: the first model's copy was used for another"
+    grep -q "repack: wrote $cf .*made from another file" "$tmp/a.json.err" ||
+        bad "$arch: foreign file, copy not remade: $(cat "$tmp/a.json.err")"
+    cp -p "$tmp/keep.gguf" "$model"
+    dump "$model" "$tmp/a2.json" --repack "$cache" || bad "$arch: run on the restored file"
+    cmp -s "$tmp/plain.json" "$tmp/a2.json" || bad "$arch: logits differ on the restored file"
+    # (b) a damaged payload (random bytes in the middle of the copy)
+    size=$(stat -c %s "$cf")
+    head -c 4096 /dev/urandom | dd of="$cf" bs=4096 seek=$((size / 4096 / 2)) conv=notrunc 2>/dev/null
+    dump "$model" "$tmp/b.json" --repack "$cache" || bad "$arch: run with a damaged copy"
+    cmp -s "$tmp/plain.json" "$tmp/b.json" || bad "$arch: a damaged copy changed the logits"
+    grep -q "repack: wrote $cf .*damaged (chunk [0-9]* of [0-9]* fails its checksum)" "$tmp/b.json.err" ||
+        bad "$arch: damaged copy not remade: $(cat "$tmp/b.json.err")"
+    dump "$model" "$tmp/b2.json" --repack "$cache" || bad "$arch: run after the repair"
+    grep -q "repack:" "$tmp/b2.json.err" && bad "$arch: repaired copy remade again: $(cat "$tmp/b2.json.err")"
+    # (c) a load killed while writing leaves <copy>.tmp.<pid>: removed once
+    # that process is gone; a live process's is kept (it may be writing)
+    sh -c 'exit 0' & dead=$!; wait $dead
+    head -c 100000 /dev/zero >"$cf.tmp.$dead"
+    head -c 100 /dev/zero >"$cf.tmp.$$"
+    dump "$model" "$tmp/c.json" --repack "$cache" || bad "$arch: run with stale temporary files"
+    [ -e "$cf.tmp.$dead" ] && bad "$arch: a dead load's temporary copy was left"
+    [ -e "$cf.tmp.$$" ] || bad "$arch: a live process's temporary copy was removed"
+    grep -q "repack: removed 1 temporary file" "$tmp/c.json.err" || bad "$arch: cleanup not reported"
+    cmp -s "$tmp/plain.json" "$tmp/c.json" || bad "$arch: logits differ after the cleanup"
+    rm -f "$cf.tmp.$$"
+    # (d) a FIFO in the copy's place: replaced by a copy, no hang
+    rm -f "$cf" && mkfifo "$cf"
+    timeout 120 "$run" -m "$model" --threads 2 --tokens "$toks" --dump-logits "$tmp/d.json" --top 8 \
+        --step 1 --repack "$cache" 2>"$tmp/d.json.err" || bad "$arch: run with a FIFO (rc $?)"
+    [ -f "$cf" ] && [ ! -p "$cf" ] || bad "$arch: the FIFO was not replaced by a copy"
+    grep -q "repack: wrote $cf .*special file" "$tmp/d.json.err" || bad "$arch: FIFO: $(cat "$tmp/d.json.err")"
+    cmp -s "$tmp/plain.json" "$tmp/d.json" || bad "$arch: logits differ after the FIFO"
+    # a directory there: a clear warning, the directory left alone, no copy
+    rm -f "$cf" && mkdir "$cf" && : >"$cf/keep"
+    timeout 120 "$run" -m "$model" --threads 2 --tokens "$toks" --dump-logits "$tmp/e.json" --top 8 \
+        --step 1 --repack "$cache" 2>"$tmp/e.json.err" || bad "$arch: run with a directory (rc $?)"
+    grep -q "warning: repack: $cf is a directory, not a cache file" "$tmp/e.json.err" ||
+        bad "$arch: directory: $(cat "$tmp/e.json.err")"
+    [ -f "$cf/keep" ] || bad "$arch: the directory in the copy's place was touched"
+    cmp -s "$tmp/plain.json" "$tmp/e.json" || bad "$arch: logits differ with a directory there"
+    rm -rf "$cf"
+    echo "ok   $arch: foreign file with the same name/size/mtime, damaged payload, stale temporary files, FIFO, directory"
+
     # a directory that does not exist yet is made, parents included
     dump "$model" "$tmp/r8.json" --repack "$tmp/new/a/b" || bad "$arch: run with a new directory"
     [ -f "$tmp/new/a/b/$arch.gguf.r16" ] || bad "$arch: no copy in a new directory: $(cat "$tmp/r8.json.err")"

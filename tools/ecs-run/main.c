@@ -826,8 +826,11 @@ static void repack_report(const model_t *m, double load_s)
     if (note)
         fprintf(stderr, "ecs-run: warning: %s; running from the GGUF alone\n", note);
     else if (made)
-        fprintf(stderr, "repack: wrote %s (%.1f MB) in %.1f s\n", path, (double)bytes / 1e6,
-                load_s);
+        fprintf(stderr, "repack: wrote %s (%.1f MB) in %.1f s (%s)\n", path, (double)bytes / 1e6,
+                load_s, model_repack_made_why(m));
+    if (model_repack_cleaned(m))
+        fprintf(stderr, "repack: removed %d temporary file(s) of killed loads\n",
+                model_repack_cleaned(m));
 }
 
 int main(int argc, char **argv)
