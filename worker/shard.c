@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/hash.h"
 #include "worker/worker_int.h"
 
 static uint64_t now_ns(void)
@@ -44,6 +45,7 @@ ecs_err_t shard_open(shard_t *s, const gguf_file_t *f, const arch_hparams_t *hp)
 {
     memset(s, 0, sizeof *s);
     s->hp = *hp;
+    s->f = f;
     const size_t cells = (size_t)hp->n_layer * (size_t)hp->n_expert;
     s->all = calloc(cells, sizeof *s->all);
     s->held = calloc(cells, sizeof *s->held);
@@ -74,6 +76,7 @@ ecs_err_t shard_open(shard_t *s, const gguf_file_t *f, const arch_hparams_t *hp)
 void shard_close(shard_t *s)
 {
     kmoe_free(s->moe);
+    krepack_close(s->copy);
     free(s->all);
     free(s->held);
     free(s->layers);
@@ -95,8 +98,50 @@ static void prefault(const void *p, size_t n)
     (void)sink;
 }
 
+/* The interleaved copy of the held experts' matrices that have one, in a
+ * file named after the GGUF and a hash of the assignment (another
+ * assignment, another file). Without it the products read the GGUF's
+ * rows: the same bits, slower decode. */
+static void open_copy(shard_t *s, const char *dir, ecs_threadpool_t *tp)
+{
+    const size_t cells = (size_t)s->hp.n_layer * (size_t)s->hp.n_expert;
+    kcpu_mat_t **mats = malloc(3 * s->n_held * sizeof *mats);
+    int32_t *ids = malloc((s->n_held + 1) * sizeof *ids);
+    if (!mats || !ids)
+        goto done;
+    int n = 0, n_ids = 0;
+    for (size_t c = 0; c < cells; c++) {
+        if (!s->held[c].gate.nrows)
+            continue;
+        ids[n_ids++] = (int32_t)c;
+        kcpu_mat_t *m3[3] = {&s->held[c].gate, &s->held[c].up, &s->held[c].down};
+        for (int i = 0; i < 3; i++)
+            if (krepack_fits(m3[i]))
+                mats[n++] = m3[i];
+    }
+    if (!n)
+        goto done;
+    uint8_t h[32];
+    char hex[17], name[256];
+    ecs_sha256(ids, (size_t)n_ids * sizeof *ids, h);
+    ecs_hex(h, 8, hex);
+    const char *base = strrchr(gguf_path(s->f), '/');
+    base = base ? base + 1 : gguf_path(s->f);
+    snprintf(name, sizeof name, "%.200s.%s.r16", base, hex);
+    krepack_opts_t o = {.dir = dir, .name = name, .src = s->f, .tp = tp};
+    if (krepack_open(&o, mats, n, &s->copy) != ECS_OK)
+        fprintf(stderr, "ecs-worker: warning: no interleaved copy (%s); running from the GGUF "
+                "alone\n", ecs_errmsg());
+    else if (krepack_made_why(s->copy))
+        fprintf(stderr, "ecs-worker: made %s (%.1f MiB): %s\n", krepack_path(s->copy),
+                krepack_bytes(s->copy) / 1048576.0, krepack_made_why(s->copy));
+done:
+    free(mats);
+    free(ids);
+}
+
 ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_threadpool_t *tp,
-                       uint64_t *bytes, uint64_t *load_ns)
+                       const char *repack_dir, uint64_t *bytes, uint64_t *load_ns)
 {
     const arch_hparams_t *hp = &s->hp;
     const uint64_t t0 = now_ns();
@@ -117,6 +162,8 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
                          a->n, need / 1048576.0, budget / 1048576.0);
     kmoe_free(s->moe);
     s->moe = NULL;
+    krepack_close(s->copy);
+    s->copy = NULL;
     const size_t cells = (size_t)hp->n_layer * (size_t)hp->n_expert;
     memset(s->held, 0, cells * sizeof *s->held);
     for (int il = 0; il < hp->n_layer; il++)
@@ -126,6 +173,9 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
         s->held[c] = s->all[c];
         s->layers[a->layers[i]] = s->held + (size_t)a->layers[i] * (size_t)hp->n_expert;
     }
+    s->n_held = a->n;
+    if (repack_dir)
+        open_copy(s, repack_dir, tp);
     kmoe_shape_t shape = {.n_embd = hp->n_embd, .n_ff_exp = hp->n_ff_exp,
                           .n_expert = hp->n_expert, .k = hp->n_expert_used,
                           .max_rows = KCPU_MAX_BATCH};
@@ -135,7 +185,7 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
         s->n_held = 0;
         return rc;
     }
-    for (size_t c = 0; c < cells; c++)
+    for (size_t c = 0; c < cells && !s->copy; c++)
         if (s->held[c].gate.nrows) {
             prefault(s->held[c].gate.data, mat_bytes(&s->held[c].gate));
             prefault(s->held[c].up.data, mat_bytes(&s->held[c].up));

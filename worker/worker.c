@@ -97,7 +97,8 @@ static void send_error(worker_t *w, wire_status_t code, wire_kind_t about, const
 static void on_assign(worker_t *w, const wire_assign_t *a)
 {
     uint64_t bytes = 0, load_ns = 0;
-    ecs_err_t rc = shard_assign(&w->shard, a, w->o.mem_budget, w->tp, &bytes, &load_ns);
+    ecs_err_t rc = shard_assign(&w->shard, a, w->o.mem_budget, w->tp, w->o.repack_dir, &bytes,
+                                &load_ns);
     if (rc != ECS_OK) {
         logf_(w, true, "refusing assignment %llu: %s", (unsigned long long)a->generation,
               ecs_errmsg());

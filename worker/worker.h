@@ -41,6 +41,7 @@ typedef struct {
     const char *device;      /* "cpu" (NULL); "cuda:N" once the GPU backend exists */
     int threads;             /* compute threads, >= 1 */
     uint64_t mem_budget;     /* bytes of expert weights it may hold; 0: unlimited */
+    const char *repack_dir;  /* where the interleaved copy of its experts is cached; NULL: none */
     bool quiet;              /* no log lines on stderr but errors */
 } worker_opts_t;
 

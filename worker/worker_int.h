@@ -10,6 +10,7 @@
 #include "common/gguf.h"
 #include "common/threadpool.h"
 #include "kernels/moe/moe.h"
+#include "kernels/repack/repack.h"
 #include "proto/mux.h"
 #include "proto/wire.h"
 
@@ -19,6 +20,8 @@ typedef struct {
     kmoe_expert_t *held;           /* same shape; zeroed where not held */
     kmoe_expert_t **layers;        /* [n_layer] held + layer offset, NULL: none held */
     kmoe_t *moe;                   /* NULL until an assignment is loaded */
+    krepack_t *copy;               /* interleaved copy of the held experts, or NULL */
+    const gguf_file_t *f;
     int32_t *row, *expert;         /* [KCPU_MAX_BATCH * k] a call's pairs */
     size_t n_held;
     uint64_t bytes;
@@ -31,7 +34,7 @@ size_t shard_expert_bytes(const kmoe_expert_t *e);
 /* Checks the pairs and the budget (ECS_ERR_NOMEM: over it, nothing
  * changed), then holds exactly them and prefaults their bytes. */
 ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_threadpool_t *tp,
-                       uint64_t *bytes, uint64_t *load_ns);
+                       const char *repack_dir, uint64_t *bytes, uint64_t *load_ns);
 void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r);
 
 #endif

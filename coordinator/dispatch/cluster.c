@@ -91,6 +91,12 @@ static ecs_err_t spawn(dispatch_t *d, const char *bin)
             argv[a++] = "--mem-budget";
             argv[a++] = d->o.worker_budget;
         }
+        if (d->o.worker_repack && !d->o.worker_repack[0]) {
+            argv[a++] = "--no-repack";
+        } else if (d->o.worker_repack) {
+            argv[a++] = "--repack";
+            argv[a++] = d->o.worker_repack;
+        }
         if (d->o.quiet)
             argv[a++] = "-q";
         argv[a] = NULL;

@@ -93,6 +93,7 @@ typedef struct {
     const char *worker_bin;     /* NULL: ecs-worker beside this program */
     int worker_threads;         /* per spawned worker; 0: cores / spawn_workers, >= 1 */
     const char *worker_budget;  /* --mem-budget for spawned workers, NULL: none */
+    const char *worker_repack;  /* spawned workers' --repack DIR; "": --no-repack; NULL: theirs */
     int min_workers;            /* registrations to wait for; 0: spawn_workers or 1 */
     int replication;            /* holders per expert; 0: 1 */
     dispatch_weighting_t weighting;

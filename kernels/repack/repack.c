@@ -466,3 +466,16 @@ const char *krepack_path(const krepack_t *k) { return k ? k->path : NULL; }
 const char *krepack_made_why(const krepack_t *k) { return k && k->made ? k->why : NULL; }
 
 int krepack_cleaned(const krepack_t *k) { return k ? k->cleaned : 0; }
+
+const char *krepack_default_dir(char *buf, size_t cap)
+{
+    const char *e = getenv("ECS_CACHE_DIR");
+    if (e && *e)
+        return e;
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (x && *x && (size_t)snprintf(buf, cap, "%s/ecs", x) < cap)
+        return buf;
+    if (h && *h && (size_t)snprintf(buf, cap, "%s/.cache/ecs", h) < cap)
+        return buf;
+    return NULL;
+}

@@ -75,4 +75,8 @@ const char *krepack_made_why(const krepack_t *k);
 /* Stale temporary files this open removed. */
 int krepack_cleaned(const krepack_t *k);
 
+/* The cache directory programs use by default: $ECS_CACHE_DIR, else
+ * $XDG_CACHE_HOME/ecs, else ~/.cache/ecs (in buf); NULL if none is set. */
+const char *krepack_default_dir(char *buf, size_t cap);
+
 #endif

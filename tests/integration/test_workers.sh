@@ -71,6 +71,24 @@ EOF
     else bad "$name: greedy text differs: [$a] vs [$b]"; fi
 done
 
+# 2b. a Q4_K_M model with the interleaved copy: each worker makes the copy of
+#     just its experts, and the bits stay those of the local backend's copy
+q4="$tmp/ds2-q4.gguf"
+export ECS_CACHE_DIR="$tmp/cache"
+if "$build/bin/ecs-mkmodel" --arch deepseek2 --preset tiny --types q4_k_m --seed 3 -o "$q4" >/dev/null 2>&1; then
+    timeout 120 "$run" -m "$q4" --threads 2 --tokens "$toks" --dump-logits "$tmp/q4a.json" 2>/dev/null
+    timeout 120 "$run" -m "$q4" --threads 2 --tokens "$toks" --dump-logits "$tmp/q4b.json" \
+        --spawn-workers 2 2>"$tmp/q4.err"
+    copies=$(ls "$tmp/cache"/ds2-q4.gguf.*.r16 2>/dev/null | wc -l)
+    if [ -s "$tmp/q4a.json" ] && cmp -s "$tmp/q4a.json" "$tmp/q4b.json" && [ "$copies" -eq 2 ]; then
+        ok "q4_k_m with interleaved copies (one per worker, $copies files): logits identical"
+    else
+        bad "q4_k_m with copies: copies=$copies, $(tail -2 "$tmp/q4.err")"
+    fi
+else
+    bad "ecs-mkmodel q4_k_m"
+fi
+
 # 3. workers started by hand over tcp (capacity-weighted by threads), with
 #    a worker of another model refused first and garbage thrown at both
 (timeout 120 "$run" -m "$ds2" --threads 2 --no-repack --tokens "$toks" --dump-logits "$tmp/tcp.json" \

@@ -18,6 +18,7 @@
 #include "coordinator/model/model.h"
 #include "coordinator/sampler/sampler.h"
 #include "coordinator/tokenizer/tokenizer.h"
+#include "kernels/repack/repack.h"
 
 #define MAX_TOKENS_ARG (1 << 20)
 #define MAX_TOP 4096
@@ -805,15 +806,7 @@ static const char *repack_dir(const args_t *a, char *buf, size_t cap)
         return NULL;
     if (a->repack_dir)
         return a->repack_dir;
-    const char *e = getenv("ECS_CACHE_DIR");
-    if (e && *e)
-        return e;
-    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    if (x && *x && (size_t)snprintf(buf, cap, "%s/ecs", x) < cap)
-        return buf;
-    if (h && *h && (size_t)snprintf(buf, cap, "%s/.cache/ecs", h) < cap)
-        return buf;
-    return NULL;
+    return krepack_default_dir(buf, cap);
 }
 
 /* Says what became of the decode copy: made now (it took the load's time),
@@ -853,6 +846,7 @@ int main(int argc, char **argv)
     repack_report(m, now_s() - t0);
     dispatch_t *dsp = NULL;
     if (dispatch_wanted(&a.dispatch)) {
+        a.dispatch.worker_repack = opts.repack_dir ? opts.repack_dir : "";
         if (dispatch_start(m, &a.dispatch, &dsp) != ECS_OK) {
             int rc = fail("%s", ecs_errmsg());
             model_free(m);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/repack/repack.h"
 #include "worker/worker.h"
 
 static worker_t *g_worker;
@@ -32,6 +33,9 @@ static void usage(FILE *f)
             "                      a larger assignment is refused (default: no limit)\n"
             "  --id NAME           this worker's id, unique per coordinator (default HOST-PID)\n"
             "  --device DEV        cpu (default)\n"
+            "  --repack DIR        cache of the interleaved copy of its experts (default:\n"
+            "                      $ECS_CACHE_DIR, $XDG_CACHE_HOME/ecs or ~/.cache/ecs)\n"
+            "  --no-repack         compute from the GGUF alone (same results, slower decode)\n"
             "  -q, --quiet         log errors only\n");
 }
 
@@ -75,6 +79,8 @@ int main(int argc, char **argv)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     worker_opts_t o = {.threads = ncpu > 0 ? (int)ncpu : 1};
+    bool no_repack = false;
+    char cache[4096];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -85,8 +91,13 @@ int main(int argc, char **argv)
             o.quiet = true;
             continue;
         }
+        if (!strcmp(a, "--no-repack")) {
+            no_repack = true;
+            continue;
+        }
         static const char *const with_value[] = {"-m", "--coordinator", "--listen", "--threads",
-                                                 "--mem-budget", "--id", "--device"};
+                                                 "--mem-budget", "--id", "--device",
+                                                 "--repack"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
             known |= !strcmp(a, with_value[k]);
@@ -102,6 +113,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--id")) o.id = v;
         else if (!strcmp(a, "--device")) o.device = v;
+        else if (!strcmp(a, "--repack")) o.repack_dir = v;
         else if (!strcmp(a, "--threads")) {
             char *end;
             long n = strtol(v, &end, 10);
@@ -117,6 +129,10 @@ int main(int argc, char **argv)
         return fail("-m MODEL.gguf is required (see --help)");
     if (!o.coordinator)
         return fail("--coordinator ADDR is required (see --help)");
+    if (no_repack)
+        o.repack_dir = NULL;
+    else if (!o.repack_dir)
+        o.repack_dir = krepack_default_dir(cache, sizeof cache);
     if (o.id && (!o.id[0] || strlen(o.id) >= 64))
         return fail("--id: 1 to 63 bytes");
     if (worker_new(&o, &g_worker) != ECS_OK)
