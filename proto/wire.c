@@ -598,12 +598,6 @@ ecs_err_t wire_decode(const void *frame, size_t len, const void *payload, size_t
         return e;
     out->version = h.version;
     const char *name = wire_kind_name(out->kind);
-    if (has_payload != wire_kind_has_payload(out->kind))
-        return ecs_error(ECS_ERR_FORMAT, "%s: %s", name,
-                         has_payload ? "unexpected payload frame" : "payload frame missing");
-    if (has_payload && payload_len > WIRE_MAX_PAYLOAD)
-        return ecs_error(ECS_ERR_FORMAT, "%s: payload frame of %zu bytes exceeds %zu", name,
-                         payload_len, WIRE_MAX_PAYLOAD);
     ProtobufCMessage *pb = protobuf_c_message_unpack(kind_desc[out->kind], NULL, h.body_len,
                                                      (const uint8_t *)frame + WIRE_HEADER_SIZE);
     if (!pb)
@@ -612,6 +606,21 @@ ecs_err_t wire_decode(const void *frame, size_t len, const void *payload, size_t
                                      : out->kind == WIRE_RESULT ? "ExpertResult"
                                                                 : name);
     out->pb_ = pb;
+    /* the id first, so that a refusal can name the call it refuses */
+    if (out->kind == WIRE_CALL)
+        out->call.request_id = ((const Ecs__ExpertCall *)pb)->request_id;
+    else if (out->kind == WIRE_RESULT)
+        out->result.request_id = ((const Ecs__ExpertResult *)pb)->request_id;
+    if (has_payload != wire_kind_has_payload(out->kind)) {
+        e = ecs_error(ECS_ERR_FORMAT, "%s: %s", name,
+                      has_payload ? "unexpected payload frame" : "payload frame missing");
+        goto fail;
+    }
+    if (has_payload && payload_len > WIRE_MAX_PAYLOAD) {
+        e = ecs_error(ECS_ERR_FORMAT, "%s: payload frame of %zu bytes exceeds %zu", name,
+                      payload_len, WIRE_MAX_PAYLOAD);
+        goto fail;
+    }
     if (out->kind == WIRE_CALL) {
         out->call.payload = payload_len ? payload : NULL;
         out->call.payload_bytes = payload_len;

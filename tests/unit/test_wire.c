@@ -286,6 +286,10 @@ Test(wire, call_payload_frame_must_match)
     cr_assert_eq(d.kind, WIRE_CALL);
     cr_assert_eq(d.call.request_id, m.call.request_id);
     wire_msg_clear(&d);
+    /* ... also when the payload frame is missing altogether */
+    cr_assert_eq(wire_decode(frame, n, NULL, 0, false, &d), ECS_ERR_FORMAT);
+    cr_assert_eq(d.call.request_id, m.call.request_id);
+    wire_msg_clear(&d);
 }
 
 Test(wire, header_checks)

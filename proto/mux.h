@@ -1,0 +1,230 @@
+/* mux.h - multiplexed expert calls over ZeroMQ (tcp:// and ipc://): the
+ * coordinator's side (mux_t) and the worker's side (mux_server_t).
+ *
+ * Contract, coordinator side. mux_new() starts one I/O thread that owns
+ * every socket of the mux: the control ROUTER (workers' Hello, Ready,
+ * Heartbeat, Error, Stats come in there) and one DEALER per peer (a worker's
+ * data endpoint). Other threads never touch a socket: mux_submit() encodes
+ * the call's header and copies its payload into a message in the calling
+ * thread, then hands it to the I/O thread through a queue woken by an
+ * eventfd. Any number of calls may be in flight per peer; replies come back
+ * in any order and complete the call with the same request id (the mux
+ * assigns ids, unique per mux). A reply whose id is not in flight on that
+ * peer is dropped and counted (duplicate_replies when the id completed
+ * recently, unknown_ids otherwise). Waiting threads sleep on a condition
+ * variable; the I/O thread sleeps in zmq_poll. Nothing spins.
+ *
+ * A call completes exactly once, with one of:
+ *   err ECS_OK, status WIRE_ST_OK   rows in payload: n_entries rows of n_embd
+ *                                   values of the call's result_dtype, entry
+ *                                   order (checked against the call)
+ *   err ECS_OK, status != OK        the worker refused it (message says why)
+ *   err ECS_ERR_FORMAT              the reply was malformed or did not match
+ *                                   the call (message says what)
+ *   err ECS_ERR_IO                  the peer was disconnected or the mux freed
+ *                                   before a reply came
+ * Payloads handed out (a result's rows here, a call's rows to on_call on
+ * the worker) start at a WIRE_PAYLOAD_ALIGN (64-byte) aligned address: the
+ * transport copies a frame that ZeroMQ received at another address.
+ *
+ * A call that never gets a reply (a dead or silent worker) stays in flight:
+ * mux_wait() takes a timeout, and mux_peer_disconnect() fails every call in
+ * flight on that peer so that the caller can send them elsewhere.
+ *
+ * Usage (coordinator):
+ *
+ *   mux_t *m;  mux_new(&(mux_opts_t){.control_bind = "ipc:///tmp/ecs.ctl"}, &m);
+ *   int w;     mux_peer_connect(m, hello.data_endpoint, &w);
+ *   wire_call_t c = {...};               // see wire.h; request_id is set by mux
+ *   mux_call_t *call;
+ *   if (mux_submit(m, w, &c, &call)) die(ecs_errmsg());
+ *   ... compute the shared experts ...
+ *   if (mux_wait(m, &call, 1, 5000) == 0) {
+ *       const mux_result_t *r = mux_call_result(call);
+ *       if (r->err == ECS_OK && r->status == WIRE_ST_OK) sum(r->payload);
+ *   }
+ *   mux_call_release(call);
+ *   mux_free(m);
+ *
+ * Contract, worker side. mux_server_run() runs the serve loop on the
+ * calling thread, which owns the worker's data ROUTER (bound at data_bind,
+ * any number of coordinators connect to it) and its control DEALERs (one
+ * per coordinator, mux_server_connect). Each valid ExpertCall is handed to
+ * ops.on_call on that thread, one at a time in arrival order; its reply
+ * goes back to the coordinator that sent it. A bad message never stops the
+ * loop: a call whose request id could be read gets an ExpertResult with
+ * status BAD_MESSAGE (or VERSION), anything else an Error, and every one is
+ * counted (wire_stats_t.bad_messages); an Error is never answered. See
+ * docs/protocol.md for the full table.
+ *
+ * Usage (worker):
+ *
+ *   static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r) {
+ *       compute(c, r->rows);             // r->rows: c->n_entries result rows
+ *   }
+ *   mux_server_t *s;
+ *   mux_server_new(&(mux_server_opts_t){.data_bind = "tcp://0.0.0.0:5555"},
+ *                  &(mux_server_ops_t){.on_call = on_call, .on_ctrl = on_ctrl},
+ *                  ctx, &s);
+ *   mux_server_connect(s, "tcp://coord:5550", &conn);
+ *   mux_server_send(s, conn, &hello);     // before run, or from a callback
+ *   mux_server_run(s);                    // until mux_server_stop (signal-safe)
+ *   mux_server_free(s);
+ */
+#ifndef ECS_PROTO_MUX_H
+#define ECS_PROTO_MUX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "proto/wire.h"
+
+#define MUX_MAX_PEERS 4096      /* peer ids ever connected on one mux (ids are not reused) */
+#define MUX_DEFAULT_HWM 1024    /* messages queued per socket and direction */
+#define MUX_LAT_BUCKETS 32      /* latency histogram: bucket i counts [2^i, 2^(i+1)) us; 0 also < 1 us */
+
+/* ---- coordinator side ---- */
+
+typedef struct mux mux_t;
+typedef struct mux_call mux_call_t;
+
+typedef struct {
+    const char *control_bind;   /* ROUTER for workers' control messages; NULL: none */
+    int hwm;                    /* 0: MUX_DEFAULT_HWM */
+} mux_opts_t;
+
+/* Starts the I/O thread (and binds control_bind). */
+ecs_err_t mux_new(const mux_opts_t *opts, mux_t **out);
+/* Fails every call in flight (ECS_ERR_IO), stops the I/O thread, closes the
+ * sockets. Calls not yet released stay valid until mux_call_release(). */
+void mux_free(mux_t *m);
+/* The control endpoint as bound (a tcp "*" port resolved), or "" if none. */
+const char *mux_control_endpoint(const mux_t *m);
+
+/* Connects a DEALER to a worker's data endpoint (the connection itself is
+ * made in the background and retried by ZeroMQ); *peer is its id. */
+ecs_err_t mux_peer_connect(mux_t *m, const char *endpoint, int *peer);
+/* Closes the peer's socket and fails its calls in flight (ECS_ERR_IO).
+ * Replies that arrive later are lost with the socket. */
+ecs_err_t mux_peer_disconnect(mux_t *m, int peer);
+
+/* Sends c to peer: validates it (wire_check), sets c->request_id to a fresh
+ * id, encodes the header and copies the payload (c's arrays and payload may
+ * be reused as soon as this returns). *out is the call's handle: release it
+ * with mux_call_release(). ECS_ERR_INVAL for an unknown or disconnected
+ * peer, ECS_ERR_FORMAT for a call that does not pass wire_check. */
+ecs_err_t mux_submit(mux_t *m, int peer, wire_call_t *c, mux_call_t **out);
+
+/* Sleeps until every one of calls[0..n) has completed or timeout_ms passed
+ * (< 0: no limit); returns how many have not completed (0: all). Several
+ * threads may wait at once, each on its own calls. */
+int mux_wait(mux_t *m, mux_call_t *const *calls, int n, int timeout_ms);
+bool mux_call_done(const mux_call_t *c);
+
+typedef struct {
+    ecs_err_t err;              /* see the table above */
+    wire_status_t status;       /* the worker's, when err == ECS_OK */
+    const char *message;        /* why, when not OK ("" otherwise) */
+    uint64_t request_id;
+    int peer;
+    uint32_t n_entries, n_embd, dtype;
+    const void *payload;        /* the reply's rows (64-byte aligned), valid until release */
+    size_t payload_bytes;
+    uint64_t compute_ns;        /* the worker's compute time */
+    uint64_t rtt_ns;            /* submit to completion */
+} mux_result_t;
+
+/* The outcome of a completed call (NULL while in flight). */
+const mux_result_t *mux_call_result(const mux_call_t *c);
+/* Frees the handle (and the reply's frames). Releasing a call still in
+ * flight abandons it: its reply is consumed and dropped when it comes. */
+void mux_call_release(mux_call_t *c);
+
+typedef struct {
+    bool connected;
+    char endpoint[256];
+    uint64_t calls_in_flight, rows_in_flight;
+    uint64_t calls_sent, calls_ok, calls_failed;  /* failed: any outcome but err OK + status OK */
+    uint64_t bytes_out, bytes_in;                  /* all frames, headers included */
+    uint64_t unknown_ids, duplicate_replies, bad_messages, errors_received;
+    uint64_t latency_us[MUX_LAT_BUCKETS];          /* round trips of completed calls */
+    char last_error[256];                           /* last Error or bad reply, "" if none */
+} mux_peer_stats_t;
+
+ecs_err_t mux_peer_stats(mux_t *m, int peer, mux_peer_stats_t *out);
+/* Calls in flight on peer right now (cheap: for picking the least busy). */
+uint32_t mux_peer_inflight(mux_t *m, int peer);
+/* The latency below which fraction q of the histogram's round trips fall
+ * (upper bucket edge, us); 0 if empty. */
+uint64_t mux_latency_quantile(const uint64_t hist[MUX_LAT_BUCKETS], double q);
+
+/* A worker's address on the control socket (ZeroMQ routing id). */
+typedef struct {
+    uint8_t len;
+    uint8_t id[255];
+} mux_route_t;
+
+/* The next valid control message from any worker (Hello, Ready, Heartbeat,
+ * Error, Stats...), decoded: release it with wire_msg_clear(). Sleeps up to
+ * timeout_ms (< 0: no limit); msg->kind is WIRE_NONE if nothing came. Bad
+ * control messages never show up here: the I/O thread answers them with an
+ * Error and counts them (mux_ctrl_bad). */
+ecs_err_t mux_ctrl_recv(mux_t *m, mux_route_t *from, wire_msg_t *msg, int timeout_ms);
+/* Sends a control message (Welcome, Assign, Drain, Error...) to a worker;
+ * ECS_ERR_IO if that worker is not connected. */
+ecs_err_t mux_ctrl_send(mux_t *m, const mux_route_t *to, const wire_msg_t *msg);
+/* Bad messages received on the control socket so far. */
+uint64_t mux_ctrl_bad(mux_t *m);
+
+/* ---- worker side ---- */
+
+typedef struct mux_server mux_server_t;
+
+/* What on_call fills. Preset: status OK, rows pointing at room for
+ * n_entries result rows (of the call's n_embd and result_dtype) inside the
+ * reply's frame, compute_ns 0 (then the server measures on_call). On an
+ * error status set message; the rows are not sent. */
+typedef struct {
+    wire_status_t status;
+    char message[256];
+    uint64_t compute_ns;
+    void *rows;
+    size_t rows_bytes;
+} mux_reply_t;
+
+typedef struct {
+    /* A valid call; runs on the server thread. */
+    void (*on_call)(void *ctx, const wire_call_t *call, mux_reply_t *reply);
+    /* A valid control message from coordinator conn (Welcome, Assign,
+     * Drain, Heartbeat, Error...); msg is freed after the callback. */
+    void (*on_ctrl)(void *ctx, int conn, const wire_msg_t *msg);
+    /* Every tick_ms (for heartbeats); may be NULL. */
+    void (*on_tick)(void *ctx);
+} mux_server_ops_t;
+
+typedef struct {
+    const char *data_bind;      /* e.g. "tcp://127.0.0.1:*" or "ipc:///tmp/w0.data" */
+    int tick_ms;                /* 0: 1000 */
+    int hwm;                    /* 0: MUX_DEFAULT_HWM */
+} mux_server_opts_t;
+
+ecs_err_t mux_server_new(const mux_server_opts_t *opts, const mux_server_ops_t *ops, void *ctx,
+                         mux_server_t **out);
+/* The data endpoint as bound (tcp port resolved): what Hello announces. */
+const char *mux_server_endpoint(const mux_server_t *s);
+/* Connects a DEALER to a coordinator's control endpoint; *conn is its id. Only
+ * before mux_server_run or from a callback (the server thread). */
+ecs_err_t mux_server_connect(mux_server_t *s, const char *endpoint, int *conn);
+/* Sends a control message to coordinator conn; same thread rule. */
+ecs_err_t mux_server_send(mux_server_t *s, int conn, const wire_msg_t *msg);
+/* Serves until mux_server_stop(); ECS_ERR_IO if polling itself fails. */
+ecs_err_t mux_server_run(mux_server_t *s);
+/* Makes mux_server_run return soon; any thread, async-signal-safe. */
+void mux_server_stop(mux_server_t *s);
+/* Counters so far (calls, rows, bytes, bad messages, dropped replies). */
+void mux_server_stats(const mux_server_t *s, wire_stats_t *out);
+void mux_server_free(mux_server_t *s);
+
+#endif

@@ -1,0 +1,333 @@
+/* server.c - the worker's side of the transport: one thread (the caller of
+ * mux_server_run) owns the data ROUTER and the control DEALERs, hands each
+ * valid call to on_call and sends the reply to whoever asked. Bad input is
+ * answered or dropped and counted; nothing a peer sends ends the loop. */
+#include "mux.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "zutil.h"
+
+#define SERVER_MAX_CONNS 16
+#define SERVER_BATCH 64 /* calls served before the control sockets get a look */
+
+struct mux_server {
+    void *zctx, *data;
+    char data_ep[256];
+    void *ctl[SERVER_MAX_CONNS];
+    int n_ctl;
+    int efd;
+    int tick_ms, hwm;
+    mux_server_ops_t ops;
+    void *ctx;
+    atomic_bool stop;
+    _Atomic uint64_t calls, rows, bytes_in, bytes_out, compute_ns, bad, dropped;
+};
+
+#define ADD(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
+#define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+
+/* Sends [route] header [payload]: a reply that cannot leave at once (the
+ * coordinator is gone or not reading) is dropped and counted; the caller's
+ * timeout covers it. */
+static void send_reply(mux_server_t *s, const mux_route_t *route, const wire_msg_t *w,
+                       zmq_msg_t *payload)
+{
+    zmq_msg_t f;
+    if (zu_encode(w, &f) != ECS_OK) {
+        ADD(s->dropped, 1);
+        return;
+    }
+    const size_t bytes = zmq_msg_size(&f) + zmq_msg_size(payload);
+    if (zmq_send(s->data, route->id, route->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_msg_send(&f, s->data, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&f);
+        ADD(s->dropped, 1);
+        return;
+    }
+    zmq_msg_send(payload, s->data, ZMQ_DONTWAIT);
+    ADD(s->bytes_out, bytes);
+}
+
+static void reply_status(mux_server_t *s, const mux_route_t *route, uint64_t id,
+                         wire_status_t st, const char *why)
+{
+    char msg[WIRE_MAX_STRING];
+    snprintf(msg, sizeof msg, "%s", why);
+    wire_msg_t w = {.kind = WIRE_RESULT,
+                    .result = {.request_id = id, .status = st, .message = msg}};
+    zmq_msg_t empty;
+    zmq_msg_init(&empty);
+    send_reply(s, route, &w, &empty);
+    zmq_msg_close(&empty);
+}
+
+static void serve_call(mux_server_t *s, const mux_route_t *route, const wire_call_t *c)
+{
+    const size_t bytes = c->n_entries * wire_row_bytes(c->result_dtype, c->n_embd);
+    zmq_msg_t out;
+    if (zmq_msg_init_size(&out, bytes)) {
+        reply_status(s, route, c->request_id, WIRE_ST_INTERNAL, "worker out of memory");
+        return;
+    }
+    mux_reply_t r = {.status = WIRE_ST_OK, .rows = zmq_msg_data(&out), .rows_bytes = bytes};
+    const uint64_t t0 = zu_now_ns();
+    if (s->ops.on_call)
+        s->ops.on_call(s->ctx, c, &r);
+    else {
+        r.status = WIRE_ST_UNSUPPORTED;
+        snprintf(r.message, sizeof r.message, "this server takes no calls");
+    }
+    if (!r.compute_ns)
+        r.compute_ns = zu_now_ns() - t0;
+    ADD(s->calls, 1);
+    ADD(s->rows, c->n_rows);
+    ADD(s->compute_ns, r.compute_ns);
+    if (r.status != WIRE_ST_OK) {
+        zmq_msg_close(&out);
+        r.message[sizeof r.message - 1] = '\0';
+        reply_status(s, route, c->request_id, r.status, r.message);
+        return;
+    }
+    wire_msg_t w = {.kind = WIRE_RESULT,
+                    .result = {.request_id = c->request_id, .status = WIRE_ST_OK,
+                               .compute_ns = r.compute_ns, .n_entries = (uint32_t)c->n_entries,
+                               .n_embd = c->n_embd, .dtype = c->result_dtype,
+                               .payload = bytes ? zmq_msg_data(&out) : NULL,
+                               .payload_bytes = bytes}};
+    send_reply(s, route, &w, &out);
+    zmq_msg_close(&out);
+}
+
+/* One message on the data socket: [route, header(, payload)]. */
+static void data_msg(mux_server_t *s, zmq_msg_t *parts, int n)
+{
+    mux_route_t route = {.len = (uint8_t)zmq_msg_size(&parts[0])};
+    memcpy(route.id, zmq_msg_data(&parts[0]), route.len);
+    wire_msg_t w;
+    memset(&w, 0, sizeof w);
+    ecs_err_t e;
+    if (n < 2)
+        e = ecs_error(ECS_ERR_FORMAT, "empty message");
+    else if (n >= 3 && (e = zu_align(&parts[2])))
+        ;
+    else {
+        e = wire_decode(zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]),
+                        n >= 3 ? zmq_msg_data(&parts[2]) : NULL,
+                        n >= 3 ? zmq_msg_size(&parts[2]) : 0, n >= 3, &w);
+        if (!e && n > 3) {
+            const uint64_t id = w.kind == WIRE_CALL ? w.call.request_id : 0;
+            const wire_kind_t k = w.kind;
+            wire_msg_clear(&w);
+            w.kind = k;
+            w.call.request_id = id;
+            e = ecs_error(ECS_ERR_FORMAT, "%s of %d frames (at most 2)", wire_kind_name(k),
+                          n - 1);
+        }
+    }
+    if (!e && w.kind != WIRE_CALL && w.kind != WIRE_ERROR)
+        e = ecs_error(ECS_ERR_FORMAT, "%s on the data socket (only ExpertCall)",
+                      wire_kind_name(w.kind));
+    if (e) {
+        ADD(s->bad, 1);
+        if (w.kind == WIRE_CALL && w.call.request_id)
+            reply_status(s, &route, w.call.request_id, zu_status_of(e), ecs_errmsg());
+        else if (w.kind != WIRE_ERROR && zu_send_error(s->data, &route, zu_status_of(e), w.kind,
+                                                       0, ecs_errmsg()))
+            ADD(s->dropped, 1);
+    } else if (w.kind == WIRE_CALL) {
+        serve_call(s, &route, &w.call);
+    }
+    /* an Error from a coordinator is noted by the counters only */
+    wire_msg_clear(&w);
+}
+
+static void ctrl_msg(mux_server_t *s, int conn, zmq_msg_t *parts, int n)
+{
+    wire_msg_t w;
+    memset(&w, 0, sizeof w);
+    ecs_err_t e;
+    if (n > 1)
+        e = ecs_error(ECS_ERR_FORMAT, "control message of %d frames (1 wanted)", n);
+    else
+        e = wire_decode(zmq_msg_data(&parts[0]), zmq_msg_size(&parts[0]), NULL, 0, false, &w);
+    if (!e && wire_kind_has_payload(w.kind))
+        e = ecs_error(ECS_ERR_FORMAT, "%s on the control socket", wire_kind_name(w.kind));
+    if (e) {
+        ADD(s->bad, 1);
+        if (w.kind != WIRE_ERROR &&
+            zu_send_error(s->ctl[conn], NULL, zu_status_of(e), w.kind, 0, ecs_errmsg()))
+            ADD(s->dropped, 1);
+    } else if (s->ops.on_ctrl) {
+        s->ops.on_ctrl(s->ctx, conn, &w);
+    }
+    wire_msg_clear(&w);
+}
+
+static void drain(mux_server_t *s, void *sock, int conn)
+{
+    zmq_msg_t parts[ZU_MAX_PARTS];
+    int n;
+    size_t bytes;
+    for (int i = 0; i < SERVER_BATCH && !atomic_load(&s->stop); i++) {
+        if (zu_recv(sock, parts, &n, &bytes) <= 0)
+            return;
+        ADD(s->bytes_in, bytes);
+        if (conn < 0)
+            data_msg(s, parts, n);
+        else
+            ctrl_msg(s, conn, parts, n);
+        zu_close_parts(parts, n);
+    }
+}
+
+ecs_err_t mux_server_run(mux_server_t *s)
+{
+    zmq_pollitem_t items[SERVER_MAX_CONNS + 2];
+    uint64_t next_tick = zu_now_ns() + (uint64_t)s->tick_ms * 1000000ull;
+    while (!atomic_load(&s->stop)) {
+        int n = 0;
+        items[n++] = (zmq_pollitem_t){.fd = s->efd, .events = ZMQ_POLLIN};
+        items[n++] = (zmq_pollitem_t){.socket = s->data, .events = ZMQ_POLLIN};
+        for (int i = 0; i < s->n_ctl; i++)
+            items[n++] = (zmq_pollitem_t){.socket = s->ctl[i], .events = ZMQ_POLLIN};
+        const uint64_t now = zu_now_ns();
+        const long wait_ms = now >= next_tick ? 0 : (long)((next_tick - now) / 1000000ull) + 1;
+        if (zmq_poll(items, n, wait_ms) < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            return ecs_error(ECS_ERR_IO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+        }
+        if (items[0].revents) {
+            uint64_t v;
+            if (read(s->efd, &v, sizeof v) < 0) { /* nothing to reset */ }
+        }
+        if (items[1].revents)
+            drain(s, s->data, -1);
+        const int n_ctl = s->n_ctl; /* a callback may connect another */
+        for (int i = 0; i < n_ctl && 2 + i < n; i++)
+            if (items[2 + i].revents)
+                drain(s, s->ctl[i], i);
+        if (zu_now_ns() >= next_tick) {
+            if (s->ops.on_tick)
+                s->ops.on_tick(s->ctx);
+            next_tick = zu_now_ns() + (uint64_t)s->tick_ms * 1000000ull;
+        }
+    }
+    return ECS_OK;
+}
+
+void mux_server_stop(mux_server_t *s)
+{
+    atomic_store(&s->stop, true);
+    const uint64_t one = 1;
+    if (write(s->efd, &one, sizeof one) < 0) { /* already signalled */ }
+}
+
+ecs_err_t mux_server_new(const mux_server_opts_t *opts, const mux_server_ops_t *ops, void *ctx,
+                         mux_server_t **out)
+{
+    *out = NULL;
+    if (!opts || !opts->data_bind)
+        return ecs_error(ECS_ERR_INVAL, "mux_server_new: no data endpoint to bind");
+    mux_server_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return ecs_error(ECS_ERR_NOMEM, "mux_server: out of memory");
+    ecs_err_t e = ECS_OK;
+    s->efd = -1;
+    s->tick_ms = opts->tick_ms > 0 ? opts->tick_ms : 1000;
+    s->hwm = opts->hwm > 0 ? opts->hwm : MUX_DEFAULT_HWM;
+    if (ops)
+        s->ops = *ops;
+    s->ctx = ctx;
+    if (!(s->zctx = zmq_ctx_new())) {
+        e = ecs_error(ECS_ERR_IO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    if ((s->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+        e = ecs_error(ECS_ERR_IO, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    if ((e = zu_socket(s->zctx, ZMQ_ROUTER, s->hwm, 0, &s->data)))
+        goto fail;
+    const int one = 1;
+    zmq_setsockopt(s->data, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    if (zmq_bind(s->data, opts->data_bind) != 0) {
+        e = ecs_error(ECS_ERR_IO, "bind %s: %s", opts->data_bind, zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    zu_last_endpoint(s->data, s->data_ep, sizeof s->data_ep);
+    *out = s;
+    return ECS_OK;
+fail:
+    mux_server_free(s);
+    return e;
+}
+
+const char *mux_server_endpoint(const mux_server_t *s) { return s->data_ep; }
+
+ecs_err_t mux_server_connect(mux_server_t *s, const char *endpoint, int *conn)
+{
+    if (s->n_ctl >= SERVER_MAX_CONNS)
+        return ecs_error(ECS_ERR_RANGE, "at most %d coordinators", SERVER_MAX_CONNS);
+    void *sock;
+    /* a last Stats or Error gets a moment to leave on close */
+    ecs_err_t e = zu_socket(s->zctx, ZMQ_DEALER, s->hwm, 500, &sock);
+    if (e)
+        return e;
+    if (zmq_connect(sock, endpoint) != 0) {
+        e = ecs_error(ECS_ERR_IO, "connect %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        zmq_close(sock);
+        return e;
+    }
+    s->ctl[s->n_ctl] = sock;
+    *conn = s->n_ctl++;
+    return ECS_OK;
+}
+
+ecs_err_t mux_server_send(mux_server_t *s, int conn, const wire_msg_t *msg)
+{
+    if (conn < 0 || conn >= s->n_ctl)
+        return ecs_error(ECS_ERR_INVAL, "mux_server_send: no connection %d", conn);
+    if (wire_kind_has_payload(msg->kind))
+        return ecs_error(ECS_ERR_INVAL, "mux_server_send: %s is not a control message",
+                         wire_kind_name(msg->kind));
+    if (wire_check(msg))
+        return ECS_ERR_FORMAT;
+    size_t bytes = 0;
+    const int err = zu_send(s->ctl[conn], NULL, msg, &bytes);
+    if (err)
+        return ecs_error(ECS_ERR_IO, "control send: %s", zmq_strerror(err));
+    ADD(s->bytes_out, bytes);
+    return ECS_OK;
+}
+
+void mux_server_stats(const mux_server_t *s_, wire_stats_t *o)
+{
+    mux_server_t *s = (mux_server_t *)s_;
+    *o = (wire_stats_t){LOAD(s->calls), LOAD(s->rows), LOAD(s->bytes_in), LOAD(s->bytes_out),
+                        LOAD(s->compute_ns), LOAD(s->bad), LOAD(s->dropped)};
+}
+
+void mux_server_free(mux_server_t *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->n_ctl; i++)
+        zmq_close(s->ctl[i]);
+    if (s->data) {
+        zu_unbind(s->data, s->data_ep);
+        zmq_close(s->data);
+    }
+    if (s->zctx)
+        zmq_ctx_term(s->zctx);
+    if (s->efd >= 0)
+        close(s->efd);
+    free(s);
+}

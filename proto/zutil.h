@@ -1,0 +1,57 @@
+/* zutil.h - private to proto/: ZeroMQ helpers that mux.c (the coordinator's
+ * I/O thread) and server.c (the worker's loop) share. Every function here
+ * runs on the thread that owns the socket it is given. */
+#ifndef ECS_PROTO_ZUTIL_H
+#define ECS_PROTO_ZUTIL_H
+
+#include <stdint.h>
+#include <zmq.h>
+
+#include "proto/mux.h"
+#include "proto/wire.h"
+
+/* Most frames one message may have: routing id + header + payload. */
+#define ZU_MAX_PARTS 3
+
+uint64_t zu_now_ns(void);
+
+/* A socket with the mux's options: hwm both ways, linger_ms on close. */
+ecs_err_t zu_socket(void *zctx, int type, int hwm, int linger_ms, void **out);
+
+/* The endpoint a socket is bound to (tcp "*" resolved). */
+void zu_last_endpoint(void *sock, char *buf, size_t cap);
+
+/* Unbinds a socket from ep and removes an ipc socket file (ZeroMQ leaves
+ * it behind). */
+void zu_unbind(void *sock, const char *ep);
+
+/* Receives one whole message without blocking. Returns 1 and the first
+ * min(total, ZU_MAX_PARTS) frames in parts[] (initialised; close them with
+ * zu_close_parts), *nparts = the message's real frame count and *bytes its
+ * size; 0 when nothing is waiting; -1 on a socket error. */
+int zu_recv(void *sock, zmq_msg_t parts[ZU_MAX_PARTS], int *nparts, size_t *bytes);
+void zu_close_parts(zmq_msg_t *parts, int n);
+
+/* Makes a payload frame's data WIRE_PAYLOAD_ALIGN-aligned: ZeroMQ hands
+ * out frames at any address inside its receive buffer, so a misaligned one
+ * is copied into an aligned frame. ECS_ERR_NOMEM if that fails. */
+ecs_err_t zu_align(zmq_msg_t *msg);
+
+/* Encodes m's first frame into a new message. */
+ecs_err_t zu_encode(const wire_msg_t *m, zmq_msg_t *out);
+
+/* Sends [route]? + m's frame (+ payload for CALL/RESULT), without blocking;
+ * returns 0 or the errno of the failed send. */
+int zu_send(void *sock, const mux_route_t *route, const wire_msg_t *m, size_t *bytes);
+
+/* Sends an Error (code, about, request_id, message) the same way. */
+int zu_send_error(void *sock, const mux_route_t *route, wire_status_t code, wire_kind_t about,
+                  uint64_t request_id, const char *message);
+
+/* The status a decode failure maps to (VERSION for ECS_ERR_UNSUPPORTED). */
+wire_status_t zu_status_of(ecs_err_t e);
+
+/* Latency histogram bucket of a round trip. */
+int zu_lat_bucket(uint64_t ns);
+
+#endif
