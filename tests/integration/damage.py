@@ -214,8 +214,10 @@ def cases(src):
     if arch == "deepseek2":
         out.append(("weights_scale_huge", "fail", r"expert_weights_scale.*out of range",
                     setk(k("expert_weights_scale"), 6, 1e30)))
-    else:  # metadata only in qwen3moe: must not size the workspace
-        out.append(("ff_metadata_huge", "0", r"", setk(k("feed_forward_length"), 4, 1 << 30)))
+    else:  # metadata only in qwen3moe: named when absurd, else not sizing the workspace
+        out.append(("ff_metadata_huge", "fail", r"feed_forward_length = 1073741824 is out of range",
+                    setk(k("feed_forward_length"), 4, 1 << 30)))
+        out.append(("ff_metadata_big", "0", r"", setk(k("feed_forward_length"), 4, 1 << 20)))
     return out
 
 
