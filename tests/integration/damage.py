@@ -7,11 +7,15 @@ Writes OUTDIR/CASE.gguf for every case below and OUTDIR/cases.tsv with one
 line per case: "CASE<TAB>RC<TAB>REGEX", where RC is the exit status ecs-run
 must give ("0" or "fail") and REGEX a pattern its stderr must contain (the
 specific error or warning of that class of damage). Each case changes one
-thing in an otherwise valid model; the parser and writer here are
-independent of the project's C reader (no numpy, standard library only).
+thing in an otherwise valid model; the parser (gguf_inspect.py) and writer
+here are independent of the project's C reader.
 """
+import os
 import struct
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_inspect  # noqa: E402
 
 SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f",
           7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -22,53 +26,19 @@ BLOCKS = {0: (1, 4), 1: (1, 2), 8: (32, 34), 12: (256, 144), 14: (256, 210),
 
 
 class Model:
-    """Metadata as (key, type, value) with value decoded (arrays: (elem
-    type, list)), tensors as dicts, and the data section as bytes."""
+    """Metadata as [key, type, value] with value decoded (arrays: (elem
+    type, list)), tensors as dicts with their bytes, and the data section;
+    parsed by gguf_inspect.parse (independent of the project's C reader)."""
 
     def __init__(self, path):
-        buf = open(path, "rb").read()
-        self.pos = 0
-        self.buf = buf
-        assert self.take("<I") == 0x46554747, "not a GGUF"
-        self.version = self.take("<I")
-        nt, nkv = self.take("<Q"), self.take("<Q")
-        self.kvs = []
-        for _ in range(nkv):
-            key = self.string()
-            t = self.take("<I")
-            self.kvs.append([key, t, self.value(t)])
-        self.tensors = []
-        for _ in range(nt):
-            name = self.string()
-            nd = self.take("<I")
-            ne = [self.take("<Q") for _ in range(nd)]
-            self.tensors.append({"name": name, "ne": ne, "type": self.take("<I"),
-                                 "offset": self.take("<Q")})
-        align = self.get("general.alignment", 32)
-        start = (self.pos + align - 1) // align * align
-        self.data = bytearray(buf[start:])
+        g = gguf_inspect.parse(path)
+        self.version = g["version"]
+        self.kvs = [[k, t, decode(t, v)] for k, t, v in g["kvs"]]
+        self.data = bytearray(g["buf"][g["data_start"]:])
+        self.tensors = [{"name": n, "ne": ne, "type": tt, "offset": off}
+                        for n, ne, tt, off in g["tensors"]]
         for t in self.tensors:
             t["data"] = bytes(self.data[t["offset"]:t["offset"] + nbytes(t)])
-        del self.buf
-
-    def take(self, fmt):
-        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return v
-
-    def string(self):
-        n = self.take("<Q")
-        s = self.buf[self.pos:self.pos + n].decode("utf-8", "surrogateescape")
-        self.pos += n
-        return s
-
-    def value(self, t):
-        if t == STRING:
-            return self.string()
-        if t == ARRAY:
-            et, n = self.take("<I"), self.take("<Q")
-            return (et, [self.value(et) for _ in range(n)])
-        return self.take(SCALAR[t])
 
     def get(self, key, default=None):
         for k, _, v in self.kvs:
@@ -114,6 +84,19 @@ class Model:
             out += struct.pack("<IQ", t["type"], t["offset"])
         out += b"\0" * ((-len(out)) % align)
         open(path, "wb").write(bytes(out) + bytes(self.data))
+
+
+def decode(t, v):
+    if t == STRING:
+        return v.decode("utf-8", "surrogateescape")
+    if t == ARRAY:
+        _, et, n, items = v
+        if et == STRING:
+            return (et, [x.decode("utf-8", "surrogateescape") for x in items])
+        if et in SCALAR:
+            return (et, list(struct.unpack("<%d%s" % (n, SCALAR[et][1:]), items)))
+        raise ValueError("nested arrays are not needed here")
+    return v
 
 
 def nbytes(t):

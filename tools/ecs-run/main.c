@@ -552,6 +552,8 @@ static int run_args(const args_t *ap)
         int rc = model_ctx_new(m, model_n_ctx_max(m), flags, &c) != ECS_OK
                      ? run_fail("%s", ecs_errmsg())
                      : run_bench(m, c, &a);
+        if (rc == 0)
+            rc = run_stdout_check();
         model_ctx_free(c);
         model_free(m);
         return rc;
