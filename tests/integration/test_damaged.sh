@@ -8,9 +8,12 @@ set -u
 build=${1:?usage: test_damaged.sh BUILD_DIR}
 mk="$build/bin/ecs-mkmodel"
 san=build/asan
-# the sanitized ecs-run (make asan builds its libraries for the unit tests)
-make --no-print-directory -s BUILD=$san SAN=1 OPT=-O1 "$san/bin/ecs-run" >/dev/null ||
-    { echo "FAIL: cannot build $san/bin/ecs-run"; exit 1; }
+mkdir -p "$build/logs"
+# the sanitized ecs-run (make asan builds its libraries for the unit tests);
+# a make of its own, not a sub-make of the caller's jobserver
+env -u MAKEFLAGS -u MFLAGS make --no-print-directory -s -j2 BUILD=$san SAN=1 OPT=-O1 \
+    "$san/bin/ecs-run" >"$build/logs/asan-ecs-run.log" 2>&1 ||
+    { echo "FAIL: cannot build $san/bin/ecs-run"; tail -20 "$build/logs/asan-ecs-run.log"; exit 1; }
 run="$san/bin/ecs-run"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
