@@ -445,8 +445,15 @@ static int cmd_generate(model_t *m, model_ctx_t *c, const args_t *a, const tok_t
     tok_decoder_init(&dec, tok, false);
     int rc = 0, n_gen = 0;
     double t0 = run_now_s();
-    if (model_eval(c, toks, n, logits, false) != ECS_OK)
-        rc = run_fail("eval: %s", ecs_errmsg());
+    /* a step at a time, so that a signal stops a long prompt between steps
+     * (the last step's logits are the prompt's) */
+    for (int s0 = 0; s0 < n && rc == 0; s0 += MODEL_MAX_BATCH) {
+        if (run_stopped())
+            rc = 128 + run_stopped();
+        else if (model_eval(c, toks + s0, n - s0 < MODEL_MAX_BATCH ? n - s0 : MODEL_MAX_BATCH,
+                            logits, false) != ECS_OK)
+            rc = run_fail("eval: %s", ecs_errmsg());
+    }
     double t1 = run_now_s();
     while (rc == 0 && n_gen < a->n_predict) {
         int32_t id;
