@@ -3,15 +3,20 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char errbuf[512];
 
 ecs_err_t ecs_error(ecs_err_t code, const char *fmt, ...)
 {
+    /* formatted aside first: a message that wraps the previous one passes
+     * ecs_errmsg(), i.e. errbuf itself, as an argument */
+    char tmp[sizeof errbuf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(errbuf, tmp, sizeof errbuf);
     return code;
 }
 

@@ -20,7 +20,9 @@ typedef enum {
 } ecs_err_t;
 
 /* Sets the thread's error message (printf format) and returns code, so that
- * error paths read `return ecs_error(ECS_ERR_FORMAT, "...", ...);`. */
+ * error paths read `return ecs_error(ECS_ERR_FORMAT, "...", ...);`. The
+ * arguments may include ecs_errmsg() to wrap the previous message:
+ * `ecs_error(e, "%s: metadata %s: %s", path, key, ecs_errmsg())`. */
 ecs_err_t ecs_error(ecs_err_t code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

@@ -441,7 +441,9 @@ ecs_err_t gguf_open_buffer(const void *buf, size_t size, const char *name, gguf_
 ecs_err_t gguf_open(const char *path, gguf_file_t **out)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (a regular
+     * file ignores the flag; anything else is refused below) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return ecs_error(ECS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;

@@ -26,7 +26,7 @@
 #define cpu_relax() atomic_signal_fence(memory_order_seq_cst)
 #endif
 
-#define TP_MAX_THREADS 256
+#define TP_MAX_THREADS ECS_THREADPOOL_MAX
 /* How long a waiting thread spins before it sleeps: long enough to bridge the
  * serial work between two kernel calls in a decode step, short enough that an
  * idle pool stops using CPU almost at once. */

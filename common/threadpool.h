@@ -10,6 +10,9 @@
 
 typedef struct ecs_threadpool ecs_threadpool_t;
 
+/* Most threads a pool takes (the caller included). */
+#define ECS_THREADPOOL_MAX 256
+
 /* fn(arg, ith, nth): ith in [0, nth). */
 typedef void (*ecs_task_fn)(void *arg, int ith, int nth);
 

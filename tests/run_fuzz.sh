@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs each libFuzzer target for a short fixed time over its seed corpus
 # (tests/fuzz/corpus/NAME, made by the unit tests' broken-file generator and
-# checked in); a crash, leak or sanitizer report fails the run.
+# checked in) with its dictionary tests/fuzz/NAME.dict where there is one; a
+# crash, leak or sanitizer report fails the run.
 # usage: tests/run_fuzz.sh BIN...
 set -u
 secs=${FUZZ_SECONDS:-20}
@@ -12,7 +13,10 @@ for bin in "$@"; do
     seeds=tests/fuzz/corpus/$name
     [ -d "$seeds" ] && cp "$seeds"/* "$work"/ 2>/dev/null
     log=build/fuzz/$name.log
-    "$bin" -max_total_time="$secs" -rss_limit_mb=2048 -max_len=65536 "$work" >"$log" 2>&1
+    dict=() # keys and magic values the decoder looks for
+    [ -f "tests/fuzz/$name.dict" ] && dict=(-dict="tests/fuzz/$name.dict")
+    "$bin" -max_total_time="$secs" -rss_limit_mb=2048 -max_len=65536 "${dict[@]}" "$work" \
+        >"$log" 2>&1
     rc=$?
     if [ $rc -eq 0 ] && grep -q 'Done [0-9]* runs' "$log"; then
         echo "ok   $name ($(grep -o 'Done [0-9]* runs' "$log"))"; pass=$((pass + 1))

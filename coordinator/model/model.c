@@ -73,13 +73,18 @@ static int pad16(int x) { return (x + 15) & ~15; }
  * only. */
 #define DENSE_PASS_ROWS 64
 
+/* The dense FFN's width where there are dense layers: feed_forward_length
+ * is metadata only in qwen3moe and in deepseek2 models without leading dense
+ * blocks, and must not size buffers there. */
+static int dense_ff(const arch_hparams_t *hp) { return hp->n_layer_dense > 0 ? hp->n_ff : 0; }
+
 /* Floats in ffa / ffb: all rows of a step through the widest shared FFN,
  * and at least DENSE_PASS_ROWS rows through the dense one (which then runs
  * in passes). */
 static size_t ff_cap(const arch_hparams_t *hp)
 {
     const size_t a = (size_t)MODEL_MAX_BATCH * (size_t)imax(hp->n_ff_shexp, 1);
-    const size_t b = (size_t)DENSE_PASS_ROWS * (size_t)imax(imax(hp->n_ff, hp->n_ff_shexp), 1);
+    const size_t b = (size_t)DENSE_PASS_ROWS * (size_t)imax(imax(dense_ff(hp), hp->n_ff_shexp), 1);
     return a > b ? a : b;
 }
 
@@ -104,7 +109,7 @@ static void ws_layout(model_t *m, carve_t *c)
     const int nrot = hp->rope.n_rot, kvl = hp->kv_lora_rank;
     ws->kv_w = ds2 ? kvl + nrot : hp->n_head_kv * hp->head_k;
     ws->att_w = ds2 ? imax(kvl, hp->head_v) : hp->head_v;
-    ws->ff_w = imax(imax(hp->n_ff, hp->n_ff_shexp), 1);
+    ws->ff_w = imax(imax(dense_ff(hp), hp->n_ff_shexp), 1);
     ws->ff_cap = ff_cap(hp);
     const int nth = ecs_threadpool_size(m->tp);
     /* attention scratch per thread: queries, scores, a block of keys, output */
@@ -173,7 +178,12 @@ static ecs_err_t ws_alloc(model_t *m)
     m->ws_bytes = c.off;
     m->ws_mem = ecs_alloc_huge(c.off);
     if (!m->ws_mem)
-        return ecs_error(ECS_ERR_NOMEM, "model: cannot allocate %zu bytes of workspace", c.off);
+        return ecs_error(ECS_ERR_NOMEM,
+                         "model: cannot allocate %zu bytes of workspace (for embedding_length "
+                         "%d, feed_forward_length %d, expert_feed_forward_length %d x "
+                         "expert_shared_count %d, expert_count %d, context %d)",
+                         c.off, m->hp.n_embd, dense_ff(&m->hp), m->hp.n_ff_exp,
+                         m->hp.n_expert_shared, m->hp.n_expert, m->opts.n_ctx);
     c.base = m->ws_mem;
     c.off = 0;
     ws_layout(m, &c);
@@ -219,7 +229,7 @@ static ecs_err_t reserve_mat(model_t *m, const kcpu_mat_t *w, int nb, size_t *mo
 static ecs_err_t reserve_kernels(model_t *m)
 {
     const arch_hparams_t *hp = &m->hp;
-    const int nb = MODEL_MAX_BATCH, dense_nb = (int)(m->ws.ff_cap / (size_t)imax(hp->n_ff, 1));
+    const int nb = MODEL_MAX_BATCH, dense_nb = (int)(m->ws.ff_cap / (size_t)imax(dense_ff(hp), 1));
     size_t most = 0;
     ecs_err_t e = reserve_mat(m, &m->w.output, nb, &most);
     for (int il = 0; il < hp->n_layer && e == ECS_OK; il++) {
@@ -248,15 +258,19 @@ ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
         return ecs_error(ECS_ERR_NOMEM, "model: out of memory");
     ecs_err_t e = gguf_open(path, &m->file);
     if (e == ECS_OK)
+        e = model_validate_meta(m->file);
+    if (e == ECS_OK)
         e = model_read_hparams(m);
     if (e == ECS_OK)
         e = model_load_weights(m);
     if (e == ECS_OK)
+        e = model_validate_tensors(m);
+    if (e == ECS_OK)
         advise_hugepages(m->file);
     if (e == ECS_OK) {
         m->opts = opts ? *opts : (model_opts_t){0};
-        if (m->opts.n_ctx <= 0)
-            m->opts.n_ctx = m->hp.n_ctx_train < 4096 ? imax(m->hp.n_ctx_train, 1) : 4096;
+        if (m->opts.n_ctx <= 0) /* n_ctx_train >= 1: model_validate_meta */
+            m->opts.n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
         if (m->opts.n_ctx > MODEL_MAX_CTX)
             e = ecs_error(ECS_ERR_RANGE, "model: n_ctx %d exceeds %d", m->opts.n_ctx, MODEL_MAX_CTX);
         if (m->opts.n_threads <= 0) {
@@ -267,7 +281,11 @@ ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
     if (e == ECS_OK)
         e = ecs_threadpool_create(m->opts.n_threads, &m->tp);
     /* after the pool: the copy's checksums are checked on it */
-    if (e == ECS_OK && m->opts.repack_dir)
+    if (e == ECS_OK && m->opts.repack_dir && m->align_copy) /* the copy keys on file offsets */
+        snprintf(m->r16_note, sizeof m->r16_note, "%s: %.1f MB of tensors copied to aligned memory "
+                 "(general.alignment %u): no decode copy", gguf_path(m->file),
+                 (double)m->align_bytes / 1e6, gguf_alignment(m->file));
+    else if (e == ECS_OK && m->opts.repack_dir)
         model_repack(m, m->opts.repack_dir);
     if (e == ECS_OK)
         e = model_build_ext(m);
@@ -296,6 +314,7 @@ void model_free(model_t *m)
     free(m->ext);
     ecs_threadpool_destroy(m->tp);
     free(m->w.layers);
+    free(m->align_copy);
     model_repack_free(m);
     gguf_close(m->file);
     free(m);
@@ -309,7 +328,8 @@ const gguf_file_t *model_gguf(const model_t *m) { return m->file; }
 ecs_threadpool_t *model_threadpool(const model_t *m) { return m->tp; }
 size_t model_workspace_bytes(const model_t *m)
 {
-    return m->ws_bytes + m->ext_bytes + model_experts_local_bytes(m->ex_local) + m->kscratch_bytes;
+    return m->ws_bytes + m->ext_bytes + model_experts_local_bytes(m->ex_local) + m->kscratch_bytes +
+           m->align_bytes;
 }
 
 /* What decode reads of w: its interleaved copy where it has one. */
@@ -526,7 +546,9 @@ ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *lo
     }
     if (n_out > 0 && !logits)
         return ecs_error(ECS_ERR_INVAL, "model: rows want logits but the output is NULL");
-    MODEL_TRY(model_forward(m, st, n, out_rows, n_out, logits));
+    ecs_err_t e = model_forward(m, st, n, out_rows, n_out, logits);
+    if (e != ECS_OK || !model_all_finite(logits, (size_t)n_out * (size_t)m->hp.n_vocab))
+        MODEL_TRY(model_diagnose_step(m, st, n, out_rows, n_out, logits, e));
     for (int i = 0; i < n; i++)
         st[i].ctx->n_past = st[i].pos + 1 > st[i].ctx->n_past ? st[i].pos + 1 : st[i].ctx->n_past;
     return ECS_OK;

@@ -113,6 +113,9 @@ ecs_threadpool_t *model_threadpool(const model_t *m);
  * among them: steps run from that thread allocate nothing (another thread
  * grows its own scratch on its first step). */
 size_t model_workspace_bytes(const model_t *m);
+/* What the load found odd but not fatal (NULL if nothing), e.g. tensors in
+ * the file the architecture does not use: for the user to see. */
+const char *model_load_warning(const model_t *m);
 /* Why the decode copy asked for by opts.repack_dir is not in use (NULL if
  * it is, or was not asked for): the model then runs from the GGUF alone. */
 const char *model_repack_note(const model_t *m);

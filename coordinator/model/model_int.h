@@ -160,6 +160,11 @@ struct model {
                            * the kernels never read (else NULL) */
     int r16_n;
     char r16_note[512];   /* why there is none, if it was asked for */
+
+    /* validate.c */
+    void *align_copy;     /* tensors the file has at misaligned addresses */
+    size_t align_bytes;
+    char warn[512];       /* model_load_warning() */
 };
 
 /* repack.c: maps (making it first if needed) the interleaved copy of the
@@ -220,6 +225,20 @@ typedef struct {
 ecs_err_t model_read_hparams(model_t *m);
 ecs_err_t model_load_weights(model_t *m);
 ecs_err_t model_build_ext(model_t *m);
+
+/* validate.c: numeric metadata inside sane ranges (before the
+ * hyperparameters are read); no overlapping tensors, unused tensors named
+ * in m->warn, misaligned tensors copied to align_copy (after the views). */
+ecs_err_t model_validate_meta(const gguf_file_t *f);
+ecs_err_t model_validate_tensors(model_t *m);
+
+/* finite.c: after a step failed with e or its logits were not all finite,
+ * reruns it with a check of every MoE layer's activations and returns an
+ * error naming the first layer, phase and tensor where values stopped being
+ * finite (e itself when they all are). */
+ecs_err_t model_diagnose_step(model_t *m, const model_step_row_t *rows, int n,
+                              const int *out_rows, int n_out, float *logits, ecs_err_t e);
+bool model_all_finite(const float *x, size_t n);
 
 /* forward.c: logits for out_rows (ascending), in that order. The last
  * layer runs in full only for those; the other rows only store their K/V. */

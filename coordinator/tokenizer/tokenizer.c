@@ -171,7 +171,11 @@ static ecs_err_t load_tokens(tok_t *t, const gguf_file_t *f)
         t->text[i] = p;
         t->text_len[i] = (uint32_t)s.len;
         int64_t ty = types ? gguf_arr_i64(types, i) : TOK_TYPE_NORMAL;
-        t->type[i] = (uint8_t)(ty >= TOK_TYPE_UNDEFINED && ty <= TOK_TYPE_BYTE ? ty : TOK_TYPE_UNDEFINED);
+        if (ty < TOK_TYPE_UNDEFINED || ty > TOK_TYPE_BYTE)
+            return ecs_error(ECS_ERR_FORMAT, "%s: tokenizer.ggml.token_type of token %llu is %lld, "
+                             "not a known type (%d..%d)", gguf_path(f), (unsigned long long)i,
+                             (long long)ty, TOK_TYPE_UNDEFINED, TOK_TYPE_BYTE);
+        t->type[i] = (uint8_t)ty;
     }
     for (int b = 0; b < 256; b++) {
         char u[4];
@@ -220,25 +224,39 @@ static ecs_err_t load_merges(tok_t *t, const gguf_file_t *f)
         return err;
     if (mv->arr.n >= INT32_MAX)
         return ecs_error(ECS_ERR_FORMAT, "%s: too many merges", gguf_path(f));
+    if (mv->arr.n == 0)
+        return ecs_error(ECS_ERR_FORMAT, "%s: tokenizer.ggml.merges is empty (a BPE vocabulary "
+                         "needs its merges)", gguf_path(f));
+    uint64_t strays = 0; /* merges whose result is no token */
     if ((err = tok_u64map_init(&t->ranks, mv->arr.n)))
         return err;
     for (uint64_t i = 0; i < mv->arr.n; i++) {
         gguf_str_t s = mv->arr.strs[i];
         /* split at the first space after the first byte, as llama.cpp does */
         const char *sp = s.len > 1 ? memchr(s.ptr + 1, ' ', s.len - 1) : NULL;
-        if (!sp)
-            continue; /* llama.cpp records it as an unreachable ("", "") pair */
+        if (!sp) { /* llama.cpp records it as an unreachable ("", "") pair */
+            strays++;
+            continue;
+        }
         size_t nl = (size_t)(sp - s.ptr), nr = s.len - nl - 1;
         int32_t l, r, m;
         if ((err = symbol_id(t, s.ptr, nl, NULL, 0, &l)) || (err = symbol_id(t, sp + 1, nr, NULL, 0, &r)) ||
             (err = symbol_id(t, s.ptr, nl, sp + 1, nr, &m)))
             return err;
+        strays += m >= t->n_vocab;
         uint64_t *v;
         bool added;
         uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
         if ((err = tok_u64map_upsert(&t->ranks, key, i << 32 | (uint32_t)m, &v, &added)))
             return err;
     }
+    /* a few results outside the vocabulary are legal (llama.cpp merges by
+     * string); most of them, in a list long enough to tell (real ones have
+     * thousands), means the merges belong to no vocabulary */
+    if (mv->arr.n >= 100 && strays * 2 > mv->arr.n)
+        return ecs_error(ECS_ERR_FORMAT, "%s: tokenizer.ggml.merges: %llu of %llu merges make "
+                         "strings that are not tokens (garbage merges?)", gguf_path(f),
+                         (unsigned long long)strays, (unsigned long long)mv->arr.n);
     return ECS_OK;
 }
 

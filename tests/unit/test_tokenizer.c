@@ -597,6 +597,22 @@ Test(tokenizer, load_errors)
     tok_free(t);
 }
 
+/* A token type outside the enum and an empty merge list are load errors
+ * naming the key, not silently "undefined" tokens or an unmerged BPE. */
+Test(tokenizer, load_errors_types_merges)
+{
+    const char *merges[] = { "a b" };
+    const char *extra[] = { "zz" };
+    const int32_t bad[] = { 99 };
+    ecs_err_t err;
+    cr_assert_null(load_custom_typed("gpt2", "qwen2", -1, extra, bad, 1, merges, 1, &err));
+    cr_assert_eq(err, ECS_ERR_FORMAT);
+    cr_assert(strstr(ecs_errmsg(), "token_type") && strstr(ecs_errmsg(), "99"), "%s", ecs_errmsg());
+    cr_assert_null(load_custom("gpt2", "qwen2", -1, NULL, 0, merges, 0, &err));
+    cr_assert_eq(err, ECS_ERR_FORMAT);
+    cr_assert(strstr(ecs_errmsg(), "merges is empty"), "%s", ecs_errmsg());
+}
+
 /* Pre-tokenizers that have no reference vectors here still split text into
  * pieces that cover it exactly: every byte comes back, in order. */
 Test(tokenizer, every_pretokenizer_round_trips)
