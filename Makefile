@@ -20,7 +20,7 @@ CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitiz
 LDSAN = -fsanitize=address,undefined
 endif
 CFLAGS  = $(CFLAGS_BASE) $(EXTRA_CFLAGS)
-LDLIBS  = -lpcre2-8 -lm -lpthread
+LDLIBS  = -lpcre2-8 -lev -lhttp_parser -ljansson -lm -lpthread
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16
 
