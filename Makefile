@@ -72,7 +72,8 @@ $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBS)
 	$(CC) $(CFLAGS) $(LDSAN) -o $@ $< $(LIBS) $(LDLIBS)
 
 # ---- installing what the project needs (Debian, as root; idempotent) ----
-DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy
+DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy \
+           libev-dev libhttp-parser-dev libjansson-dev nodejs npm curl
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

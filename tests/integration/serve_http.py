@@ -11,7 +11,6 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 
 from serve_lib import (HOST, Server, metric_value, model_path, post_json, read_response, request,
                        sse_events, stream_text, wait_until)
