@@ -94,6 +94,12 @@ FUZZ_BINS = $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
 build/fuzz/%: tests/fuzz/%.c $(COMMON_SRC) $(wildcard common/*.h)
 	@mkdir -p $(dir $@)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o $@ $< $(COMMON_SRC) -lm -lpthread
+# the request parser of ecs-coordinator: HTTP framing and JSON into api_req_t
+FUZZ_API_SRC = coordinator/api/hparse.c coordinator/api/req.c $(wildcard coordinator/sampler/*.c)
+build/fuzz/fuzz_api_req: tests/fuzz/fuzz_api_req.c $(FUZZ_API_SRC) $(COMMON_SRC) $(wildcard coordinator/api/*.h)
+	@mkdir -p $(dir $@)
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o $@ $< \
+	  $(FUZZ_API_SRC) $(COMMON_SRC) -ljansson -lhttp_parser -lm -lpthread
 fuzz: $(FUZZ_BINS)
 	tests/run_fuzz.sh $(FUZZ_BINS)
 
