@@ -73,10 +73,11 @@ $(BUILD)/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBS)
 
 # ---- installing what the project needs (Debian, as root; idempotent) ----
 DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy \
-           libev-dev libhttp-parser-dev libjansson-dev nodejs npm curl
+           libev-dev libhttp-parser-dev libjansson-dev nodejs curl
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
@@ -114,15 +115,17 @@ bench: deps all
 	tests/bench/run.sh $(BUILD)
 
 # ---- running the demo model ----
+# make run: ecs-coordinator on MODEL at HTTP until Ctrl-C (it prints a curl
+# line to try); ecs-run -m MODEL -p TEXT generates from the command line.
 MODEL ?= models/demo-tiny.gguf
-PROMPT ?= The capital of France is
+HTTP ?= 127.0.0.1:8080
 models/demo-tiny.gguf: | $(BUILD)/bin/ecs-mkmodel
 	@mkdir -p models
 	$(BUILD)/bin/ecs-mkmodel --arch deepseek2 --preset tiny --types q8_0 --seed 1 -o $@
 run: deps
-	$(MAKE) $(BUILD)/bin/ecs-run $(BUILD)/bin/ecs-mkmodel
+	$(MAKE) $(BUILD)/bin/ecs-coordinator $(BUILD)/bin/ecs-run $(BUILD)/bin/ecs-mkmodel
 	@if [ "$(MODEL)" = "models/demo-tiny.gguf" ]; then $(MAKE) models/demo-tiny.gguf; fi
-	$(BUILD)/bin/ecs-run -m $(MODEL) -p "$(PROMPT)" -n 32
+	@exec $(BUILD)/bin/ecs-coordinator -m $(MODEL) --http $(HTTP)
 
 clean:
 	rm -rf build

@@ -271,6 +271,13 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
                         "chat template %s)\n",
                 ao.model_id, host, api_server_port(srv), so.n_ctx, st.slots,
                 tok_chat_kind_name(tok_chat_kind(tok)));
+        fprintf(stderr,
+                "  open  http://%s:%d/v1/models\n"
+                "  try   curl -sN http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' "
+                "-d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],"
+                "\"max_tokens\":32,\"stream\":true}'\n"
+                "  stop  Ctrl-C\n",
+                host, api_server_port(srv), host, api_server_port(srv), ao.model_id);
         api_server_run(srv);
         fprintf(stderr, "ecs-coordinator: shutting down\n");
     }
