@@ -59,6 +59,12 @@ class Server:
                 self.proc.wait()
                 raise RuntimeError("server did not stop on SIGTERM")
         self.log.close()
+        log = self.read_log()
+        for bad in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+            if bad in log:
+                raise RuntimeError("sanitizer report in the server's log %s" % self.log_path)
+        if self.proc.returncode == 0:
+            os.unlink(self.log_path)
         return self.proc.returncode
 
     def metrics(self):
