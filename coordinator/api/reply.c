@@ -65,8 +65,9 @@ static const char *finish_anthropic(sched_finish_t f)
 
 static json_t *usage_openai(const sched_view_t *v)
 {
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", v->n_prompt, "completion_tokens", v->n_gen,
-                     "total_tokens", v->n_prompt + v->n_gen);
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", v->n_prompt, "completion_tokens",
+                     v->n_gen, "total_tokens", v->n_prompt + v->n_gen, "prompt_tokens_details",
+                     "cached_tokens", v->n_cached);
 }
 
 static json_t *token_bytes(const char *s, size_t n)
@@ -245,11 +246,12 @@ void api_reply_full(api_job_t *j, api_buf_t *b, const sched_view_t *v, const cha
     if (j->req.route == API_ROUTE_MESSAGES) {
         json_t *seq = v->finish == SCHED_FINISH_STOP && v->stop_index >= 0
                           ? json_string(j->req.stops[v->stop_index]) : json_null();
-        emit_json(b, json_pack("{s:s,s:s,s:s,s:s,s:[{s:s,s:o}],s:s,s:o,s:{s:i,s:i}}", "id", j->id,
+        emit_json(b, json_pack("{s:s,s:s,s:s,s:s,s:[{s:s,s:o}],s:s,s:o,s:{s:i,s:i,s:i}}", "id", j->id,
                                "type", "message", "role", "assistant", "model", model, "content",
                                "type", "text", "text", text, "stop_reason",
                                finish_anthropic(v->finish), "stop_sequence", seq, "usage",
-                               "input_tokens", v->n_prompt, "output_tokens", v->n_gen));
+                               "input_tokens", v->n_prompt - v->n_cached, "output_tokens", v->n_gen,
+                               "cache_read_input_tokens", v->n_cached));
         return;
     }
     bool chat = j->req.route == API_ROUTE_CHAT;
@@ -330,6 +332,11 @@ void api_metrics_text(api_server_t *srv, api_buf_t *b)
     metric(b, "ecs_preemptions_total", "counter",
            "Running requests preempted for KV (whole-context slots never need it).",
            (double)st.preemptions);
+    metric(b, "ecs_prefix_cache_hit_tokens_total", "counter",
+           "Prompt tokens served from the prefix cache.", (double)st.prefix_hit_tokens);
+    metric(b, "ecs_prefix_cache_lookup_tokens_total", "counter",
+           "Prompt tokens looked up in the prefix cache (every admitted prompt token).",
+           (double)st.prefix_lookup_tokens);
     metric(b, "ecs_client_disconnects_total", "counter",
            "Requests cancelled because their client went away.", (double)srv->disconnects);
     metric(b, "ecs_http_connections", "gauge", "Open HTTP connections.", srv->n_conns);

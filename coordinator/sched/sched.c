@@ -68,18 +68,17 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     s->n_slots = fit < (size_t)o->max_running ? (int)fit : o->max_running;
     s->n_vocab = model_n_vocab(m);
     s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
-    s->free_slots = calloc((size_t)s->n_slots, sizeof *s->free_slots);
     s->logits = malloc((size_t)s->n_slots * (size_t)s->n_vocab * sizeof *s->logits);
     s->lp_row = malloc((size_t)s->n_vocab * sizeof *s->lp_row);
     s->rows = malloc(MODEL_MAX_BATCH * sizeof *s->rows);
     s->row_req = malloc(MODEL_MAX_BATCH * sizeof *s->row_req);
-    if (!s->slots || !s->free_slots || !s->logits || !s->lp_row || !s->rows || !s->row_req)
+    if (!s->slots || !s->logits || !s->lp_row || !s->rows || !s->row_req)
         goto nomem;
-    for (int i = 0; i < s->n_slots; i++) {
+    for (int i = 0; i < s->n_slots; i++)
         if (model_ctx_new(m, o->n_ctx, 0, &s->slots[i]) != ECS_OK)
             goto fail;
-        s->free_slots[s->n_free++] = s->n_slots - 1 - i;
-    }
+    if (sched_slots_init(s) != ECS_OK)
+        goto fail;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->inited = true;
@@ -100,7 +99,7 @@ void sched_free(sched_t *s)
     for (int i = 0; s->slots && i < s->n_slots; i++)
         model_ctx_free(s->slots[i]);
     free(s->slots);
-    free(s->free_slots);
+    sched_slots_free(s);
     free(s->logits);
     free(s->lp_row);
     free(s->rows);
@@ -178,8 +177,6 @@ ecs_err_t sched_submit(sched_t *s, sched_params_t *p, void *user, sched_req_t **
     atomic_init(&r->refs, 2);
     atomic_init(&r->cancel, false);
     r->t_submit = sched_now();
-    int nc = (r->p.n_prompt + s->o.chunk - 1) / s->o.chunk;
-    r->n_chunks = nc;
     tok_decoder_init(&r->dec, s->tok, false);
     pthread_mutex_lock(&s->mu);
     if (s->n_waiting >= s->o.max_queue || s->quit) {
@@ -216,7 +213,7 @@ sched_view_t sched_req_view(sched_req_t *r)
     pthread_mutex_lock(&r->s->mu);
     v = (sched_view_t){.text = r->text, .text_len = r->pub_text, .tokens = r->toks,
                        .n_tokens = r->toks ? r->pub_gen_toks : 0, .n_prompt = r->p.n_prompt,
-                       .n_gen = r->pub_gen, .finish = r->pub_finish,
+                       .n_gen = r->pub_gen, .n_cached = r->n_cached, .finish = r->pub_finish,
                        .stop_index = r->stop_index, .error = r->error, .ttft_s = r->ttft};
     pthread_mutex_unlock(&r->s->mu);
     return v;

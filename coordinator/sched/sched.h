@@ -12,7 +12,9 @@
  *   - Admission is first come, first served: a prompt chunk that does not fit
  *     in this step's budget waits, and no later request overtakes it.
  *   - Memory is fixed at sched_new: n_slots whole-context KV caches (from the
- *     --kv-mem budget), the logits rows of one step. A request past the free
+ *     --kv-mem budget), the logits rows of one step. A freed slot keeps its
+ *     rows: a later prompt with the same start reuses them (prefix cache,
+ *     slots.c), without changing its tokens. A request past the free
  *     slots waits in the queue (bounded by max_queue; past that, submit says
  *     ECS_ERR_NOMEM); per request, only buffers bounded by the context size
  *     are allocated (sampler, text, token records).
@@ -53,6 +55,7 @@ typedef struct {
     int max_running;  /* requests decoding at once (>= 1) */
     int max_queue;    /* requests waiting for a slot before submit refuses */
     int chunk;        /* prompt rows per chunk (>= 2 * MODEL_MLA_EXPAND_ROWS) */
+    bool prefix_cache; /* a freed slot keeps its rows for later requests' prefixes */
     void (*notify)(void *arg); /* called (any thread) when sched_drain has work */
     void *notify_arg;
 } sched_opts_t;
@@ -95,6 +98,7 @@ typedef struct {
     const sched_token_t *tokens;
     int n_tokens;           /* generated tokens (those with logprobs records) */
     int n_prompt, n_gen;
+    int n_cached;           /* prompt tokens served by the prefix cache */
     sched_finish_t finish;
     int stop_index;
     const char *error;
@@ -105,6 +109,7 @@ typedef struct {
     int slots, running, waiting;
     size_t kv_bytes, slot_bytes;
     uint64_t steps, prompt_tokens, gen_tokens, preemptions;
+    uint64_t prefix_hit_tokens, prefix_lookup_tokens; /* cached / looked-up prompt tokens */
     /* histogram buckets (cumulative counts written by sched_stats) */
     uint64_t ttft_count, tbt_count;
     double ttft_sum, tbt_sum;

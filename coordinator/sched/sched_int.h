@@ -17,7 +17,8 @@ struct sched_req {
     /* scheduler thread only */
     struct sched_req *next;   /* wait queue (under s->mu), then running list */
     int slot;
-    int n_fed;                /* prompt tokens evaluated */
+    int n_fed;                /* prompt tokens evaluated (or taken from the cache) */
+    int n_cached;             /* prompt tokens taken from the prefix cache */
     int chunk_i, n_chunks;
     bool decoding;
     int32_t next_tok;
@@ -48,7 +49,14 @@ struct sched {
     int n_slots;
     size_t slot_bytes;
     model_ctx_t **slots;
-    int *free_slots, n_free;
+    int n_free;
+    /* slots.c: the tokens each slot holds, how many of them may be reused
+     * (slot_exp), when it was last released, whether a request holds it */
+    int32_t **slot_toks;
+    int *slot_n, *slot_exp;
+    uint64_t *slot_used, tick;
+    bool *slot_busy;
+    bool mla;
     float *logits;            /* n_slots rows of n_vocab */
     float *lp_row;            /* one row kept for logprobs */
     model_row_t *rows;
@@ -69,6 +77,13 @@ struct sched {
 };
 
 double sched_now(void);
+ecs_err_t sched_slots_init(sched_t *s);
+void sched_slots_free(sched_t *s);
+/* Gives r the free slot with the longest usable cached prefix (else the
+ * least recently used one) and starts r's prompt after that prefix. */
+void sched_slot_take(sched_t *s, sched_req_t *r);
+/* r's slot becomes free; keep: its rows stay cached for later prefixes. */
+void sched_slot_give_back(sched_t *s, sched_req_t *r, bool keep);
 void *sched_main(void *arg);
 void sched_mark_ready_locked(sched_t *s, sched_req_t *r);
 void sched_note_token_locked(sched_t *s, sched_req_t *r, double now);

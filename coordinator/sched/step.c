@@ -8,11 +8,11 @@
 
 #include "sched_int.h"
 
-/* The i-th chunk of a prompt cut into n_chunks chunks as evenly as possible:
- * a function of the prompt length alone. */
+/* The i-th chunk of the prompt's uncached part cut into n_chunks chunks as
+ * evenly as possible: a function of the prompt and the cache alone. */
 static int chunk_len(const sched_req_t *r)
 {
-    int n = r->p.n_prompt, k = r->n_chunks;
+    int n = r->p.n_prompt - r->n_cached, k = r->n_chunks;
     return n / k + (r->chunk_i < n % k);
 }
 
@@ -36,11 +36,8 @@ static void running_remove(sched_t *s, sched_req_t *r)
  * state is published, the scheduler drops its reference. */
 static void finish(sched_t *s, sched_req_t *r, sched_finish_t f, const char *err)
 {
-    if (r->slot >= 0) {
-        model_ctx_reset(s->slots[r->slot]);
-        s->free_slots[s->n_free++] = r->slot;
-        r->slot = -1;
-    }
+    if (r->slot >= 0)
+        sched_slot_give_back(s, r, f != SCHED_FINISH_ERROR);
     running_remove(s, r);
     pthread_mutex_lock(&s->mu);
     r->pub_finish = f;
@@ -84,7 +81,7 @@ static void admit(sched_t *s)
             s->wait_tail = NULL;
         s->n_waiting--;
         r->next = NULL;
-        r->slot = s->free_slots[--s->n_free];
+        sched_slot_take(s, r);
         if (s->running_tail)
             s->running_tail->next = r;
         else
@@ -197,6 +194,7 @@ static void step(sched_t *s)
     for (sched_req_t *r = s->running; r; r = r->next)
         if (r->decoding) {
             s->rows[n] = (model_row_t){s->slots[r->slot], r->next_tok, true};
+            s->slot_toks[r->slot][model_ctx_n_past(s->slots[r->slot])] = r->next_tok;
             s->row_req[n++] = r;
         }
     int n_prompt_rows = 0;
@@ -208,6 +206,7 @@ static void step(sched_t *s)
             break; /* first come first served: nobody overtakes it */
         bool final = r->chunk_i + 1 == r->n_chunks;
         for (int j = 0; j < c; j++) {
+            s->slot_toks[r->slot][r->n_fed + j] = r->p.prompt[r->n_fed + j];
             s->rows[n] = (model_row_t){s->slots[r->slot], r->p.prompt[r->n_fed + j],
                                        final && j + 1 == c};
             s->row_req[n++] = r;

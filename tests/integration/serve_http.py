@@ -261,6 +261,45 @@ def small_pool():
 check("a KV pool smaller than the workload: waiting, identical outputs", small_pool)
 check("small pool: clean exit", lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
 
+# ---- prefix cache: a shared prefix is computed once, tokens unchanged ----
+HISTORY = "User: tell me about rivers.\nAssistant:" + " The river runs to the sea and back." * 40
+
+
+def turns():
+    return [greedy(HISTORY + " Next question %d?" % k, 12) for k in range(3)]
+
+
+for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
+    path = model_path(root, build, name)
+    cold_srv = Server(binary, path, "--ctx", "1024", "--no-prefix-cache")
+    try:
+        cold = [post_json(cold_srv.port, "/v1/completions", t)[1] for t in turns()]
+    finally:
+        cold_srv.stop()
+    srv = Server(binary, path, "--ctx", "1024", "--max-running", "2")
+
+    def prefix_reuse():
+        assert all(c["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for c in cold), cold
+        for k, t in enumerate(turns()):
+            m0 = srv.metrics()
+            st, r = post_json(srv.port, "/v1/completions", t)
+            m1 = srv.metrics()
+            assert st == 200, r
+            assert r["choices"][0]["text"] == cold[k]["choices"][0]["text"], (k, r, cold[k])
+            n, hit = r["usage"]["prompt_tokens"], r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            computed = metric_value(m1, "ecs_prompt_tokens_total") - metric_value(m0, "ecs_prompt_tokens_total")
+            looked = (metric_value(m1, "ecs_prefix_cache_lookup_tokens_total")
+                      - metric_value(m0, "ecs_prefix_cache_lookup_tokens_total"))
+            hits = (metric_value(m1, "ecs_prefix_cache_hit_tokens_total")
+                    - metric_value(m0, "ecs_prefix_cache_hit_tokens_total"))
+            assert looked == n and hits == hit and computed == n - hit, (n, hit, computed, looked, hits)
+            if k > 0:  # the history is shared: most of the prompt comes from the cache
+                assert hit > n // 2, (k, n, hit)
+
+    check("%s: prefix cache computes only new tokens, same tokens as cold" % name, prefix_reuse)
+    check("%s: prefix server clean exit" % name,
+          lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
+
 # ---- API keys ----
 with tempfile.NamedTemporaryFile("w", suffix=".keys", delete=False) as kf:
     kf.write("# keys\nsecret-one\nsecret-two\n")

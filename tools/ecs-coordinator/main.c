@@ -24,7 +24,7 @@ typedef struct {
     int threads, ctx, max_running, max_queue, chunk;
     size_t kv_mem, max_body, max_header;
     double read_timeout, idle_timeout;
-    bool no_repack;
+    bool no_repack, no_prefix_cache;
 } args_t;
 
 static void usage(FILE *f)
@@ -40,6 +40,8 @@ static void usage(FILE *f)
             "  --max-running N      requests generating at once (default 8)\n"
             "  --max-queue N        requests waiting before 503 (default 256)\n"
             "  --chunk N            prompt rows per scheduler chunk (default 256)\n"
+            "  --no-prefix-cache    freed KV slots forget their rows (default: a later prompt\n"
+            "                       with the same start reuses them)\n"
             "  --api-key-file FILE  require one of the keys in FILE (one per line)\n"
             "  --model-id NAME      model name of the API (default: the file name without .gguf)\n"
             "  --max-body SIZE      request body limit (default 8M)\n"
@@ -121,6 +123,10 @@ static int parse_args(int argc, char **argv, args_t *a)
         }
         if (!strcmp(o, "--no-repack")) {
             a->no_repack = true;
+            continue;
+        }
+        if (!strcmp(o, "--no-prefix-cache")) {
+            a->no_prefix_cache = true;
             continue;
         }
         if (!strcmp(o, "--control") || !strcmp(o, "--spawn-workers") ||
@@ -237,7 +243,8 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
         return 1;
     model_id_of(a->model, id, sizeof id);
     sched_opts_t so = {.n_ctx = model_n_ctx_max(m), .kv_mem = a->kv_mem,
-                       .max_running = a->max_running, .max_queue = a->max_queue, .chunk = a->chunk};
+                       .max_running = a->max_running, .max_queue = a->max_queue, .chunk = a->chunk,
+                       .prefix_cache = !a->no_prefix_cache};
     sched_t *s = NULL;
     if (sched_new(m, tok, &so, &s) != ECS_OK)
         return fail("%s", ecs_errmsg());
