@@ -143,4 +143,11 @@ sched_view_t sched_req_view(sched_req_t *r);
 
 void sched_stats(sched_t *s, sched_stats_t *out);
 
+/* The prefix cache on disk: save (after sched_stop) writes each slot's
+ * cached rows to DIR/slot-N.kv; load (after sched_start, before the first
+ * request: the warm-up step uses a slot) reads back the
+ * files made for this model, skipping (and counting) the others. */
+ecs_err_t sched_cache_save(sched_t *s, const char *dir, int *n_saved, long *n_tokens);
+ecs_err_t sched_cache_load(sched_t *s, const char *dir, int *n_loaded, int *n_skipped, long *n_tokens);
+
 #endif

@@ -81,7 +81,10 @@ void sched_slot_take(sched_t *s, sched_req_t *r)
     s->slot_busy[best] = true;
     s->n_free--;
     r->slot = best;
-    model_ctx_truncate(s->slots[best], best_u); /* best_u <= what is cached */
+    if (model_ctx_truncate(s->slots[best], best_u) != ECS_OK) { /* cannot happen: be safe */
+        model_ctx_reset(s->slots[best]);
+        best_u = 0;
+    }
     s->slot_n[best] = best_u;
     if (s->slot_exp[best] > best_u)
         s->slot_exp[best] = best_u;

@@ -7,6 +7,7 @@ chat message stays text; API keys. Every server is started here and stopped
 by pid.
 usage: serve_http.py ROOT BUILD"""
 import json
+import shutil
 import socket
 import sys
 import tempfile
@@ -299,6 +300,35 @@ for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
     check("%s: prefix cache computes only new tokens, same tokens as cold" % name, prefix_reuse)
     check("%s: prefix server clean exit" % name,
           lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
+
+    cache_dir = tempfile.mkdtemp(prefix="ecs-prefix-")
+
+    def after_restart():
+        first = Server(binary, path, "--ctx", "1024", "--max-running", "2", "--prefix-cache-dir", cache_dir)
+        try:
+            st, r0 = post_json(first.port, "/v1/completions", turns()[0])
+            assert st == 200 and r0["choices"][0]["text"] == cold[0]["choices"][0]["text"], r0
+        finally:
+            assert first.stop() == 0
+        again = Server(binary, path, "--ctx", "1024", "--max-running", "2", "--prefix-cache-dir", cache_dir)
+        try:
+            assert "restored" in again.read_log(), again.read_log()
+            st, r1 = post_json(again.port, "/v1/completions", turns()[1])
+            assert st == 200, r1
+            n, hit = r1["usage"]["prompt_tokens"], r1["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert hit > n // 2, (n, hit)
+            assert r1["choices"][0]["text"] == cold[1]["choices"][0]["text"], (r1, cold[1])
+        finally:
+            assert again.stop() == 0
+        other = model_path(root, build, "tiny-qwen3moe-q8_0" if "ds2" in name else "tiny-ds2-q8_0")
+        wrong = Server(binary, other, "--ctx", "1024", "--max-running", "2", "--prefix-cache-dir", cache_dir)
+        try:  # another model's cache files are not used
+            assert "0 slots" in wrong.read_log() and "skipped" in wrong.read_log(), wrong.read_log()
+        finally:
+            assert wrong.stop() == 0
+
+    check("%s: --prefix-cache-dir keeps the prefix warm across a restart" % name, after_restart)
+    shutil.rmtree(cache_dir, ignore_errors=True)
 
 # ---- API keys ----
 with tempfile.NamedTemporaryFile("w", suffix=".keys", delete=False) as kf:

@@ -20,7 +20,7 @@
 #define MAX_KEYS 256
 
 typedef struct {
-    const char *model, *http, *key_file, *model_id, *repack_dir;
+    const char *model, *http, *key_file, *model_id, *repack_dir, *cache_dir;
     int threads, ctx, max_running, max_queue, chunk;
     size_t kv_mem, max_body, max_header;
     double read_timeout, idle_timeout;
@@ -49,7 +49,9 @@ static void usage(FILE *f)
             "  --read-timeout S     seconds to receive a whole request (default 30)\n"
             "  --idle-timeout S     seconds a kept-alive idle connection stays open (default 60)\n"
             "  --repack DIR         decode copy directory (see ecs-run); --no-repack: none\n"
-            "  --control, --spawn-workers, --replication, --prefix-cache-dir: not yet available\n");
+            "  --prefix-cache-dir DIR  keep the prefix cache in DIR across restarts (written at\n"
+            "                       a clean shutdown, read at start-up)\n"
+            "  --control, --spawn-workers, --replication: not yet available (experts in-process)\n");
 }
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -130,9 +132,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             continue;
         }
         if (!strcmp(o, "--control") || !strcmp(o, "--spawn-workers") ||
-            !strcmp(o, "--replication") || !strcmp(o, "--prefix-cache-dir"))
-            return fail("%s is not available in this build yet (experts run in-process; no "
-                        "prefix cache)", o);
+            !strcmp(o, "--replication"))
+            return fail("%s is not available in this build yet (experts run in-process)", o);
         if (i + 1 >= argc)
             return fail("%s needs a value (see --help)", o);
         const char *v = argv[++i];
@@ -142,6 +143,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--api-key-file")) a->key_file = v;
         else if (!strcmp(o, "--model-id")) a->model_id = v;
         else if (!strcmp(o, "--repack")) a->repack_dir = v;
+        else if (!strcmp(o, "--prefix-cache-dir")) a->cache_dir = v;
         else if (!strcmp(o, "--threads")) ok = parse_int(v, 1, 1024, &a->threads);
         else if (!strcmp(o, "--ctx")) ok = parse_int(v, 2, MODEL_MAX_CTX, &a->ctx);
         else if (!strcmp(o, "--max-running")) ok = parse_int(v, 1, MODEL_MAX_BATCH / 2, &a->max_running);
@@ -158,6 +160,8 @@ static int parse_args(int argc, char **argv, args_t *a)
     }
     if (!a->model)
         return fail("-m MODEL.gguf is required (see --help)");
+    if (a->cache_dir && a->no_prefix_cache)
+        return fail("--prefix-cache-dir and --no-prefix-cache contradict each other");
     if (a->chunk + a->max_running > MODEL_MAX_BATCH)
         return fail("--chunk %d + --max-running %d exceed the %d rows of a step", a->chunk,
                     a->max_running, MODEL_MAX_BATCH);
@@ -250,14 +254,6 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
         return fail("%s", ecs_errmsg());
     sched_stats_t st;
     sched_stats(s, &st);
-    struct stat sb;
-    size_t wbytes = stat(a->model, &sb) == 0 ? (size_t)sb.st_size : 0;
-    fprintf(stderr,
-            "memory: weights %.1f MB mapped, workspace %.1f MB, KV %d slots x %d tokens = %.1f MB "
-            "(%.1f KB/token)%s\n",
-            wbytes / 1e6, model_workspace_bytes(m) / 1e6, st.slots, so.n_ctx, st.kv_bytes / 1e6,
-            st.slot_bytes / 1e3 / so.n_ctx,
-            st.slots < a->max_running ? " - fewer slots than --max-running: KV bounds concurrency" : "");
     api_opts_t ao = api_opts_default();
     ao.host = host;
     ao.port = port;
@@ -273,6 +269,23 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
         rc = fail("%s", ecs_errmsg());
     else if (sched_start(s) != ECS_OK)
         rc = fail("%s", ecs_errmsg());
+    if (a->cache_dir) {
+        int n_in, n_bad;
+        long n_tok;
+        if (sched_cache_load(s, a->cache_dir, &n_in, &n_bad, &n_tok) != ECS_OK)
+            fprintf(stderr, "ecs-coordinator: warning: %s\n", ecs_errmsg());
+        else
+            fprintf(stderr, "prefix cache: %d slots (%ld tokens) restored from %s%s\n", n_in, n_tok,
+                    a->cache_dir, n_bad ? " (files of another model or damaged ones skipped)" : "");
+    }
+    struct stat sb;
+    size_t wbytes = stat(a->model, &sb) == 0 ? (size_t)sb.st_size : 0;
+    fprintf(stderr,
+            "memory: weights %.1f MB mapped, workspace %.1f MB, KV %d slots x %d tokens = %.1f MB "
+            "(%.1f KB/token)%s\n",
+            wbytes / 1e6, model_workspace_bytes(m) / 1e6, st.slots, so.n_ctx, st.kv_bytes / 1e6,
+            st.slot_bytes / 1e3 / so.n_ctx,
+            st.slots < a->max_running ? " - fewer slots than --max-running: KV bounds concurrency" : "");
     if (rc == 0) {
         fprintf(stderr, "ecs-coordinator: serving '%s' on http://%s:%d (context %d, %d running, "
                         "chat template %s)\n",
@@ -289,6 +302,15 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
         fprintf(stderr, "ecs-coordinator: shutting down\n");
     }
     sched_stop(s);
+    if (a->cache_dir && rc == 0) {
+        int n_out;
+        long n_tok;
+        if (sched_cache_save(s, a->cache_dir, &n_out, &n_tok) != ECS_OK)
+            rc = fail("%s", ecs_errmsg());
+        else
+            fprintf(stderr, "prefix cache: %d slots (%ld tokens) written to %s\n", n_out, n_tok,
+                    a->cache_dir);
+    }
     api_server_free(srv);
     sched_free(s);
     return rc;
