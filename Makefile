@@ -25,7 +25,7 @@ CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitiz
 LDSAN = -fsanitize=address,undefined
 endif
 CFLAGS  = $(CFLAGS_BASE) $(EXTRA_CFLAGS)
-LDLIBS  = -lpcre2-8 -lprotobuf-c -lzmq -lm -lpthread
+LDLIBS  = -lpcre2-8 -lev -lhttp_parser -ljansson -lprotobuf-c -lzmq -lm -lpthread
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16
 
@@ -109,10 +109,12 @@ $(BUILD)/deps/%: $(BUILD)/obj/tests/deps/%.o $(LIB_KERNELS) $(LIB_COMMON)
 
 # ---- installing what the project needs (Debian, as root; idempotent) ----
 DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy \
-           protobuf-c-compiler libprotobuf-c-dev libzmq3-dev python3-zmq
+           protobuf-c-compiler libprotobuf-c-dev libzmq3-dev python3-zmq \
+           libev-dev libhttp-parser-dev libjansson-dev nodejs curl
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
@@ -138,6 +140,12 @@ build/gen/proto/ecs.pb-c.c: proto/ecs.proto
 	@mkdir -p build/gen
 	protoc-c --c_out=build/gen $<
 endif
+# the request parser of ecs-coordinator: HTTP framing and JSON into api_req_t
+FUZZ_API_SRC = coordinator/api/hparse.c coordinator/api/req.c $(wildcard coordinator/sampler/*.c)
+build/fuzz/fuzz_api_req: tests/fuzz/fuzz_api_req.c $(FUZZ_API_SRC) $(COMMON_SRC) $(wildcard coordinator/api/*.h)
+	@mkdir -p $(dir $@)
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o $@ $< \
+	  $(FUZZ_API_SRC) $(COMMON_SRC) -ljansson -lhttp_parser -lm -lpthread
 fuzz: $(FUZZ_BINS)
 	tests/run_fuzz.sh $(FUZZ_BINS)
 
@@ -152,15 +160,18 @@ bench: deps all
 	tests/bench/run.sh $(BUILD)
 
 # ---- running the demo model ----
+# make run: ecs-coordinator on MODEL at HTTP until Ctrl-C (it prints a curl
+# line to try); ecs-run -m MODEL -p TEXT generates from the command line.
 MODEL ?= models/demo-tiny.gguf
-PROMPT ?= The capital of France is
+HTTP ?= 127.0.0.1:8080
 models/demo-tiny.gguf: | $(BUILD)/bin/ecs-mkmodel
 	@mkdir -p models
 	$(BUILD)/bin/ecs-mkmodel --arch deepseek2 --preset tiny --types q8_0 --seed 1 -o $@
+WORKERS ?= 2
 run: deps
-	$(MAKE) $(BUILD)/bin/ecs-run $(BUILD)/bin/ecs-mkmodel
+	$(MAKE) $(BUILD)/bin/ecs-coordinator $(BUILD)/bin/ecs-worker $(BUILD)/bin/ecs-run $(BUILD)/bin/ecs-mkmodel
 	@if [ "$(MODEL)" = "models/demo-tiny.gguf" ]; then $(MAKE) models/demo-tiny.gguf; fi
-	$(BUILD)/bin/ecs-run -m $(MODEL) -p "$(PROMPT)" -n 32
+	@exec $(BUILD)/bin/ecs-coordinator -m $(MODEL) --http $(HTTP) --spawn-workers $(WORKERS)
 
 clean:
 	rm -rf build

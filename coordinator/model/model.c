@@ -510,6 +510,44 @@ ecs_err_t model_ctx_truncate(model_ctx_t *c, int n_keep)
     return ECS_OK;
 }
 int model_ctx_n_past(const model_ctx_t *c) { return c->n_past; }
+
+size_t model_ctx_rows_bytes(const model_ctx_t *c, int n)
+{
+    size_t per_tok = c->latent ? c->k_row : c->k_row + c->v_row;
+    return (size_t)c->m->hp.n_layer * (size_t)(n > 0 ? n : 0) * per_tok * c->elt;
+}
+
+/* Copies rows [0, n) of every layer's K (and V) between the cache and a
+ * packed buffer, layer by layer. */
+static void ctx_rows_copy(model_ctx_t *c, int n, char *buf, bool to_buf)
+{
+    for (int l = 0; l < c->m->hp.n_layer; l++)
+        for (int kv = 0; kv < (c->latent ? 1 : 2); kv++) {
+            size_t row = kv ? c->v_row : c->k_row, layer = kv ? c->v_layer : c->k_layer;
+            char *at = (char *)(kv ? c->v : c->k) + (size_t)l * layer * c->elt;
+            size_t bytes = (size_t)n * row * c->elt;
+            memcpy(to_buf ? buf : at, to_buf ? at : buf, bytes);
+            buf += bytes;
+        }
+}
+
+ecs_err_t model_ctx_export(const model_ctx_t *c, int n, void *out)
+{
+    if (n < 0 || n > c->n_past)
+        return ecs_error(ECS_ERR_RANGE, "model: cannot export %d of %d cached tokens", n, c->n_past);
+    ctx_rows_copy((model_ctx_t *)c, n, out, true);
+    return ECS_OK;
+}
+
+ecs_err_t model_ctx_import(model_ctx_t *c, int n, const void *in)
+{
+    if (n < 0 || n > c->n_ctx)
+        return ecs_error(ECS_ERR_RANGE, "model: cannot import %d tokens into a context of %d", n,
+                         c->n_ctx);
+    ctx_rows_copy(c, n, (char *)in, false);
+    c->n_past = n;
+    return ECS_OK;
+}
 int model_ctx_n_ctx(const model_ctx_t *c) { return c->n_ctx; }
 
 /* -------------------------------------------------------------- evaluation */

@@ -234,6 +234,13 @@ void model_ctx_reset(model_ctx_t *c);
 ecs_err_t model_ctx_truncate(model_ctx_t *c, int n_keep);
 int model_ctx_n_past(const model_ctx_t *c);
 int model_ctx_n_ctx(const model_ctx_t *c);
+/* The cached rows [0, n) as bytes, e.g. to keep a prefix on disk:
+ * model_ctx_rows_bytes(c, n) bytes in the cache's own element type, for
+ * contexts of the same model and flags only. Export: ECS_ERR_RANGE past
+ * n_past. Import replaces the sequence with those n rows. */
+size_t model_ctx_rows_bytes(const model_ctx_t *c, int n);
+ecs_err_t model_ctx_export(const model_ctx_t *c, int n, void *out);
+ecs_err_t model_ctx_import(model_ctx_t *c, int n, const void *in);
 
 /* Appends n tokens to c's sequence (split into steps of MODEL_MAX_BATCH).
  * logits may be NULL; else it receives n_vocab floats for the last token, or

@@ -1,0 +1,128 @@
+/* api.h - the HTTP front of ecs-coordinator: OpenAI and Anthropic routes
+ * over libev, libhttp-parser and libjansson, streamed as server-sent events.
+ *
+ * Contract:
+ *   - One event-loop thread (the caller of api_server_run) owns every
+ *     socket. Generation requests go to the scheduler (sched.h); its
+ *     progress comes back through an ev_async wake-up, never by polling.
+ *   - Routes: POST /v1/chat/completions, /v1/completions, /v1/messages;
+ *     GET /v1/models, /health, /ready, /metrics. Errors are each API's
+ *     error JSON with a message naming what was wrong.
+ *   - HTTP/1.1 keep-alive and pipelining (one request at a time per
+ *     connection, answered in order), chunked request bodies, limits on
+ *     header and body bytes (431 / 413), a read timeout from a request's
+ *     first byte to its end (408) and an idle timeout between requests.
+ *     A client that goes away cancels its request at once.
+ *   - Chat messages are tokenized so that text inside a message that spells
+ *     a control token stays plain text (it cannot forge a turn); a raw
+ *     /v1/completions prompt parses control-token text as llama-server does.
+ *   - API keys (optional) are compared in constant time.
+ *
+ * Usage:
+ *   api_opts_t o = api_opts_default(); o.host = "127.0.0.1"; o.port = 8080;
+ *   api_server_t *srv; api_server_new(&o, model, tok, sched, &srv);
+ *   api_server_run(srv);        // until SIGINT/SIGTERM or api_server_stop
+ *   api_server_free(srv);
+ */
+#ifndef ECS_API_H
+#define ECS_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "coordinator/model/model.h"
+#include "coordinator/sampler/sampler.h"
+#include "coordinator/sched/sched.h"
+#include "coordinator/tokenizer/tokenizer.h"
+
+typedef struct {
+    const char *host;        /* address to bind (default 127.0.0.1) */
+    int port;
+    const char *model_id;    /* the name /v1/models reports and requests must use */
+    size_t max_body;         /* bytes of a request body (413 past it) */
+    size_t max_header;       /* bytes of the request line and headers (431 past it) */
+    double read_timeout_s;   /* first byte to complete request (408 past it) */
+    double idle_timeout_s;   /* a kept-alive connection with nothing to do is closed */
+    int max_conns;           /* accepted connections at once (503 past it) */
+    const char *const *api_keys; /* NULL or NULL-terminated list */
+    bool handle_signals;     /* SIGINT/SIGTERM stop the loop */
+} api_opts_t;
+
+api_opts_t api_opts_default(void);
+
+typedef struct api_server api_server_t;
+
+/* Binds and listens (ECS_ERR_IO with the reason when it cannot). */
+ecs_err_t api_server_new(const api_opts_t *o, model_t *m, const tok_t *tok, sched_t *sched,
+                         api_server_t **out);
+/* Runs the loop until stopped; then closes every connection. */
+ecs_err_t api_server_run(api_server_t *srv);
+/* From any thread. */
+void api_server_stop(api_server_t *srv);
+/* The port actually bound (for port 0). */
+int api_server_port(const api_server_t *srv);
+void api_server_free(api_server_t *srv);
+
+/* ---- request parsing (exposed for the fuzz target and tests) ---- */
+
+typedef enum {
+    API_ROUTE_CHAT = 0,      /* /v1/chat/completions */
+    API_ROUTE_COMPLETION,    /* /v1/completions */
+    API_ROUTE_MESSAGES,      /* /v1/messages (Anthropic) */
+} api_route_t;
+
+typedef struct {
+    api_route_t route;
+    char *model;
+    bool stream, include_usage, ignore_eos;
+    int max_tokens;          /* -1: as many as the context allows */
+    sampler_params_t sp;
+    bool seed_given;
+    char *stops[SAMPLER_MAX_STOPS];
+    int n_stops;
+    int top_logprobs;        /* -1: no logprobs */
+    tok_chat_msg_t *msgs;    /* chat and messages (system first when given) */
+    int n_msgs;
+    char *prompt;            /* completions: text prompt */
+    int32_t *prompt_ids;     /* completions: a prompt given as token ids */
+    int n_prompt_ids;
+} api_req_t;
+
+/* Parses a JSON body for route into r. On failure returns ECS_ERR_INVAL
+ * (or ECS_ERR_UNSUPPORTED for a feature this server cannot do, e.g. tools
+ * or n > 1) and writes a message for the client into err; r is then
+ * already freed. */
+ecs_err_t api_req_parse(api_route_t route, const char *body, size_t len, api_req_t *r,
+                        char *err, size_t err_cap);
+void api_req_free(api_req_t *r);
+
+/* Incremental HTTP/1.1 request parser with limits (one connection's). */
+typedef struct api_http api_http_t;
+typedef enum {
+    API_HTTP_MORE = 0,       /* need more bytes */
+    API_HTTP_DONE,           /* a request is complete (api_http_* accessors) */
+    API_HTTP_ERR,            /* malformed: answer 400 and close */
+    API_HTTP_TOO_LARGE_HDR,  /* 431 */
+    API_HTTP_TOO_LARGE_BODY, /* 413 */
+} api_http_status_t;
+
+ecs_err_t api_http_new(size_t max_header, size_t max_body, api_http_t **out);
+void api_http_free(api_http_t *h);
+/* Feeds bytes; *used says how many were consumed (the rest belongs to the
+ * next, pipelined, request: feed it again after api_http_next). */
+api_http_status_t api_http_feed(api_http_t *h, const char *buf, size_t len, size_t *used);
+/* Forgets the completed request, ready for the next. */
+void api_http_next(api_http_t *h);
+bool api_http_started(const api_http_t *h);
+/* True once per request that sent "Expect: 100-continue" (answer it). */
+bool api_http_take_continue(api_http_t *h);
+const char *api_http_method(const api_http_t *h);
+const char *api_http_path(const api_http_t *h);   /* URL without the query */
+/* Value of a header (case-insensitive name), NULL if absent. */
+const char *api_http_header(const api_http_t *h, const char *name);
+const char *api_http_body(const api_http_t *h, size_t *len);
+bool api_http_keep_alive(const api_http_t *h);
+
+#endif

@@ -1,0 +1,124 @@
+/* api_int.h - the HTTP front's private state, shared by its files:
+ * server.c (loop, connections, limits, timeouts), routes.c (handlers),
+ * reply.c (JSON and SSE bodies), prompt.c (tokenizing requests). */
+#ifndef ECS_API_INT_H
+#define ECS_API_INT_H
+
+#include <ev.h>
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "api.h"
+
+typedef struct {
+    int32_t id;
+    const char *text;
+    size_t len;
+} api_special_t;
+
+typedef struct {
+    api_special_t *v; /* longest text first */
+    int n;
+} api_specials_t;
+
+ecs_err_t api_specials_init(const tok_t *tok, api_specials_t *sp);
+void api_specials_free(api_specials_t *sp);
+ecs_err_t api_prompt_text(const tok_t *tok, const char *text, int n_ctx, int32_t **out, int *n_out);
+ecs_err_t api_prompt_chat(const tok_t *tok, const api_specials_t *sp, const tok_chat_msg_t *msgs,
+                          int n, int n_ctx, int32_t **out, int *n_out);
+
+/* A growable byte buffer; `failed` latches an allocation failure. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} api_buf_t;
+void api_buf_add(api_buf_t *b, const char *s, size_t n);
+void api_buf_puts(api_buf_t *b, const char *s);
+void api_buf_printf(api_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void api_buf_free(api_buf_t *b);
+
+/* Metrics: route label index of a request and counts per status. */
+enum { API_M_CHAT, API_M_COMPLETIONS, API_M_MESSAGES, API_M_MODELS, API_M_HEALTH, API_M_READY,
+       API_M_METRICS, API_M_OTHER, API_M_ROUTES };
+#define API_M_STATUSES 10
+
+typedef struct api_conn api_conn_t;
+typedef struct api_job api_job_t;
+
+struct api_server {
+    api_opts_t o;
+    model_t *m;
+    const tok_t *tok;
+    sched_t *sched;
+    api_specials_t specials;
+    struct ev_loop *loop;
+    ev_io accept_w;
+    ev_async wake, stop_w;
+    ev_signal sigint_w, sigterm_w;
+    int fd, port;
+    api_conn_t *conns;
+    int n_conns;
+    char **keys;
+    size_t n_keys;
+    uint64_t seq;
+    uint64_t req_count[API_M_ROUTES][API_M_STATUSES];
+    uint64_t conns_total, disconnects;
+};
+
+struct api_conn {
+    api_server_t *srv;
+    int fd;
+    ev_io rio, wio;
+    ev_timer timer;
+    api_http_t *http;
+    char *in;
+    size_t in_len, in_cap;
+    api_buf_t out;
+    size_t out_off;
+    bool busy, close_after, reading;
+    double req_t0, last_t;
+    int m_route;
+    api_job_t *job;
+    api_conn_t *prev, *next;
+};
+
+struct api_job {
+    api_conn_t *c;          /* NULL once the client is gone */
+    sched_req_t *r;
+    api_req_t req;
+    char id[48];
+    long created;
+    size_t sent_text;
+    int sent_toks;
+};
+
+/* server.c */
+void api_conn_write(api_conn_t *c, const char *s, size_t n);
+/* The current request is answered (its bytes are queued). */
+void api_conn_done(api_conn_t *c);
+/* Sends what is queued and goes on with pipelined requests; c may be
+ * closed (freed) on return. */
+void api_conn_kick(api_conn_t *c);
+void api_send_simple(api_conn_t *c, int status, const char *ctype, const char *body, size_t n);
+void api_send_error(api_conn_t *c, api_route_t route, int status, const char *msg);
+void api_count(api_server_t *srv, int m_route, int status);
+const char *api_status_text(int status);
+
+/* routes.c */
+void api_handle(api_conn_t *c);
+void api_on_update(void *arg, sched_req_t *r);
+void api_job_abandon(api_server_t *srv, api_job_t *j);
+
+/* reply.c: bodies for each API */
+void api_reply_stream_start(api_job_t *j, api_buf_t *b, int n_prompt, const char *model);
+void api_reply_stream_delta(api_job_t *j, api_buf_t *b, const sched_view_t *v, const char *model,
+                            const tok_t *tok);
+void api_reply_stream_end(api_job_t *j, api_buf_t *b, const sched_view_t *v, const char *model,
+                          const tok_t *tok);
+void api_reply_full(api_job_t *j, api_buf_t *b, const sched_view_t *v, const char *model,
+                    const tok_t *tok);
+void api_error_body(api_buf_t *b, api_route_t route, int status, const char *msg);
+void api_metrics_text(api_server_t *srv, api_buf_t *b);
+
+#endif

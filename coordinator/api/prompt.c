@@ -1,0 +1,183 @@
+/* prompt.c - requests to token ids.
+ *
+ * A chat is rendered with the model's template, but with each message's
+ * content replaced by a sentinel; the control tokens found in that rendering
+ * are the template's own. The real text is then the template's plain text
+ * with the contents put back, cut only at those control tokens and encoded
+ * without parsing special tokens, so "<|im_end|>" typed in a message stays
+ * text. Where a message holds no control-token text, the ids equal
+ * llama-server's (template rendered, then encoded with parse_special). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_int.h"
+
+static int cmp_len_desc(const void *a, const void *b)
+{
+    const api_special_t *x = a, *y = b;
+    return x->len < y->len ? 1 : x->len > y->len ? -1 : 0;
+}
+
+ecs_err_t api_specials_init(const tok_t *tok, api_specials_t *sp)
+{
+    int n = 0, V = tok_n_vocab(tok);
+    for (int id = 0; id < V; id++) {
+        int ty = tok_token_type(tok, id);
+        n += ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_UNKNOWN;
+    }
+    sp->v = calloc((size_t)n + 1, sizeof *sp->v);
+    if (!sp->v)
+        return ecs_error(ECS_ERR_NOMEM, "out of memory");
+    sp->n = 0;
+    for (int id = 0; id < V; id++) {
+        int ty = tok_token_type(tok, id);
+        size_t len = 0;
+        const char *t = tok_token_piece(tok, id, &len);
+        if ((ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_UNKNOWN) && t && len)
+            sp->v[sp->n++] = (api_special_t){id, t, len};
+    }
+    qsort(sp->v, (size_t)sp->n, sizeof *sp->v, cmp_len_desc);
+    return ECS_OK;
+}
+
+void api_specials_free(api_specials_t *sp)
+{
+    free(sp->v);
+    sp->v = NULL;
+}
+
+typedef struct {
+    const tok_t *tok;
+    int32_t *ids;
+    size_t n, cap;   /* n may pass cap: the count needed */
+    char *plain;
+    size_t plain_len;
+} build_t;
+
+static ecs_err_t flush_plain(build_t *b)
+{
+    if (!b->plain_len)
+        return ECS_OK;
+    size_t got = 0, room = b->n < b->cap ? b->cap - b->n : 0;
+    ecs_err_t e = tok_encode(b->tok, b->plain, b->plain_len, false, false, b->ids + (b->n < b->cap ? b->n : 0),
+                             room, &got);
+    if (e != ECS_OK && e != ECS_ERR_RANGE)
+        return e;
+    b->n += got;
+    b->plain_len = 0;
+    return ECS_OK;
+}
+
+static void push_id(build_t *b, int32_t id)
+{
+    if (b->n < b->cap)
+        b->ids[b->n] = id;
+    b->n++;
+}
+
+static ecs_err_t finish_ids(build_t *b, int n_ctx, int32_t **out, int *n_out)
+{
+    if (tok_add_eos(b->tok) && tok_eos(b->tok) >= 0)
+        push_id(b, tok_eos(b->tok));
+    if (b->n >= (size_t)n_ctx) {
+        free(b->ids);
+        return ecs_error(ECS_ERR_RANGE,
+                         "the prompt is %zu tokens; this server's context holds %d (prompt and at "
+                         "least one generated token)",
+                         b->n, n_ctx);
+    }
+    if (b->n == 0) {
+        free(b->ids);
+        return ecs_error(ECS_ERR_INVAL, "the prompt is empty");
+    }
+    *out = b->ids;
+    *n_out = (int)b->n;
+    return ECS_OK;
+}
+
+ecs_err_t api_prompt_text(const tok_t *tok, const char *text, int n_ctx, int32_t **out, int *n_out)
+{
+    build_t b = {.tok = tok, .cap = (size_t)n_ctx + 1};
+    if (!(b.ids = malloc(b.cap * sizeof *b.ids)))
+        return ecs_error(ECS_ERR_NOMEM, "out of memory");
+    size_t got = 0;
+    ecs_err_t e = tok_encode(tok, text, strlen(text), true, true, b.ids, b.cap, &got);
+    if (e != ECS_OK && e != ECS_ERR_RANGE) {
+        free(b.ids);
+        return e;
+    }
+    b.n = got;
+    return finish_ids(&b, n_ctx, out, n_out);
+}
+
+#define SENT_OPEN '\x01'
+#define SENT_CLOSE '\x02'
+
+ecs_err_t api_prompt_chat(const tok_t *tok, const api_specials_t *sp, const tok_chat_msg_t *msgs,
+                          int n, int n_ctx, int32_t **out, int *n_out)
+{
+    ecs_err_t e = ECS_ERR_NOMEM;
+    tok_chat_msg_t *sm = calloc((size_t)n + 1, sizeof *sm);
+    char (*sent)[16] = calloc((size_t)n + 1, sizeof *sent);
+    char *tmpl = NULL;
+    build_t b = {.tok = tok, .cap = (size_t)n_ctx + 1};
+    size_t total = 0, len = 0;
+    if (!sm || !sent)
+        goto fail;
+    for (int i = 0; i < n; i++) {
+        snprintf(sent[i], sizeof sent[i], "%c%d%c", SENT_OPEN, i, SENT_CLOSE);
+        sm[i] = (tok_chat_msg_t){msgs[i].role, sent[i]};
+        total += strlen(msgs[i].content);
+    }
+    e = tok_chat_format(tok, TOK_CHAT_CHATML, sm, n, true, NULL, 0, &len);
+    if (e != ECS_OK && e != ECS_ERR_RANGE)
+        goto fail;
+    e = ECS_ERR_NOMEM;
+    if (!(tmpl = malloc(len + 1)) || !(b.plain = malloc(len + total + 1)) ||
+        !(b.ids = malloc(b.cap * sizeof *b.ids)))
+        goto fail;
+    if ((e = tok_chat_format(tok, TOK_CHAT_CHATML, sm, n, true, tmpl, len + 1, &len)) != ECS_OK)
+        goto fail;
+    if (tok_add_bos(tok) && tok_bos(tok) >= 0)
+        push_id(&b, tok_bos(tok));
+    for (size_t i = 0; i < len;) {
+        if (tmpl[i] == SENT_OPEN) { /* a message's content goes back in */
+            int k = atoi(tmpl + i + 1);
+            const char *c = msgs[k].content;
+            size_t cl = strlen(c);
+            memcpy(b.plain + b.plain_len, c, cl);
+            b.plain_len += cl;
+            i = (size_t)(strchr(tmpl + i, SENT_CLOSE) - tmpl) + 1;
+            continue;
+        }
+        int hit = -1;
+        for (int s = 0; s < sp->n && hit < 0; s++)
+            if (sp->v[s].len <= len - i && memcmp(tmpl + i, sp->v[s].text, sp->v[s].len) == 0)
+                hit = s;
+        if (hit < 0) {
+            b.plain[b.plain_len++] = tmpl[i++];
+            continue;
+        }
+        if ((e = flush_plain(&b)) != ECS_OK)
+            goto fail;
+        push_id(&b, sp->v[hit].id);
+        i += sp->v[hit].len;
+    }
+    if ((e = flush_plain(&b)) != ECS_OK)
+        goto fail;
+    free(sm);
+    free(sent);
+    free(tmpl);
+    free(b.plain);
+    return finish_ids(&b, n_ctx, out, n_out);
+fail:
+    if (e == ECS_ERR_NOMEM)
+        ecs_error(e, "out of memory");
+    free(sm);
+    free(sent);
+    free(tmpl);
+    free(b.plain);
+    free(b.ids);
+    return e;
+}

@@ -1,0 +1,269 @@
+/* routes.c - what each route does: authentication, the small GET routes,
+ * and generation requests (parse, tokenize, submit to the scheduler, then
+ * answer from its published progress, streamed or whole). */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api_int.h"
+
+/* Constant time in the key's contents: every configured key is compared
+ * over its whole length, whatever matched before. */
+static bool key_ok(const api_server_t *srv, const char *given)
+{
+    if (!srv->o.api_keys || !srv->o.api_keys[0])
+        return true;
+    size_t gl = given ? strlen(given) : 0;
+    unsigned ok = 0;
+    for (const char *const *k = srv->o.api_keys; *k; k++) {
+        size_t kl = strlen(*k);
+        unsigned diff = (unsigned)(gl ^ kl) | (gl == 0);
+        for (size_t i = 0; i < kl; i++)
+            diff |= (unsigned char)(*k)[i] ^ (unsigned char)(gl ? given[i < gl ? i : 0] : 0);
+        ok |= diff == 0;
+    }
+    return ok != 0;
+}
+
+static const char *given_key(const api_http_t *h)
+{
+    const char *x = api_http_header(h, "x-api-key");
+    if (x)
+        return x;
+    const char *a = api_http_header(h, "authorization");
+    if (a && strncasecmp(a, "Bearer ", 7) == 0)
+        return a + 7;
+    return NULL;
+}
+
+static void send_json(api_conn_t *c, const char *body)
+{
+    api_send_simple(c, 200, "application/json", body, strlen(body));
+    api_conn_done(c);
+}
+
+static void fail(api_conn_t *c, api_route_t route, int status, const char *msg)
+{
+    api_send_error(c, route, status, msg);
+    api_conn_done(c);
+}
+
+static void job_free(api_job_t *j)
+{
+    if (j->r)
+        sched_release(j->r);
+    api_req_free(&j->req);
+    free(j);
+}
+
+void api_job_abandon(api_server_t *srv, api_job_t *j)
+{
+    j->c = NULL;
+    sched_cancel(srv->sched, j->r);
+}
+
+static void write_chunk(api_conn_t *c, const api_buf_t *b)
+{
+    if (b->failed || b->len == 0)
+        return;
+    char hdr[24];
+    int n = snprintf(hdr, sizeof hdr, "%zx\r\n", b->len);
+    api_conn_write(c, hdr, (size_t)n);
+    api_conn_write(c, b->p, b->len);
+    api_conn_write(c, "\r\n", 2);
+}
+
+/* Turns a request into prompt ids, or answers with the error. */
+static bool tokenize(api_conn_t *c, api_req_t *q, int32_t **ids, int *n)
+{
+    api_server_t *srv = c->srv;
+    int n_ctx = sched_n_ctx(srv->sched);
+    ecs_err_t e;
+    if (q->route != API_ROUTE_COMPLETION) {
+        e = api_prompt_chat(srv->tok, &srv->specials, q->msgs, q->n_msgs, n_ctx, ids, n);
+    } else if (q->prompt) {
+        e = api_prompt_text(srv->tok, q->prompt, n_ctx, ids, n);
+    } else {
+        if (q->n_prompt_ids >= n_ctx) {
+            e = ecs_error(ECS_ERR_RANGE, "the prompt is %d tokens; this server's context holds %d "
+                          "(prompt and at least one generated token)", q->n_prompt_ids, n_ctx);
+        } else {
+            *ids = q->prompt_ids;
+            *n = q->n_prompt_ids;
+            q->prompt_ids = NULL;
+            q->n_prompt_ids = 0;
+            e = ECS_OK;
+        }
+    }
+    if (e == ECS_OK)
+        return true;
+    int status = e == ECS_ERR_NOMEM ? 503 : e == ECS_ERR_INTERNAL ? 500 : 400;
+    fail(c, q->route, status, ecs_errmsg());
+    return false;
+}
+
+static void generate(api_conn_t *c, api_route_t route)
+{
+    api_server_t *srv = c->srv;
+    size_t len;
+    const char *body = api_http_body(c->http, &len);
+    char err[512];
+    api_job_t *j = calloc(1, sizeof *j);
+    if (!j) {
+        fail(c, route, 503, "out of memory");
+        return;
+    }
+    if (api_req_parse(route, body, len, &j->req, err, sizeof err) != ECS_OK) {
+        free(j);
+        fail(c, route, 400, err);
+        return;
+    }
+    api_req_t *q = &j->req;
+    if (q->model && strcmp(q->model, srv->o.model_id) != 0) {
+        snprintf(err, sizeof err, "model '%.200s' not found: this server serves '%.200s'", q->model,
+                 srv->o.model_id);
+        job_free(j);
+        fail(c, route, 404, err);
+        return;
+    }
+    sched_params_t p = {.top_logprobs = q->top_logprobs, .ignore_eos = q->ignore_eos, .sp = q->sp};
+    if (!tokenize(c, q, &p.prompt, &p.n_prompt)) {
+        job_free(j);
+        return;
+    }
+    p.max_tokens = q->max_tokens > 0 ? q->max_tokens : sched_n_ctx(srv->sched);
+    if (!q->seed_given)
+        p.sp.seed = (uint64_t)time(NULL) * 6364136223846793005ull + ++srv->seq;
+    for (int i = 0; i < q->n_stops; i++)
+        p.stops[i] = q->stops[i];
+    p.n_stops = q->n_stops;
+    j->created = (long)time(NULL);
+    snprintf(j->id, sizeof j->id, "%s%llx%llx",
+             route == API_ROUTE_MESSAGES ? "msg_" : route == API_ROUTE_CHAT ? "chatcmpl-" : "cmpl-",
+             (unsigned long long)j->created, (unsigned long long)++srv->seq);
+    int n_prompt = p.n_prompt;
+    ecs_err_t e = sched_submit(srv->sched, &p, j, &j->r);
+    if (e != ECS_OK) {
+        free(p.prompt);
+        job_free(j);
+        fail(c, route, e == ECS_ERR_NOMEM ? 503 : 400, ecs_errmsg());
+        return;
+    }
+    j->c = c;
+    c->job = j;
+    if (!q->stream)
+        return;
+    const char *hdr = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                      "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
+    api_conn_write(c, hdr, strlen(hdr));
+    api_buf_t b = {0};
+    api_reply_stream_start(j, &b, n_prompt, srv->o.model_id);
+    write_chunk(c, &b);
+    api_buf_free(&b);
+}
+
+void api_on_update(void *arg, sched_req_t *r)
+{
+    api_server_t *srv = arg;
+    api_job_t *j = sched_req_user(r);
+    sched_view_t v = sched_req_view(r);
+    bool done = v.finish != SCHED_RUNNING;
+    api_conn_t *c = j->c;
+    if (!c) {
+        if (done)
+            job_free(j);
+        return;
+    }
+    api_buf_t b = {0};
+    if (j->req.stream) {
+        if (done)
+            api_reply_stream_end(j, &b, &v, srv->o.model_id, srv->tok);
+        else
+            api_reply_stream_delta(j, &b, &v, srv->o.model_id, srv->tok);
+        write_chunk(c, &b);
+        if (done) {
+            api_conn_write(c, "0\r\n\r\n", 5);
+            api_count(srv, c->m_route, v.finish == SCHED_FINISH_ERROR ? 500 : 200);
+        }
+    } else if (done) {
+        if (v.finish == SCHED_FINISH_ERROR || v.finish == SCHED_FINISH_CANCELLED) {
+            api_send_error(c, j->req.route, 500,
+                           v.finish == SCHED_FINISH_ERROR ? v.error : "the server is shutting down");
+        } else {
+            api_reply_full(j, &b, &v, srv->o.model_id, srv->tok);
+            api_send_simple(c, 200, "application/json", b.failed ? "{}" : b.p, b.failed ? 2 : b.len);
+        }
+    }
+    api_buf_free(&b);
+    if (!done) {
+        api_conn_kick(c);
+        return;
+    }
+    job_free(j);
+    api_conn_done(c);
+    api_conn_kick(c);
+}
+
+static void models(api_conn_t *c)
+{
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":0,"
+             "\"owned_by\":\"ecs\",\"context_length\":%d}]}",
+             c->srv->o.model_id, sched_n_ctx(c->srv->sched));
+    send_json(c, body);
+}
+
+void api_handle(api_conn_t *c)
+{
+    api_server_t *srv = c->srv;
+    const char *path = api_http_path(c->http), *method = api_http_method(c->http);
+    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    static const struct {
+        const char *path;
+        int m;
+        bool post;
+    } table[] = {
+        {"/v1/chat/completions", API_M_CHAT, true}, {"/v1/completions", API_M_COMPLETIONS, true},
+        {"/v1/messages", API_M_MESSAGES, true},     {"/v1/models", API_M_MODELS, false},
+        {"/health", API_M_HEALTH, false},           {"/ready", API_M_READY, false},
+        {"/metrics", API_M_METRICS, false},
+    };
+    int k = -1;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (!strcmp(path, table[i].path))
+            k = (int)i;
+    api_route_t route = k == 2 ? API_ROUTE_MESSAGES : k == 1 ? API_ROUTE_COMPLETION : API_ROUTE_CHAT;
+    c->m_route = k < 0 ? API_M_OTHER : table[k].m;
+    if (k < 0) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "no route for %s %.500s", method, path);
+        fail(c, route, 404, msg);
+        return;
+    }
+    if (table[k].post ? !post : !get) {
+        char msg[100];
+        snprintf(msg, sizeof msg, "%s needs %s", table[k].path, table[k].post ? "POST" : "GET");
+        fail(c, route, 405, msg);
+        return;
+    }
+    if (!strncmp(path, "/v1/", 4) && !key_ok(srv, given_key(c->http))) {
+        fail(c, route, 401, "a valid API key is required (Authorization: Bearer KEY or x-api-key)");
+        return;
+    }
+    switch (table[k].m) {
+    case API_M_HEALTH: send_json(c, "{\"status\":\"ok\"}"); return;
+    case API_M_READY: send_json(c, "{\"status\":\"ready\"}"); return;
+    case API_M_MODELS: models(c); return;
+    case API_M_METRICS: {
+        api_buf_t b = {0};
+        api_metrics_text(srv, &b);
+        api_send_simple(c, b.failed ? 500 : 200, "text/plain; version=0.0.4",
+                        b.failed ? "" : b.p, b.failed ? 0 : b.len);
+        api_buf_free(&b);
+        api_conn_done(c);
+        return;
+    }
+    default: generate(c, route);
+    }
+}

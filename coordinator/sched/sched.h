@@ -1,0 +1,153 @@
+/* sched.h - continuous batching of generation requests over one model.
+ *
+ * Contract:
+ *   - One scheduler thread owns the model and runs steps of
+ *     model_eval_batch: every running request's next token plus chunks of
+ *     waiting prompts, within a token budget (chunked prefill mixed with
+ *     decode, so a long prompt never freezes running streams).
+ *   - A prompt is cut into chunks by its own length only (at most
+ *     sched_opts_t.chunk rows, as even as possible, so a deepseek2 chunk has
+ *     at least MODEL_MLA_EXPAND_ROWS rows unless the whole prompt is
+ *     shorter): a request's tokens never depend on what else is running.
+ *   - Admission is first come, first served: a prompt chunk that does not fit
+ *     in this step's budget waits, and no later request overtakes it.
+ *   - Memory is fixed at sched_new: n_slots whole-context KV caches (from the
+ *     --kv-mem budget), the logits rows of one step. A freed slot keeps its
+ *     rows: a later prompt with the same start reuses them (prefix cache,
+ *     slots.c), without changing its tokens. A request past the free
+ *     slots waits in the queue (bounded by max_queue; past that, submit says
+ *     ECS_ERR_NOMEM); per request, only buffers bounded by the context size
+ *     are allocated (sampler, text, token records).
+ *   - Other threads talk to it through two queues: sched_submit /
+ *     sched_cancel hand work in (a condition variable wakes the scheduler, it
+ *     never spins); progress is published under the scheduler's lock and the
+ *     notify callback (e.g. an ev_async_send) tells the owner of the requests
+ *     to call sched_drain.
+ *
+ * Usage:
+ *   sched_new(model, tok, &opts, &s);           // allocates every KV slot
+ *   sched_start(s);                             // starts the thread
+ *   sched_req_t *r; sched_submit(s, &params, user, &r);
+ *   ... notify() -> sched_drain(s, on_update, arg): read sched_req_view(r)
+ *   sched_cancel(s, r);  sched_release(r);      // when the client is gone
+ *   sched_stop(s); sched_free(s);
+ */
+#ifndef ECS_SCHED_H
+#define ECS_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "coordinator/model/model.h"
+#include "coordinator/sampler/sampler.h"
+#include "coordinator/tokenizer/tokenizer.h"
+
+#define SCHED_MAX_TOP_LOGPROBS 20
+
+typedef struct sched sched_t;
+typedef struct sched_req sched_req_t;
+
+typedef struct {
+    int n_ctx;        /* tokens per request context (<= model_n_ctx_max) */
+    size_t kv_mem;    /* bytes for KV slots; 0: max_running slots */
+    int max_running;  /* requests decoding at once (>= 1) */
+    int max_queue;    /* requests waiting for a slot before submit refuses */
+    int chunk;        /* prompt rows per chunk (>= 2 * MODEL_MLA_EXPAND_ROWS) */
+    bool prefix_cache; /* a freed slot keeps its rows for later requests' prefixes */
+    void (*notify)(void *arg); /* called (any thread) when sched_drain has work */
+    void *notify_arg;
+} sched_opts_t;
+
+typedef enum {
+    SCHED_RUNNING = 0,
+    SCHED_FINISH_LENGTH,    /* max_tokens or the context is full */
+    SCHED_FINISH_EOG,       /* the model ended its turn */
+    SCHED_FINISH_STOP,      /* a stop string (stop_index) */
+    SCHED_FINISH_CANCELLED,
+    SCHED_FINISH_ERROR,     /* error holds the message */
+} sched_finish_t;
+
+typedef struct {
+    int32_t *prompt;        /* taken over by sched_submit (freed by it) */
+    int n_prompt;
+    int max_tokens;         /* >= 1 */
+    bool ignore_eos;
+    sampler_params_t sp;
+    const char *stops[SAMPLER_MAX_STOPS];
+    int n_stops;
+    int top_logprobs;       /* -1: no logprobs; else 0..SCHED_MAX_TOP_LOGPROBS alternatives */
+} sched_params_t;
+
+/* A generated token as published to the owner. */
+typedef struct {
+    int32_t id;
+    float logprob;          /* log-softmax of the model's logits */
+    size_t text_off;        /* where its text starts in the request's text */
+    int32_t top_id[SCHED_MAX_TOP_LOGPROBS];
+    float top_lp[SCHED_MAX_TOP_LOGPROBS];
+} sched_token_t;
+
+/* What has been published so far; valid inside the sched_drain callback and
+ * afterwards until the next sched_drain (the text and tokens below n_* are
+ * never rewritten). */
+typedef struct {
+    const char *text;       /* generated text that may be sent (stop strings cut) */
+    size_t text_len;
+    const sched_token_t *tokens;
+    int n_tokens;           /* generated tokens (those with logprobs records) */
+    int n_prompt, n_gen;
+    int n_cached;           /* prompt tokens served by the prefix cache */
+    sched_finish_t finish;
+    int stop_index;
+    const char *error;
+    double ttft_s;          /* seconds from submit to the first token (0: none yet) */
+} sched_view_t;
+
+typedef struct {
+    int slots, running, waiting;
+    size_t kv_bytes, slot_bytes;
+    uint64_t steps, prompt_tokens, gen_tokens, preemptions;
+    uint64_t prefix_hit_tokens, prefix_lookup_tokens; /* cached / looked-up prompt tokens */
+    /* histogram buckets (cumulative counts written by sched_stats) */
+    uint64_t ttft_count, tbt_count;
+    double ttft_sum, tbt_sum;
+    uint64_t ttft_bucket[12], tbt_bucket[12];
+} sched_stats_t;
+/* Upper bounds (seconds) of the histogram buckets above. */
+extern const double sched_hist_bounds[12];
+
+ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t **out);
+/* Sets (or replaces, before sched_start) the notify hook of the options. */
+void sched_set_notify(sched_t *s, void (*notify)(void *arg), void *arg);
+/* Starts the scheduler thread; a warm-up step there grows its scratch. */
+ecs_err_t sched_start(sched_t *s);
+/* Cancels everything, joins the thread. */
+void sched_stop(sched_t *s);
+void sched_free(sched_t *s);
+
+int sched_n_ctx(const sched_t *s);
+
+/* Queues a request. ECS_ERR_NOMEM when max_queue requests already wait,
+ * ECS_ERR_RANGE when the prompt does not fit the context. The request holds
+ * two references: the caller's (sched_release) and the scheduler's. */
+ecs_err_t sched_submit(sched_t *s, sched_params_t *p, void *user, sched_req_t **out);
+/* Stops a request at its next step and frees its slot; idempotent. */
+void sched_cancel(sched_t *s, sched_req_t *r);
+void sched_release(sched_req_t *r);
+void *sched_req_user(const sched_req_t *r);
+/* Calls fn for each request with unseen progress (the caller's thread). */
+void sched_drain(sched_t *s, void (*fn)(void *arg, sched_req_t *r), void *arg);
+sched_view_t sched_req_view(sched_req_t *r);
+
+void sched_stats(sched_t *s, sched_stats_t *out);
+
+/* The prefix cache on disk: save (after sched_stop) writes each slot's
+ * cached rows to DIR/slot-N.kv; load (after sched_start, before the first
+ * request: the warm-up step uses a slot) reads back the
+ * files made for this model, skipping (and counting) the others. */
+ecs_err_t sched_cache_save(sched_t *s, const char *dir, int *n_saved, long *n_tokens);
+ecs_err_t sched_cache_load(sched_t *s, const char *dir, int *n_loaded, int *n_skipped, long *n_tokens);
+
+#endif

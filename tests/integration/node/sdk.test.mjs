@@ -1,0 +1,159 @@
+// sdk.test.mjs - the official OpenAI and Anthropic Node SDKs against a running
+// ecs-coordinator: chat and completions (streamed and not, stop strings,
+// usage), /v1/messages (streamed and not), errors as the SDKs raise them.
+// usage: node sdk.test.mjs PORT MODEL_ID
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+
+const [port, model] = process.argv.slice(2);
+const openai = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'unused', maxRetries: 0 });
+const anthropic = new Anthropic({ baseURL: `http://127.0.0.1:${port}`, apiKey: 'unused', maxRetries: 0 });
+let failed = 0;
+
+async function check(name, fn) {
+  try {
+    await fn();
+    console.log(`PASS ${name}`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
+  }
+}
+
+const messages = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Name three rivers.' }];
+const greedy = { model, temperature: 0, max_tokens: 16 };
+
+await check('openai: models.list names the model', async () => {
+  const list = await openai.models.list();
+  assert.deepEqual(list.data.map((m) => m.id), [model]);
+});
+
+let chatText = '';
+await check('openai: chat completion, whole', async () => {
+  const r = await openai.chat.completions.create({ ...greedy, messages });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 16);
+  assert.ok(r.usage.prompt_tokens > 5);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 16);
+  chatText = r.choices[0].message.content;
+  assert.ok(chatText.length > 0);
+});
+
+await check('openai: chat completion, streamed with usage, equals the whole one', async () => {
+  const stream = await openai.chat.completions.create({
+    ...greedy, messages, stream: true, stream_options: { include_usage: true },
+  });
+  let text = '', finish = null, usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      text += c.delta.content ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.equal(text, chatText);
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 16);
+});
+
+await check('openai: chat stop string', async () => {
+  const stop = chatText.slice(Math.floor(chatText.length / 2), Math.floor(chatText.length / 2) + 2);
+  const r = await openai.chat.completions.create({ ...greedy, messages, stop: [stop] });
+  assert.equal(r.choices[0].message.content, chatText.slice(0, chatText.indexOf(stop)));
+  assert.equal(r.choices[0].finish_reason, 'stop');
+});
+
+await check('openai: chat logprobs', async () => {
+  const r = await openai.chat.completions.create({ ...greedy, max_tokens: 4, messages, logprobs: true, top_logprobs: 3 });
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, 4);
+  for (const t of lp) {
+    assert.equal(t.top_logprobs.length, 3);
+    assert.ok(t.logprob <= 0);
+    assert.equal(t.logprob, t.top_logprobs[0].logprob); // greedy picks the top one
+  }
+});
+
+let complText = '';
+await check('openai: completion, whole and streamed agree', async () => {
+  const r = await openai.completions.create({ ...greedy, prompt: 'The river flows' });
+  assert.equal(r.object, 'text_completion');
+  complText = r.choices[0].text;
+  assert.equal(r.usage.completion_tokens, 16);
+  const stream = await openai.completions.create({
+    ...greedy, prompt: 'The river flows', stream: true, stream_options: { include_usage: true },
+  });
+  let text = '', usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) text += c.text;
+  }
+  assert.equal(text, complText);
+  assert.equal(usage.prompt_tokens, r.usage.prompt_tokens);
+});
+
+await check('openai: completion stop string, streamed', async () => {
+  const stop = complText.slice(5, 8);
+  const stream = await openai.completions.create({ ...greedy, prompt: 'The river flows', stop, stream: true });
+  let text = '', finish = null;
+  for await (const chunk of stream) for (const c of chunk.choices) { text += c.text; finish = c.finish_reason ?? finish; }
+  assert.equal(text, complText.slice(0, complText.indexOf(stop)));
+  assert.equal(finish, 'stop');
+});
+
+await check('openai: errors raise APIError with status and message', async () => {
+  await assert.rejects(openai.chat.completions.create({ ...greedy, messages, n: 2 }),
+    (e) => e instanceof OpenAI.APIError && e.status === 400 && /n = 1/.test(e.message));
+  await assert.rejects(openai.chat.completions.create({ ...greedy, model: 'other', messages }),
+    (e) => e.status === 404 && /not found/.test(e.message));
+});
+
+let msgText = '';
+await check('anthropic: messages, whole', async () => {
+  const r = await anthropic.messages.create({
+    model, max_tokens: 16, temperature: 0, system: 'You are terse.',
+    messages: [{ role: 'user', content: 'Name three rivers.' }],
+  });
+  assert.equal(r.type, 'message');
+  assert.equal(r.role, 'assistant');
+  assert.equal(r.content[0].type, 'text');
+  assert.equal(r.stop_reason, 'max_tokens');
+  assert.equal(r.usage.output_tokens, 16);
+  msgText = r.content[0].text;
+  assert.equal(msgText, chatText); // the same conversation as the chat route
+});
+
+await check('anthropic: messages, streamed events, equals the whole one', async () => {
+  const stream = anthropic.messages.stream({
+    model, max_tokens: 16, temperature: 0, system: 'You are terse.',
+    messages: [{ role: 'user', content: 'Name three rivers.' }],
+  });
+  const seen = new Set();
+  stream.on('streamEvent', (ev) => seen.add(ev.type));
+  const final = await stream.finalMessage();
+  assert.equal(final.content[0].text, msgText);
+  assert.equal(final.stop_reason, 'max_tokens');
+  assert.equal(final.usage.output_tokens, 16);
+  for (const t of ['message_start', 'content_block_start', 'content_block_delta', 'content_block_stop',
+    'message_delta', 'message_stop']) assert.ok(seen.has(t), `no ${t} event`);
+});
+
+await check('anthropic: stop_sequences and errors', async () => {
+  const stop = msgText.slice(4, 7);
+  const r = await anthropic.messages.create({
+    model, max_tokens: 16, temperature: 0, system: 'You are terse.', stop_sequences: [stop],
+    messages: [{ role: 'user', content: 'Name three rivers.' }],
+  });
+  assert.equal(r.stop_reason, 'stop_sequence');
+  assert.equal(r.stop_sequence, stop);
+  assert.equal(r.content[0].text, msgText.slice(0, msgText.indexOf(stop)));
+  await assert.rejects(anthropic.messages.create({ model, max_tokens: 4, messages: [{ role: 'tool', content: 'x' }] }),
+    (e) => e instanceof Anthropic.APIError && e.status === 400);
+});
+
+console.log(`sdk: ${failed} failed`);
+process.exit(failed ? 1 : 0);

@@ -1,0 +1,360 @@
+/* ecs-coordinator - the serving daemon: loads a model, budgets its memory
+ * (weights mapped, workspace, KV slots) once at start-up and prints it, runs
+ * the scheduler thread, and serves the OpenAI and Anthropic HTTP APIs from
+ * one event-loop thread until SIGINT/SIGTERM (then shuts down cleanly).
+ * Routed experts run in-process (the local backend), or on expert workers
+ * (--spawn-workers N local ones, or --control ADDR for workers started by
+ * hand): the same tokens either way. */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "coordinator/api/api.h"
+#include "coordinator/dispatch/dispatch.h"
+#include "coordinator/model/model.h"
+#include "coordinator/sched/sched.h"
+#include "coordinator/tokenizer/tokenizer.h"
+#include "kernels/repack/repack.h"
+
+#define MAX_KEYS 256
+
+typedef struct {
+    const char *model, *http, *key_file, *model_id, *repack_dir, *cache_dir;
+    int threads, ctx, max_running, max_queue, chunk;
+    size_t kv_mem, max_body, max_header;
+    double read_timeout, idle_timeout;
+    bool no_repack, no_prefix_cache, print_placement;
+    dispatch_opts_t dispatch;
+} args_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ecs-coordinator -m MODEL.gguf [--http HOST:PORT] [options]\n"
+            "  --http HOST:PORT     address to serve on (default 127.0.0.1:8080; loopback\n"
+            "                       unless you name another address)\n"
+            "  --threads N          compute threads (default: all CPUs)\n"
+            "  --ctx N              tokens per request context (default: min(trained, 4096))\n"
+            "  --kv-mem SIZE        bytes for KV caches, e.g. 512M, 4G (default: one\n"
+            "                       context per --max-running)\n"
+            "  --max-running N      requests generating at once (default 8)\n"
+            "  --max-queue N        requests waiting before 503 (default 256)\n"
+            "  --chunk N            prompt rows per scheduler chunk (default 256)\n"
+            "  --no-prefix-cache    freed KV slots forget their rows (default: a later prompt\n"
+            "                       with the same start reuses them)\n"
+            "  --api-key-file FILE  require one of the keys in FILE (one per line)\n"
+            "  --model-id NAME      model name of the API (default: the file name without .gguf)\n"
+            "  --max-body SIZE      request body limit (default 8M)\n"
+            "  --max-header SIZE    request line + headers limit (default 16K)\n"
+            "  --read-timeout S     seconds to receive a whole request (default 30)\n"
+            "  --idle-timeout S     seconds a kept-alive idle connection stays open (default 60)\n"
+            "  --repack DIR         decode copy directory (see ecs-run); --no-repack: none\n"
+            "  --prefix-cache-dir DIR  keep the prefix cache in DIR across restarts (written at\n"
+            "                       a clean shutdown, read at start-up)\n"
+            "expert workers (default: experts in-process; the tokens are the same):\n"
+            DISPATCH_USAGE
+            "  --print-placement  print which worker holds which experts at start-up\n");
+}
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ecs-coordinator: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return 1;
+}
+
+static bool parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return false;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    }
+    if (*end == 'i' || *end == 'B')
+        end += *end == 'i' ? 1 : 0;
+    if (*end == 'B')
+        end++;
+    if (*end || v * mul > 1e18)
+        return false;
+    *out = (size_t)(v * mul);
+    return true;
+}
+
+static bool parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+static bool parse_secs(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v > 0 && v < 1e7))
+        return false;
+    *out = v;
+    return true;
+}
+
+static int parse_args(int argc, char **argv, args_t *a)
+{
+    *a = (args_t){.http = "127.0.0.1:8080", .max_running = 8, .max_queue = 256, .chunk = 256,
+                  .max_body = 8u << 20, .max_header = 16u << 10, .read_timeout = 30,
+                  .idle_timeout = 60};
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!strcmp(o, "--no-repack")) {
+            a->no_repack = true;
+            continue;
+        }
+        if (!strcmp(o, "--no-prefix-cache")) {
+            a->no_prefix_cache = true;
+            continue;
+        }
+        if (!strcmp(o, "--print-placement")) {
+            a->print_placement = true;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return fail("%s needs a value (see --help)", o);
+        const char *v = argv[++i];
+        const int dr = dispatch_parse_opt(&a->dispatch, o, v);
+        if (dr < 0)
+            return fail("%s", ecs_errmsg());
+        if (dr > 0)
+            continue;
+        bool ok = true;
+        if (!strcmp(o, "-m")) a->model = v;
+        else if (!strcmp(o, "--http")) a->http = v;
+        else if (!strcmp(o, "--api-key-file")) a->key_file = v;
+        else if (!strcmp(o, "--model-id")) a->model_id = v;
+        else if (!strcmp(o, "--repack")) a->repack_dir = v;
+        else if (!strcmp(o, "--prefix-cache-dir")) a->cache_dir = v;
+        else if (!strcmp(o, "--threads")) ok = parse_int(v, 1, 1024, &a->threads);
+        else if (!strcmp(o, "--ctx")) ok = parse_int(v, 2, MODEL_MAX_CTX, &a->ctx);
+        else if (!strcmp(o, "--max-running")) ok = parse_int(v, 1, MODEL_MAX_BATCH / 2, &a->max_running);
+        else if (!strcmp(o, "--max-queue")) ok = parse_int(v, 1, 1 << 20, &a->max_queue);
+        else if (!strcmp(o, "--chunk")) ok = parse_int(v, 2 * MODEL_MLA_EXPAND_ROWS, MODEL_MAX_BATCH, &a->chunk);
+        else if (!strcmp(o, "--kv-mem")) ok = parse_size(v, &a->kv_mem) && a->kv_mem > 0;
+        else if (!strcmp(o, "--max-body")) ok = parse_size(v, &a->max_body) && a->max_body > 0;
+        else if (!strcmp(o, "--max-header")) ok = parse_size(v, &a->max_header) && a->max_header >= 256;
+        else if (!strcmp(o, "--read-timeout")) ok = parse_secs(v, &a->read_timeout);
+        else if (!strcmp(o, "--idle-timeout")) ok = parse_secs(v, &a->idle_timeout);
+        else return fail("unknown option %s (see --help)", o);
+        if (!ok)
+            return fail("%s: bad value '%s'", o, v);
+    }
+    if (!a->model)
+        return fail("-m MODEL.gguf is required (see --help)");
+    if (a->cache_dir && a->no_prefix_cache)
+        return fail("--prefix-cache-dir and --no-prefix-cache contradict each other");
+    if (a->chunk + a->max_running > MODEL_MAX_BATCH)
+        return fail("--chunk %d + --max-running %d exceed the %d rows of a step", a->chunk,
+                    a->max_running, MODEL_MAX_BATCH);
+    return 0;
+}
+
+/* "host:port", "[v6]:port" or ":port" (loopback). */
+static int split_http(const char *s, char *host, size_t cap, int *port)
+{
+    const char *colon = strrchr(s, ':');
+    if (!colon || !parse_int(colon + 1, 0, 65535, port))
+        return fail("--http '%s': expected HOST:PORT", s);
+    size_t n = (size_t)(colon - s);
+    if (n >= 2 && s[0] == '[' && s[n - 1] == ']')
+        s++, n -= 2;
+    if (n >= cap)
+        return fail("--http '%s': host too long", s);
+    if (n == 0)
+        snprintf(host, cap, "127.0.0.1");
+    else
+        memcpy(host, s, n), host[n] = '\0';
+    return 0;
+}
+
+/* One key per line; blank lines and lines starting with '#' are skipped. */
+static int read_keys(const char *path, char ***out)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return fail("--api-key-file %s: %s", path, strerror(errno));
+    char **keys = calloc(MAX_KEYS + 1, sizeof *keys), line[4096];
+    int n = 0, rc = 0;
+    while (keys && fgets(line, sizeof line, f)) {
+        size_t l = strcspn(line, "\r\n");
+        line[l] = '\0';
+        if (!l || line[0] == '#')
+            continue;
+        if (n == MAX_KEYS || !(keys[n++] = strdup(line))) {
+            rc = fail("--api-key-file %s: too many keys or out of memory", path);
+            break;
+        }
+    }
+    fclose(f);
+    if (!keys)
+        return fail("out of memory");
+    if (rc == 0 && n == 0)
+        rc = fail("--api-key-file %s: no keys in it", path);
+    *out = keys;
+    return rc;
+}
+
+static const char *repack_dir(const args_t *a, char *buf, size_t cap)
+{
+    if (a->no_repack)
+        return NULL;
+    if (a->repack_dir)
+        return a->repack_dir;
+    return krepack_default_dir(buf, cap);
+}
+
+static void model_id_of(const char *path, char *out, size_t cap)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    size_t n = strlen(b);
+    if (n > 5 && !strcmp(b + n - 5, ".gguf"))
+        n -= 5;
+    snprintf(out, cap, "%.*s", (int)n, b);
+}
+
+static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
+{
+    char host[256], id[256];
+    int port;
+    if (split_http(a->http, host, sizeof host, &port))
+        return 1;
+    model_id_of(a->model, id, sizeof id);
+    sched_opts_t so = {.n_ctx = model_n_ctx_max(m), .kv_mem = a->kv_mem,
+                       .max_running = a->max_running, .max_queue = a->max_queue, .chunk = a->chunk,
+                       .prefix_cache = !a->no_prefix_cache};
+    sched_t *s = NULL;
+    if (sched_new(m, tok, &so, &s) != ECS_OK)
+        return fail("%s", ecs_errmsg());
+    sched_stats_t st;
+    sched_stats(s, &st);
+    api_opts_t ao = api_opts_default();
+    ao.host = host;
+    ao.port = port;
+    ao.model_id = a->model_id ? a->model_id : id;
+    ao.max_body = a->max_body;
+    ao.max_header = a->max_header;
+    ao.read_timeout_s = a->read_timeout;
+    ao.idle_timeout_s = a->idle_timeout;
+    ao.api_keys = (const char *const *)keys;
+    api_server_t *srv = NULL;
+    int rc = 0;
+    if (api_server_new(&ao, m, tok, s, &srv) != ECS_OK)
+        rc = fail("%s", ecs_errmsg());
+    else if (sched_start(s) != ECS_OK)
+        rc = fail("%s", ecs_errmsg());
+    if (a->cache_dir) {
+        int n_in, n_bad;
+        long n_tok;
+        if (sched_cache_load(s, a->cache_dir, &n_in, &n_bad, &n_tok) != ECS_OK)
+            fprintf(stderr, "ecs-coordinator: warning: %s\n", ecs_errmsg());
+        else
+            fprintf(stderr, "prefix cache: %d slots (%ld tokens) restored from %s%s\n", n_in, n_tok,
+                    a->cache_dir, n_bad ? " (files of another model or damaged ones skipped)" : "");
+    }
+    struct stat sb;
+    size_t wbytes = stat(a->model, &sb) == 0 ? (size_t)sb.st_size : 0;
+    fprintf(stderr,
+            "memory: weights %.1f MB mapped, workspace %.1f MB, KV %d slots x %d tokens = %.1f MB "
+            "(%.1f KB/token)%s\n",
+            wbytes / 1e6, model_workspace_bytes(m) / 1e6, st.slots, so.n_ctx, st.kv_bytes / 1e6,
+            st.slot_bytes / 1e3 / so.n_ctx,
+            st.slots < a->max_running ? " - fewer slots than --max-running: KV bounds concurrency" : "");
+    if (rc == 0) {
+        fprintf(stderr, "ecs-coordinator: serving '%s' on http://%s:%d (context %d, %d running, "
+                        "chat template %s)\n",
+                ao.model_id, host, api_server_port(srv), so.n_ctx, st.slots,
+                tok_chat_kind_name(tok_chat_kind(tok)));
+        fprintf(stderr,
+                "  open  http://%s:%d/v1/models\n"
+                "  try   curl -sN http://%s:%d/v1/chat/completions -H 'Content-Type: application/json' "
+                "-d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],"
+                "\"max_tokens\":32,\"stream\":true}'\n"
+                "  stop  Ctrl-C\n",
+                host, api_server_port(srv), host, api_server_port(srv), ao.model_id);
+        api_server_run(srv);
+        fprintf(stderr, "ecs-coordinator: shutting down\n");
+    }
+    sched_stop(s);
+    if (a->cache_dir && rc == 0) {
+        int n_out;
+        long n_tok;
+        if (sched_cache_save(s, a->cache_dir, &n_out, &n_tok) != ECS_OK)
+            rc = fail("%s", ecs_errmsg());
+        else
+            fprintf(stderr, "prefix cache: %d slots (%ld tokens) written to %s\n", n_out, n_tok,
+                    a->cache_dir);
+    }
+    api_server_free(srv);
+    sched_free(s);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    args_t a;
+    if (parse_args(argc, argv, &a))
+        return 2;
+    signal(SIGPIPE, SIG_IGN);
+    char **keys = NULL;
+    if (a.key_file && read_keys(a.key_file, &keys))
+        return 2;
+    char cache[4096];
+    model_opts_t mo = {.n_ctx = a.ctx, .n_threads = a.threads,
+                       .repack_dir = repack_dir(&a, cache, sizeof cache)};
+    model_t *m = NULL;
+    tok_t *tok = NULL;
+    dispatch_t *dsp = NULL;
+    int rc = 0;
+    a.dispatch.worker_repack = mo.repack_dir ? mo.repack_dir : "";
+    if (model_load(a.model, &mo, &m) != ECS_OK)
+        rc = fail("%s", ecs_errmsg());
+    else if (tok_load(model_gguf(m), &tok) != ECS_OK)
+        rc = fail("%s: tokenizer: %s", a.model, ecs_errmsg());
+    else if (dispatch_wanted(&a.dispatch) && dispatch_start(m, &a.dispatch, &dsp) != ECS_OK)
+        rc = fail("%s", ecs_errmsg());
+    if (rc == 0 && dsp && a.print_placement)
+        placement_write(dispatch_placement(dsp), stdout);
+    if (rc == 0)
+        rc = serve(&a, m, tok, keys);
+    if (m && model_repack_note(m))
+        fprintf(stderr, "ecs-coordinator: note: %s\n", model_repack_note(m));
+    tok_free(tok);
+    dispatch_free(dsp);
+    model_free(m);
+    for (char **k = keys; k && *k; k++)
+        free(*k);
+    free(keys);
+    return rc;
+}
