@@ -243,8 +243,10 @@ static ecs_err_t check_call(const kmoe_t *m, int layer, int n_rows, int n_pairs,
     return ECS_OK;
 }
 
-ecs_err_t kmoe_prepare(kmoe_t *m, int layer, int n_rows, const float *x, int n_pairs,
-                       const int32_t *row, const int32_t *expert)
+/* kmoe_prepare (x) or kmoe_prepare_q (xq, xq_up). */
+static ecs_err_t prepare(kmoe_t *m, int layer, int n_rows, const float *x, const void *xq,
+                         const void *xq_up, int n_pairs, const int32_t *row,
+                         const int32_t *expert)
 {
     m->n_pairs = 0;
     ecs_err_t err = check_call(m, layer, n_rows, n_pairs, row, expert);
@@ -267,9 +269,15 @@ ecs_err_t kmoe_prepare(kmoe_t *m, int layer, int n_rows, const float *x, int n_p
     m->st_in = kcpu_act_row(x0->gate.type, E);
     m->st_up = kcpu_act_row(x0->up.type, E);
     m->st_h = kcpu_act_row(x0->down.type, m->s.n_ff_exp);
-    kcpu_quantize_rows(tp, x0->gate.type, x, E, n_rows, E, m->xq);
-    if (!m->same)
-        kcpu_quantize_rows(tp, x0->up.type, x, E, n_rows, E, m->xq_up);
+    if (x) {
+        kcpu_quantize_rows(tp, x0->gate.type, x, E, n_rows, E, m->xq);
+        if (!m->same)
+            kcpu_quantize_rows(tp, x0->up.type, x, E, n_rows, E, m->xq_up);
+    } else {
+        memcpy(m->xq, xq, (size_t)n_rows * m->st_in);
+        if (!m->same)
+            memcpy(m->xq_up, xq_up, (size_t)n_rows * m->st_up);
+    }
     /* one row (decode): every expert reads it where it is */
     const int items = n_rows == 1 ? 0 : (n_pairs + PAR_ROWS - 1) / PAR_ROWS;
     if (items > 1)
@@ -278,6 +286,26 @@ ecs_err_t kmoe_prepare(kmoe_t *m, int layer, int n_rows, const float *x, int n_p
         gather_item(m, 0, 0);
     m->row = NULL; /* the caller's array is not kept */
     return ECS_OK;
+}
+
+ecs_err_t kmoe_prepare(kmoe_t *m, int layer, int n_rows, const float *x, int n_pairs,
+                       const int32_t *row, const int32_t *expert)
+{
+    return prepare(m, layer, n_rows, x, NULL, NULL, n_pairs, row, expert);
+}
+
+ecs_err_t kmoe_prepare_q(kmoe_t *m, int layer, int n_rows, const void *xq, const void *xq_up,
+                         int n_pairs, const int32_t *row, const int32_t *expert)
+{
+    if (!xq)
+        return ecs_error(ECS_ERR_INVAL, "kmoe: no quantized rows");
+    ecs_err_t err = prepare(m, layer, n_rows, NULL, xq, xq_up, n_pairs, row, expert);
+    if (err == ECS_OK && n_pairs > 0 && !m->same && !xq_up) {
+        m->n_pairs = 0;
+        return ecs_error(ECS_ERR_INVAL, "kmoe: layer %d: up takes other activations than gate: "
+                         "its rows are missing", layer);
+    }
+    return err;
 }
 
 void kmoe_gate_up(kmoe_t *m, kcpu_jobs_t *j)

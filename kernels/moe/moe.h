@@ -99,6 +99,15 @@ int kmoe_max_jobs(const kmoe_t *m);
  * quantizes the rows. x, row and expert are read only during this call. */
 ecs_err_t kmoe_prepare(kmoe_t *m, int layer, int n_rows, const float *x, int n_pairs,
                        const int32_t *row, const int32_t *expert);
+/* kmoe_prepare with the rows already quantized, as the kernels compute from
+ * them (a wire may carry them: ~3.5x fewer bytes than f32 for Q8_K):
+ * xq holds n_rows rows made by kcpu_quantize_rows(tp, gate_type, ...) for
+ * the weight type of the layer's ffn_gate_exps (kcpu_act_row(gate_type,
+ * n_embd) bytes apart), xq_up the same for ffn_up_exps' type when its
+ * vec_dot type differs from gate's (else NULL). The same bits as
+ * kmoe_prepare on the f32 rows. Both are copied: not read after the call. */
+ecs_err_t kmoe_prepare_q(kmoe_t *m, int layer, int n_rows, const void *xq, const void *xq_up,
+                         int n_pairs, const int32_t *row, const int32_t *expert);
 /* Computes every pair's output: kmoe_gate_up's and kmoe_down's jobs as two
  * regions on the pool. */
 void kmoe_compute(kmoe_t *m);

@@ -4,7 +4,8 @@
  * for several quant mixes and thread counts; a caller holding a subset of
  * the experts (a worker) gives the same rows bit for bit; kmoe_sum of rows
  * gathered from several such holders, in any buffer order, equals the
- * one-process sum bit for bit; bad calls are refused. Links only
+ * one-process sum bit for bit, and so do rows quantized by the caller;
+ * bad calls are refused. Links only
  * kernels/ and common/. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -187,8 +188,21 @@ Test(moe, subsets_and_gathered_sum_equal_one_process)
     float *x = rand_rows(n), wt[64 * K];
     int32_t ids[64 * K];
     route(n, ids, wt);
+    /* rows quantized by the caller (as a wire may carry them): same bits */
+    const size_t qb = kcpu_act_row(w.ex[l][0].gate.type, E) * (size_t)n;
+    void *xq = malloc(qb);
+    float *viaq = malloc((size_t)n * K * E * sizeof *viaq);
+    cr_assert(xq && viaq);
+    kcpu_quantize_rows(tp, w.ex[l][0].gate.type, x, E, n, E, xq);
+    cr_assert_eq(kmoe_prepare_q(full, l, n, xq, NULL, n * K, NULL, ids), ECS_OK, "%s",
+                 ecs_errmsg());
+    kmoe_compute(full);
+    memcpy(viaq, kmoe_outs(full), (size_t)n * K * E * sizeof *viaq);
     cr_assert_eq(kmoe_prepare(full, l, n, x, n * K, NULL, ids), ECS_OK);
     kmoe_compute(full);
+    cr_assert_eq(memcmp(viaq, kmoe_outs(full), (size_t)n * K * E * sizeof *viaq), 0,
+                 "kmoe_prepare_q vs kmoe_prepare");
+    free(xq), free(viaq);
     float *ref = malloc((size_t)n * E * sizeof *ref), *got = malloc((size_t)n * E * sizeof *got);
     float *buf = malloc((size_t)n * K * E * sizeof *buf);
     cr_assert(ref && got && buf);
