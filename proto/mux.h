@@ -119,7 +119,8 @@ ecs_err_t mux_submit(mux_t *m, int peer, wire_call_t *c, mux_call_t **out);
 
 /* Sleeps until every one of calls[0..n) has completed or timeout_ms passed
  * (< 0: no limit); returns how many have not completed (0: all). Several
- * threads may wait at once, each on its own calls. */
+ * threads may wait at once, each on its own calls (one waiter per call at a
+ * time). */
 int mux_wait(mux_t *m, mux_call_t *const *calls, int n, int timeout_ms);
 bool mux_call_done(const mux_call_t *c);
 
@@ -154,7 +155,8 @@ typedef struct {
 } mux_peer_stats_t;
 
 ecs_err_t mux_peer_stats(mux_t *m, int peer, mux_peer_stats_t *out);
-/* Calls in flight on peer right now (cheap: for picking the least busy). */
+/* Calls in flight on peer right now (cheap: for picking the least busy);
+ * UINT32_MAX for an id that was never connected. */
 uint32_t mux_peer_inflight(mux_t *m, int peer);
 /* The latency below which fraction q of the histogram's round trips fall
  * (upper bucket edge, us); 0 if empty. */
