@@ -165,23 +165,36 @@ ecs_err_t mux_peer_disconnect(mux_t *m, int peer)
     return mux_run_sync(m, &c);
 }
 
-ecs_err_t mux_submit(mux_t *m, int peer, wire_call_t *wc, mux_call_t **out)
+ecs_err_t mux_call_prepare(mux_t *m, int peer, wire_call_t *wc, void **payload,
+                           mux_call_t **out)
 {
     *out = NULL;
+    *payload = NULL;
     peer_t *p = mux_get_peer(m, peer);
     if (!p || !atomic_load(&p->connected))
-        return ecs_error(ECS_ERR_INVAL, "mux_submit: peer %d is not connected", peer);
-    wc->request_id = atomic_fetch_add(&m->next_id, 1);
-    wire_msg_t wm = {.kind = WIRE_CALL, .call = *wc};
-    ecs_err_t e = wire_check(&wm);
-    if (e)
-        return e;
+        return ecs_error(ECS_ERR_INVAL, "mux: peer %d is not connected", peer);
+    if (wc->payload_bytes > WIRE_MAX_PAYLOAD)
+        return ecs_error(ECS_ERR_FORMAT, "ExpertCall: payload of %zu bytes exceeds %zu",
+                         wc->payload_bytes, WIRE_MAX_PAYLOAD);
     mux_call_t *c = calloc(1, sizeof *c);
     if (!c)
-        return ecs_error(ECS_ERR_NOMEM, "mux_submit: out of memory");
+        return ecs_error(ECS_ERR_NOMEM, "mux: out of memory");
     zmq_msg_init(&c->hdr);
-    zmq_msg_init(&c->payload);
-    atomic_init(&c->refs, 2);
+    atomic_init(&c->refs, 1); /* the I/O thread's comes with mux_call_send */
+    ecs_err_t e = ECS_OK;
+    if (zmq_msg_init_size(&c->payload, wc->payload_bytes)) {
+        zmq_msg_init(&c->payload);
+        e = ecs_error(ECS_ERR_NOMEM, "mux: no memory for %zu payload bytes", wc->payload_bytes);
+        goto fail;
+    }
+    wc->request_id = atomic_fetch_add(&m->next_id, 1);
+    wire_msg_t wm = {.kind = WIRE_CALL, .call = *wc};
+    wm.call.payload = wc->payload_bytes ? zmq_msg_data(&c->payload) : NULL;
+    zmq_msg_close(&c->hdr);
+    if ((e = zu_encode(&wm, &c->hdr))) { /* validates the call */
+        zmq_msg_init(&c->hdr);
+        goto fail;
+    }
     c->id = wc->request_id;
     c->peer = peer;
     c->n_rows = wc->n_rows;
@@ -190,33 +203,45 @@ ecs_err_t mux_submit(mux_t *m, int peer, wire_call_t *wc, mux_call_t **out)
     c->result_dtype = wc->result_dtype;
     c->cmd.kind = CMD_CALL;
     c->cmd.call = c;
-    zmq_msg_close(&c->hdr);
-    if ((e = zu_encode(&wm, &c->hdr))) {
-        zmq_msg_init(&c->hdr);
-        goto fail;
-    }
-    zmq_msg_close(&c->payload);
-    if (zmq_msg_init_size(&c->payload, wc->payload_bytes)) {
-        zmq_msg_init(&c->payload);
-        e = ecs_error(ECS_ERR_NOMEM, "mux_submit: no memory for %zu payload bytes",
-                      wc->payload_bytes);
-        goto fail;
-    }
-    memcpy(zmq_msg_data(&c->payload), wc->payload, wc->payload_bytes);
-    ADD(p->calls_in_flight, 1);
-    ADD(p->rows_in_flight, wc->n_rows);
-    c->t_submit = zu_now_ns();
-    if (!mux_enqueue(m, &c->cmd)) {
-        SUB(p->calls_in_flight, 1);
-        SUB(p->rows_in_flight, wc->n_rows);
-        e = ecs_error(ECS_ERR_IO, "mux is shutting down");
-        goto fail;
-    }
+    *payload = wc->payload_bytes ? zmq_msg_data(&c->payload) : NULL;
     *out = c;
     return ECS_OK;
 fail:
-    atomic_store(&c->refs, 1);
     mux_call_unref(c);
+    return e;
+}
+
+ecs_err_t mux_call_send(mux_t *m, mux_call_t *c)
+{
+    peer_t *p = m->peers[c->peer];
+    if (c->t_submit)
+        return ecs_error(ECS_ERR_INVAL, "mux_call_send: call %llu was sent already",
+                         (unsigned long long)c->id);
+    atomic_fetch_add(&c->refs, 1);
+    ADD(p->calls_in_flight, 1);
+    ADD(p->rows_in_flight, c->n_rows);
+    c->t_submit = zu_now_ns();
+    if (!mux_enqueue(m, &c->cmd)) {
+        SUB(p->calls_in_flight, 1);
+        SUB(p->rows_in_flight, c->n_rows);
+        atomic_fetch_sub(&c->refs, 1);
+        return ecs_error(ECS_ERR_IO, "mux is shutting down");
+    }
+    return ECS_OK;
+}
+
+ecs_err_t mux_submit(mux_t *m, int peer, wire_call_t *wc, mux_call_t **out)
+{
+    void *payload;
+    ecs_err_t e = mux_call_prepare(m, peer, wc, &payload, out);
+    if (e)
+        return e;
+    if (wc->payload_bytes)
+        memcpy(payload, wc->payload, wc->payload_bytes);
+    if ((e = mux_call_send(m, *out))) {
+        mux_call_unref(*out);
+        *out = NULL;
+    }
     return e;
 }
 

@@ -24,7 +24,17 @@ static void *submitter(void *p)
     cr_assert(t && calls);
     for (int i = 0; i < s->n; i++) {
         tcall_make(&t[i], 1 + (uint32_t)(i % 8), s->seed + (float)i);
-        cr_assert_eq(mux_submit(s->m, s->peer, &t[i].c, &calls[i]), ECS_OK, "%s", ecs_errmsg());
+        if (i % 2) { /* half of them gathered straight into the message */
+            void *pl;
+            cr_assert_eq(mux_call_prepare(s->m, s->peer, &t[i].c, &pl, &calls[i]), ECS_OK, "%s",
+                         ecs_errmsg());
+            memcpy(pl, t[i].x, t[i].c.payload_bytes);
+            cr_assert_eq(mux_call_send(s->m, calls[i]), ECS_OK, "%s", ecs_errmsg());
+            cr_assert_eq(mux_call_send(s->m, calls[i]), ECS_ERR_INVAL, "sent twice");
+        } else {
+            cr_assert_eq(mux_submit(s->m, s->peer, &t[i].c, &calls[i]), ECS_OK, "%s",
+                         ecs_errmsg());
+        }
     }
     cr_assert_eq(mux_wait(s->m, calls, s->n, 20000), 0);
     for (int i = 0; i < s->n; i++) {
@@ -284,6 +294,10 @@ Test(mux, shutdown_with_calls_in_flight)
     for (int i = 0; i < 3; i++)
         cr_assert_eq(mux_submit(g.m, g.peer, &t.c, &c[i]), ECS_OK);
     mux_call_release(c[2]); /* abandoned */
+    void *pl;
+    mux_call_t *unsent;
+    cr_assert_eq(mux_call_prepare(g.m, g.peer, &t.c, &pl, &unsent), ECS_OK);
+    mux_call_release(unsent); /* prepared, never sent: freed (ASan checks) */
     mux_free(g.m);
     g.m = NULL;
     for (int i = 0; i < 2; i++) {
