@@ -1,128 +1,17 @@
-/* mux.c - the coordinator's side of the transport: one I/O thread owns the
- * control ROUTER and every peer's DEALER; callers hand it calls and control
- * messages through a mutex-protected queue woken by an eventfd, and sleep
- * on condition variables until their calls complete. Replies find their
- * call through a hash table keyed by request id, owned by the I/O thread. */
-#include "mux.h"
+/* mux.c - the coordinator's I/O thread: the only code that touches the
+ * mux's sockets (control ROUTER, one DEALER per peer). It takes commands
+ * from the queue (mux_api.c), sends calls, matches replies to calls through
+ * a hash table keyed by request id, and completes them. */
+#include "mux_impl.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "zutil.h"
-
-#define MUX_HASH 1024      /* call table buckets (power of two) */
-#define MUX_RECENT 1024    /* completed ids remembered to tell duplicates from unknown ids */
-#define MUX_INBOX_MAX 4096 /* control messages queued for mux_ctrl_recv before dropping */
-#define MUX_BATCH 256      /* messages taken from one socket before polling the others */
-
-typedef struct waiter {
-    pthread_cond_t cond;
-    int remaining;
-} waiter_t;
-
-typedef enum { CMD_CALL, CMD_CONNECT, CMD_DISCONNECT, CMD_CTRL_SEND, CMD_STOP } cmd_kind_t;
-
-typedef struct cmd {
-    cmd_kind_t kind;
-    struct cmd *next;
-    mux_call_t *call;          /* CMD_CALL */
-    int peer;                  /* CMD_CONNECT (out), CMD_DISCONNECT */
-    const char *endpoint;      /* CMD_CONNECT */
-    const mux_route_t *route;  /* CMD_CTRL_SEND */
-    zmq_msg_t frame;           /* CMD_CTRL_SEND: the encoded message */
-    bool finished;             /* synchronous commands: done, with err/errmsg */
-    ecs_err_t err;
-    char errmsg[256];
-} cmd_t;
-
-struct mux_call {
-    atomic_int refs;           /* the caller's and the I/O thread's */
-    cmd_t cmd;
-    uint64_t id;
-    int peer;
-    uint32_t n_rows, n_entries, n_embd, result_dtype;
-    uint64_t t_submit;
-    zmq_msg_t hdr, payload;    /* to send; emptied by a successful send */
-    atomic_bool done;          /* set under m->lock */
-    waiter_t *waiter;          /* under m->lock */
-    mux_result_t res;
-    zmq_msg_t rpayload;        /* the reply's payload frame, kept for res.payload */
-    bool has_rpayload;
-    wire_msg_t reply;          /* owns res.message when it came from the peer */
-    char msgbuf[256];
-    mux_call_t *hnext, *pnext; /* call table chain, peer's send queue (I/O thread) */
-};
-
-typedef struct {
-    void *sock;                /* I/O thread only */
-    char endpoint[256];
-    atomic_bool connected;
-    _Atomic uint64_t calls_in_flight, rows_in_flight, calls_sent, calls_ok, calls_failed;
-    _Atomic uint64_t bytes_out, bytes_in, unknown_ids, duplicate_replies, bad_messages,
-        errors_received;
-    _Atomic uint64_t lat[MUX_LAT_BUCKETS];
-    mux_call_t *pend_head, *pend_tail; /* waiting for room below the HWM (I/O thread) */
-    char last_error[256];      /* under m->lock */
-} peer_t;
-
-typedef struct inbox_item {
-    struct inbox_item *next;
-    mux_route_t from;
-    wire_msg_t msg;
-} inbox_item_t;
-
-struct mux {
-    void *zctx;
-    pthread_t thread;
-    bool thread_started;
-    int efd;
-    int hwm;
-    pthread_mutex_t lock;      /* queue, completions, inbox, command results, last_error */
-    pthread_cond_t cmd_cond, ctrl_cond;
-    cmd_t *q_head, *q_tail;
-    bool closed;               /* the I/O thread has stopped taking commands */
-    _Atomic uint64_t next_id;
-    peer_t *peers[MUX_MAX_PEERS];
-    atomic_int n_peers;
-    void *ctrl;
-    char ctrl_ep[256];
-    inbox_item_t *in_head, *in_tail;
-    size_t in_count;
-    _Atomic uint64_t ctrl_bad;
-    /* I/O thread only */
-    mux_call_t *table[MUX_HASH];
-    struct { uint64_t id; int peer; } recent[MUX_RECENT];
-    unsigned recent_pos;
-    bool stopping;
-    zmq_pollitem_t items[MUX_MAX_PEERS + 2];
-    int item_peer[MUX_MAX_PEERS + 2];
-};
-
-#define RELAXED memory_order_relaxed
-#define ADD(x, v) atomic_fetch_add_explicit(&(x), (v), RELAXED)
-#define SUB(x, v) atomic_fetch_sub_explicit(&(x), (v), RELAXED)
-#define LOAD(x) atomic_load_explicit(&(x), RELAXED)
-
-/* ---- calls ---- */
-
-static void call_unref(mux_call_t *c)
-{
-    if (atomic_fetch_sub(&c->refs, 1) != 1)
-        return;
-    zmq_msg_close(&c->hdr);
-    zmq_msg_close(&c->payload);
-    if (c->has_rpayload)
-        zmq_msg_close(&c->rpayload);
-    wire_msg_clear(&c->reply);
-    free(c);
-}
 
 /* Records the outcome (err/status/message already in c->res), wakes the
  * waiter, drops the I/O thread's reference. I/O thread only. */
@@ -143,8 +32,9 @@ static void call_finish(mux_t *m, mux_call_t *c)
     } else {
         ADD(p->calls_failed, 1);
     }
-    m->recent[m->recent_pos++ % MUX_RECENT].id = c->id;
-    m->recent[(m->recent_pos - 1) % MUX_RECENT].peer = c->peer;
+    const unsigned slot = m->recent_pos++ % MUX_RECENT;
+    m->recent[slot].id = c->id;
+    m->recent[slot].peer = c->peer;
     pthread_mutex_lock(&m->lock);
     atomic_store_explicit(&c->done, true, memory_order_release);
     if (c->waiter) {
@@ -153,7 +43,7 @@ static void call_finish(mux_t *m, mux_call_t *c)
         c->waiter = NULL;
     }
     pthread_mutex_unlock(&m->lock);
-    call_unref(c);
+    mux_call_unref(c);
 }
 
 static void call_fail(mux_t *m, mux_call_t *c, ecs_err_t err, const char *fmt, ...)
@@ -212,45 +102,6 @@ static void set_last_error(mux_t *m, peer_t *p, const char *msg)
     pthread_mutex_lock(&m->lock);
     snprintf(p->last_error, sizeof p->last_error, "%s", msg);
     pthread_mutex_unlock(&m->lock);
-}
-
-/* ---- the queue ---- */
-
-static bool enqueue(mux_t *m, cmd_t *c)
-{
-    pthread_mutex_lock(&m->lock);
-    if (m->closed) {
-        pthread_mutex_unlock(&m->lock);
-        return false;
-    }
-    const bool was_empty = !m->q_head;
-    c->next = NULL;
-    if (m->q_tail)
-        m->q_tail->next = c;
-    else
-        m->q_head = c;
-    m->q_tail = c;
-    pthread_mutex_unlock(&m->lock);
-    if (was_empty) {
-        const uint64_t one = 1;
-        if (write(m->efd, &one, sizeof one) < 0) { /* counter overflow only: already awake */ }
-    }
-    return true;
-}
-
-/* Enqueues a synchronous command and sleeps until the I/O thread did it. */
-static ecs_err_t run_sync(mux_t *m, cmd_t *c)
-{
-    c->finished = false;
-    if (!enqueue(m, c))
-        return ecs_error(ECS_ERR_IO, "mux is shutting down");
-    pthread_mutex_lock(&m->lock);
-    while (!c->finished)
-        pthread_cond_wait(&m->cmd_cond, &m->lock);
-    pthread_mutex_unlock(&m->lock);
-    if (c->err)
-        return ecs_error(c->err, "%s", c->errmsg);
-    return ECS_OK;
 }
 
 static void cmd_done(mux_t *m, cmd_t *c, ecs_err_t err, const char *msg)
@@ -620,7 +471,7 @@ static int build_items(mux_t *m)
     return n;
 }
 
-static void *io_main(void *arg)
+void *mux_io_main(void *arg)
 {
     mux_t *m = arg;
     while (!m->stopping) {
@@ -660,316 +511,3 @@ static void *io_main(void *arg)
     table_fail(m, -1, "mux stopped");
     return NULL;
 }
-
-/* ---- public ---- */
-
-ecs_err_t mux_new(const mux_opts_t *opts, mux_t **out)
-{
-    *out = NULL;
-    mux_t *m = calloc(1, sizeof *m);
-    if (!m)
-        return ecs_error(ECS_ERR_NOMEM, "mux: out of memory");
-    ecs_err_t e = ECS_OK;
-    m->efd = -1;
-    m->hwm = opts && opts->hwm > 0 ? opts->hwm : MUX_DEFAULT_HWM;
-    atomic_init(&m->next_id, 1);
-    pthread_mutex_init(&m->lock, NULL);
-    pthread_cond_init(&m->cmd_cond, NULL);
-    pthread_cond_init(&m->ctrl_cond, NULL);
-    if (!(m->zctx = zmq_ctx_new())) {
-        e = ecs_error(ECS_ERR_IO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
-        goto fail;
-    }
-    if ((m->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
-        e = ecs_error(ECS_ERR_IO, "eventfd: %s", strerror(errno));
-        goto fail;
-    }
-    if (opts && opts->control_bind) {
-        const int one = 1;
-        /* a Drain or Error to a worker gets a moment to leave on close */
-        if ((e = zu_socket(m->zctx, ZMQ_ROUTER, m->hwm, 200, &m->ctrl)))
-            goto fail;
-        zmq_setsockopt(m->ctrl, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-        if (zmq_bind(m->ctrl, opts->control_bind) != 0) {
-            e = ecs_error(ECS_ERR_IO, "bind %s: %s", opts->control_bind,
-                          zmq_strerror(zmq_errno()));
-            goto fail;
-        }
-        zu_last_endpoint(m->ctrl, m->ctrl_ep, sizeof m->ctrl_ep);
-    }
-    if (pthread_create(&m->thread, NULL, io_main, m) != 0) {
-        e = ecs_error(ECS_ERR_INTERNAL, "mux: cannot start the I/O thread");
-        goto fail;
-    }
-    m->thread_started = true;
-    *out = m;
-    return ECS_OK;
-fail:
-    mux_free(m);
-    return e;
-}
-
-void mux_free(mux_t *m)
-{
-    if (!m)
-        return;
-    if (m->thread_started) {
-        cmd_t stop = {.kind = CMD_STOP};
-        run_sync(m, &stop);
-        pthread_join(m->thread, NULL);
-    }
-    if (m->ctrl) {
-        zu_unbind(m->ctrl, m->ctrl_ep);
-        zmq_close(m->ctrl);
-    }
-    const int np = atomic_load(&m->n_peers);
-    for (int i = 0; i < np; i++)
-        free(m->peers[i]);
-    for (inbox_item_t *it = m->in_head, *next; it; it = next) {
-        next = it->next;
-        wire_msg_clear(&it->msg);
-        free(it);
-    }
-    if (m->zctx)
-        zmq_ctx_term(m->zctx);
-    if (m->efd >= 0)
-        close(m->efd);
-    pthread_cond_destroy(&m->cmd_cond);
-    pthread_cond_destroy(&m->ctrl_cond);
-    pthread_mutex_destroy(&m->lock);
-    free(m);
-}
-
-const char *mux_control_endpoint(const mux_t *m) { return m->ctrl_ep; }
-
-ecs_err_t mux_peer_connect(mux_t *m, const char *endpoint, int *peer)
-{
-    if (!endpoint || !*endpoint)
-        return ecs_error(ECS_ERR_INVAL, "mux_peer_connect: empty endpoint");
-    cmd_t c = {.kind = CMD_CONNECT, .endpoint = endpoint, .peer = -1};
-    ecs_err_t e = run_sync(m, &c);
-    if (e == ECS_OK)
-        *peer = c.peer;
-    return e;
-}
-
-ecs_err_t mux_peer_disconnect(mux_t *m, int peer)
-{
-    cmd_t c = {.kind = CMD_DISCONNECT, .peer = peer};
-    return run_sync(m, &c);
-}
-
-static peer_t *get_peer(mux_t *m, int peer)
-{
-    if (peer < 0 || peer >= atomic_load_explicit(&m->n_peers, memory_order_acquire))
-        return NULL;
-    return m->peers[peer];
-}
-
-ecs_err_t mux_submit(mux_t *m, int peer, wire_call_t *wc, mux_call_t **out)
-{
-    *out = NULL;
-    peer_t *p = get_peer(m, peer);
-    if (!p || !atomic_load(&p->connected))
-        return ecs_error(ECS_ERR_INVAL, "mux_submit: peer %d is not connected", peer);
-    wc->request_id = atomic_fetch_add(&m->next_id, 1);
-    wire_msg_t wm = {.kind = WIRE_CALL, .call = *wc};
-    ecs_err_t e = wire_check(&wm);
-    if (e)
-        return e;
-    mux_call_t *c = calloc(1, sizeof *c);
-    if (!c)
-        return ecs_error(ECS_ERR_NOMEM, "mux_submit: out of memory");
-    zmq_msg_init(&c->hdr);
-    zmq_msg_init(&c->payload);
-    atomic_init(&c->refs, 2);
-    c->id = wc->request_id;
-    c->peer = peer;
-    c->n_rows = wc->n_rows;
-    c->n_entries = (uint32_t)wc->n_entries;
-    c->n_embd = wc->n_embd;
-    c->result_dtype = wc->result_dtype;
-    c->cmd.kind = CMD_CALL;
-    c->cmd.call = c;
-    zmq_msg_close(&c->hdr);
-    if ((e = zu_encode(&wm, &c->hdr))) {
-        zmq_msg_init(&c->hdr);
-        goto fail;
-    }
-    zmq_msg_close(&c->payload);
-    if (zmq_msg_init_size(&c->payload, wc->payload_bytes)) {
-        zmq_msg_init(&c->payload);
-        e = ecs_error(ECS_ERR_NOMEM, "mux_submit: no memory for %zu payload bytes",
-                      wc->payload_bytes);
-        goto fail;
-    }
-    memcpy(zmq_msg_data(&c->payload), wc->payload, wc->payload_bytes);
-    ADD(p->calls_in_flight, 1);
-    ADD(p->rows_in_flight, wc->n_rows);
-    c->t_submit = zu_now_ns();
-    if (!enqueue(m, &c->cmd)) {
-        SUB(p->calls_in_flight, 1);
-        SUB(p->rows_in_flight, wc->n_rows);
-        e = ecs_error(ECS_ERR_IO, "mux is shutting down");
-        goto fail;
-    }
-    *out = c;
-    return ECS_OK;
-fail:
-    atomic_store(&c->refs, 1);
-    call_unref(c);
-    return e;
-}
-
-int mux_wait(mux_t *m, mux_call_t *const *calls, int n, int timeout_ms)
-{
-    waiter_t w = {.remaining = 0};
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w.cond, &ca);
-    pthread_condattr_destroy(&ca);
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    if (timeout_ms >= 0) {
-        dl.tv_sec += timeout_ms / 1000;
-        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
-    }
-    pthread_mutex_lock(&m->lock);
-    for (int i = 0; i < n; i++)
-        if (!atomic_load(&calls[i]->done)) {
-            calls[i]->waiter = &w;
-            w.remaining++;
-        }
-    while (w.remaining > 0) {
-        if (timeout_ms < 0)
-            pthread_cond_wait(&w.cond, &m->lock);
-        else if (pthread_cond_timedwait(&w.cond, &m->lock, &dl) == ETIMEDOUT)
-            break;
-    }
-    for (int i = 0; i < n; i++)
-        if (calls[i]->waiter == &w)
-            calls[i]->waiter = NULL;
-    const int left = w.remaining;
-    pthread_mutex_unlock(&m->lock);
-    pthread_cond_destroy(&w.cond);
-    return left;
-}
-
-bool mux_call_done(const mux_call_t *c)
-{
-    return atomic_load_explicit(&((mux_call_t *)c)->done, memory_order_acquire);
-}
-
-const mux_result_t *mux_call_result(const mux_call_t *c)
-{
-    return mux_call_done(c) ? &c->res : NULL;
-}
-
-void mux_call_release(mux_call_t *c)
-{
-    if (c)
-        call_unref(c);
-}
-
-ecs_err_t mux_peer_stats(mux_t *m, int peer, mux_peer_stats_t *o)
-{
-    peer_t *p = get_peer(m, peer);
-    if (!p)
-        return ecs_error(ECS_ERR_INVAL, "mux_peer_stats: no peer %d", peer);
-    memset(o, 0, sizeof *o);
-    o->connected = atomic_load(&p->connected);
-    memcpy(o->endpoint, p->endpoint, sizeof o->endpoint);
-    o->calls_in_flight = LOAD(p->calls_in_flight);
-    o->rows_in_flight = LOAD(p->rows_in_flight);
-    o->calls_sent = LOAD(p->calls_sent);
-    o->calls_ok = LOAD(p->calls_ok);
-    o->calls_failed = LOAD(p->calls_failed);
-    o->bytes_out = LOAD(p->bytes_out);
-    o->bytes_in = LOAD(p->bytes_in);
-    o->unknown_ids = LOAD(p->unknown_ids);
-    o->duplicate_replies = LOAD(p->duplicate_replies);
-    o->bad_messages = LOAD(p->bad_messages);
-    o->errors_received = LOAD(p->errors_received);
-    for (int i = 0; i < MUX_LAT_BUCKETS; i++)
-        o->latency_us[i] = LOAD(p->lat[i]);
-    pthread_mutex_lock(&m->lock);
-    memcpy(o->last_error, p->last_error, sizeof o->last_error);
-    pthread_mutex_unlock(&m->lock);
-    return ECS_OK;
-}
-
-uint32_t mux_peer_inflight(mux_t *m, int peer)
-{
-    peer_t *p = get_peer(m, peer);
-    return p ? (uint32_t)LOAD(p->calls_in_flight) : UINT32_MAX;
-}
-
-uint64_t mux_latency_quantile(const uint64_t hist[MUX_LAT_BUCKETS], double q)
-{
-    uint64_t total = 0, acc = 0;
-    for (int i = 0; i < MUX_LAT_BUCKETS; i++)
-        total += hist[i];
-    if (!total)
-        return 0;
-    for (int i = 0; i < MUX_LAT_BUCKETS; i++) {
-        acc += hist[i];
-        if ((double)acc >= q * (double)total)
-            return 2ull << i;
-    }
-    return 2ull << (MUX_LAT_BUCKETS - 1);
-}
-
-ecs_err_t mux_ctrl_recv(mux_t *m, mux_route_t *from, wire_msg_t *msg, int timeout_ms)
-{
-    memset(msg, 0, sizeof *msg);
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&m->lock);
-    while (!m->in_head && !m->closed) {
-        if (timeout_ms < 0)
-            pthread_cond_wait(&m->ctrl_cond, &m->lock);
-        else if (pthread_cond_timedwait(&m->ctrl_cond, &m->lock, &dl) == ETIMEDOUT)
-            break;
-    }
-    inbox_item_t *it = m->in_head;
-    if (it) {
-        m->in_head = it->next;
-        if (!m->in_head)
-            m->in_tail = NULL;
-        m->in_count--;
-    }
-    pthread_mutex_unlock(&m->lock);
-    if (it) {
-        *from = it->from;
-        *msg = it->msg;
-        free(it);
-    }
-    return ECS_OK;
-}
-
-ecs_err_t mux_ctrl_send(mux_t *m, const mux_route_t *to, const wire_msg_t *msg)
-{
-    if (wire_kind_has_payload(msg->kind))
-        return ecs_error(ECS_ERR_INVAL, "mux_ctrl_send: %s is not a control message",
-                         wire_kind_name(msg->kind));
-    cmd_t c = {.kind = CMD_CTRL_SEND, .route = to};
-    ecs_err_t e = zu_encode(msg, &c.frame);
-    if (e)
-        return e;
-    if ((e = run_sync(m, &c)) == ECS_ERR_IO && !c.finished)
-        zmq_msg_close(&c.frame); /* never reached the I/O thread */
-    return e;
-}
-
-uint64_t mux_ctrl_bad(mux_t *m) { return LOAD(m->ctrl_bad); }

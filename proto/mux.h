@@ -117,9 +117,19 @@ ecs_err_t mux_peer_disconnect(mux_t *m, int peer);
  * peer, ECS_ERR_FORMAT for a call that does not pass wire_check. */
 ecs_err_t mux_submit(mux_t *m, int peer, wire_call_t *c, mux_call_t **out);
 
+/* The same in two steps, for a caller that gathers its rows straight into
+ * the message: prepare validates c (its payload pointer is not read; give
+ * payload_bytes) and returns in *payload room for payload_bytes bytes; fill
+ * it, then send. A prepared call that is not sent is freed by
+ * mux_call_release. */
+ecs_err_t mux_call_prepare(mux_t *m, int peer, wire_call_t *c, void **payload,
+                           mux_call_t **out);
+ecs_err_t mux_call_send(mux_t *m, mux_call_t *call);
+
 /* Sleeps until every one of calls[0..n) has completed or timeout_ms passed
  * (< 0: no limit); returns how many have not completed (0: all). Several
- * threads may wait at once, each on its own calls. */
+ * threads may wait at once, each on its own calls (one waiter per call at a
+ * time). */
 int mux_wait(mux_t *m, mux_call_t *const *calls, int n, int timeout_ms);
 bool mux_call_done(const mux_call_t *c);
 
@@ -154,7 +164,8 @@ typedef struct {
 } mux_peer_stats_t;
 
 ecs_err_t mux_peer_stats(mux_t *m, int peer, mux_peer_stats_t *out);
-/* Calls in flight on peer right now (cheap: for picking the least busy). */
+/* Calls in flight on peer right now (cheap: for picking the least busy);
+ * UINT32_MAX for an id that was never connected. */
 uint32_t mux_peer_inflight(mux_t *m, int peer);
 /* The latency below which fraction q of the histogram's round trips fall
  * (upper bucket edge, us); 0 if empty. */

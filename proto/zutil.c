@@ -17,6 +17,19 @@ uint64_t zu_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+void zu_deadline(clockid_t clk, int timeout_ms, struct timespec *ts)
+{
+    clock_gettime(clk, ts);
+    if (timeout_ms <= 0)
+        return;
+    ts->tv_sec += timeout_ms / 1000;
+    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
 ecs_err_t zu_socket(void *zctx, int type, int hwm, int linger_ms, void **out)
 {
     void *s = zmq_socket(zctx, type);

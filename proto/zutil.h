@@ -5,6 +5,7 @@
 #define ECS_PROTO_ZUTIL_H
 
 #include <stdint.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "proto/mux.h"
@@ -14,6 +15,9 @@
 #define ZU_MAX_PARTS 3
 
 uint64_t zu_now_ns(void);
+/* The time timeout_ms (>= 0; a negative one counts as 0) from now on clk,
+ * for pthread_cond_timedwait. */
+void zu_deadline(clockid_t clk, int timeout_ms, struct timespec *ts);
 
 /* A socket with the mux's options: hwm both ways, linger_ms on close. */
 ecs_err_t zu_socket(void *zctx, int type, int hwm, int linger_ms, void **out);

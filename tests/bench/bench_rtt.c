@@ -200,8 +200,16 @@ int main(int argc, char **argv)
         return 1;
     for (int i = 0; i < MAX_ROWS * EMBD; i++)
         x[i] = (float)i;
-    printf("round trip of one call, %d values per row, %d calls per size (one at a time)\n",
-           EMBD, iters);
+    char load[64] = "?";
+    FILE *lf = fopen("/proc/loadavg", "r");
+    if (lf) {
+        if (!fgets(load, sizeof load, lf))
+            snprintf(load, sizeof load, "?");
+        fclose(lf);
+        load[strcspn(load, "\n")] = '\0';
+    }
+    printf("round trip of one call, %d values per row, %d calls per size (one at a time); "
+           "load average %s\n", EMBD, iters, load);
     printf("%-4s %5s %9s %10s %10s %10s %10s %7s\n", "", "rows", "bytes", "raw med", "raw p99",
            "mux med", "mux p99", "mux/raw");
     const char *tr[2] = {"ipc", "tcp"};

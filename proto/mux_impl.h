@@ -1,0 +1,117 @@
+/* mux_impl.h - private to proto/: the coordinator mux's state, shared by
+ * mux.c (the I/O thread, the only code that touches a socket) and
+ * mux_api.c (what caller threads run: submit, wait, stats, control inbox). */
+#ifndef ECS_PROTO_MUX_IMPL_H
+#define ECS_PROTO_MUX_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <zmq.h>
+
+#include "proto/mux.h"
+
+#define MUX_HASH 1024      /* call table buckets (power of two) */
+#define MUX_RECENT 1024    /* completed ids remembered to tell duplicates from unknown ids */
+#define MUX_INBOX_MAX 4096 /* control messages queued for mux_ctrl_recv before dropping */
+#define MUX_BATCH 256      /* messages taken from one socket before polling the others */
+
+typedef struct waiter {
+    pthread_cond_t cond;
+    int remaining;
+} waiter_t;
+
+typedef enum { CMD_CALL, CMD_CONNECT, CMD_DISCONNECT, CMD_CTRL_SEND, CMD_STOP } cmd_kind_t;
+
+typedef struct cmd {
+    cmd_kind_t kind;
+    struct cmd *next;
+    mux_call_t *call;          /* CMD_CALL */
+    int peer;                  /* CMD_CONNECT (out), CMD_DISCONNECT */
+    const char *endpoint;      /* CMD_CONNECT */
+    const mux_route_t *route;  /* CMD_CTRL_SEND */
+    zmq_msg_t frame;           /* CMD_CTRL_SEND: the encoded message */
+    bool finished;             /* synchronous commands: done, with err/errmsg */
+    ecs_err_t err;
+    char errmsg[256];
+} cmd_t;
+
+struct mux_call {
+    atomic_int refs;           /* the caller's and the I/O thread's */
+    cmd_t cmd;
+    uint64_t id;
+    int peer;
+    uint32_t n_rows, n_entries, n_embd, result_dtype;
+    uint64_t t_submit;
+    zmq_msg_t hdr, payload;    /* to send; emptied by a successful send */
+    atomic_bool done;          /* set under m->lock */
+    waiter_t *waiter;          /* under m->lock */
+    mux_result_t res;
+    zmq_msg_t rpayload;        /* the reply's payload frame, kept for res.payload */
+    bool has_rpayload;
+    wire_msg_t reply;          /* owns res.message when it came from the peer */
+    char msgbuf[256];
+    mux_call_t *hnext, *pnext; /* call table chain, peer's send queue (I/O thread) */
+};
+
+typedef struct {
+    void *sock;                /* I/O thread only */
+    char endpoint[256];
+    atomic_bool connected;
+    _Atomic uint64_t calls_in_flight, rows_in_flight, calls_sent, calls_ok, calls_failed;
+    _Atomic uint64_t bytes_out, bytes_in, unknown_ids, duplicate_replies, bad_messages,
+        errors_received;
+    _Atomic uint64_t lat[MUX_LAT_BUCKETS];
+    mux_call_t *pend_head, *pend_tail; /* waiting for room below the HWM (I/O thread) */
+    char last_error[256];      /* under m->lock */
+} peer_t;
+
+typedef struct inbox_item {
+    struct inbox_item *next;
+    mux_route_t from;
+    wire_msg_t msg;
+} inbox_item_t;
+
+struct mux {
+    void *zctx;
+    pthread_t thread;
+    bool thread_started;
+    int efd;
+    int hwm;
+    pthread_mutex_t lock;      /* queue, completions, inbox, command results, last_error */
+    pthread_cond_t cmd_cond, ctrl_cond;
+    cmd_t *q_head, *q_tail;
+    bool closed;               /* the I/O thread has stopped taking commands */
+    _Atomic uint64_t next_id;
+    peer_t *peers[MUX_MAX_PEERS];
+    atomic_int n_peers;
+    void *ctrl;
+    char ctrl_ep[256];
+    inbox_item_t *in_head, *in_tail;
+    size_t in_count;
+    _Atomic uint64_t ctrl_bad;
+    /* I/O thread only */
+    mux_call_t *table[MUX_HASH];
+    struct { uint64_t id; int peer; } recent[MUX_RECENT];
+    unsigned recent_pos;
+    bool stopping;
+    zmq_pollitem_t items[MUX_MAX_PEERS + 2];
+    int item_peer[MUX_MAX_PEERS + 2];
+};
+
+#define RELAXED memory_order_relaxed
+#define ADD(x, v) atomic_fetch_add_explicit(&(x), (v), RELAXED)
+#define SUB(x, v) atomic_fetch_sub_explicit(&(x), (v), RELAXED)
+#define LOAD(x) atomic_load_explicit(&(x), RELAXED)
+
+/* Drops one reference; the last one frees the call and its frames. */
+void mux_call_unref(mux_call_t *c);
+/* Hands a command to the I/O thread; false once it has stopped. */
+bool mux_enqueue(mux_t *m, cmd_t *c);
+/* Enqueues a synchronous command and sleeps until the I/O thread did it. */
+ecs_err_t mux_run_sync(mux_t *m, cmd_t *c);
+/* NULL for an id that was never connected. */
+peer_t *mux_get_peer(mux_t *m, int peer);
+/* The I/O thread. */
+void *mux_io_main(void *arg);
+
+#endif
