@@ -2,10 +2,12 @@
  * the model file instead of a symptom downstream ("expert id -1 out of
  * range" from routing NaN logits, "logit N is NaN" in the sampler).
  *
- * Steps carry no per-layer check: model_eval_batch checks the logits of
- * every step (n_out x n_vocab floats, small beside the output product) and,
- * when they or the step fail, model_diagnose_step reruns the step once with
- * a checking expert backend wrapped around the installed one. Its hooks run
+ * Steps carry no per-layer check: model_eval_batch checks the final
+ * residual rows and the logits of every step (small beside the output
+ * product; the residual keeps a NaN once one enters it, even where quantized
+ * products turn NaN inputs into finite garbage) and, when they or the step
+ * fail, model_diagnose_step reruns the step once with a checking expert
+ * backend wrapped around the installed one. Its hooks run
  * at every MoE layer between attention and FFN (submit) and after the
  * experts (wait), where the workspace still holds that layer's
  * intermediates, so the first non-finite one names the layer, the phase and
@@ -129,6 +131,11 @@ ecs_err_t model_diagnose_step(model_t *m, const model_step_row_t *rows, int n,
     m->ex_ctx = d.ctx;
     if (d.found)
         return e2;
+    const size_t res = (size_t)(n_out > 0 ? n_out : n) * (size_t)m->hp.n_embd;
+    if (e2 == ECS_OK && !model_all_finite(m->ws.x, res))
+        return ecs_error(ECS_ERR_FORMAT,
+                         "%s: non-finite residual after layer %d (its sum overflowed): the model "
+                         "file is likely damaged", gguf_path(m->file), m->hp.n_layer - 1);
     if (e2 == ECS_OK && logits &&
         !model_all_finite(logits, (size_t)n_out * (size_t)m->hp.n_vocab))
         return ecs_error(ECS_ERR_FORMAT,

@@ -585,7 +585,12 @@ ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *lo
     if (n_out > 0 && !logits)
         return ecs_error(ECS_ERR_INVAL, "model: rows want logits but the output is NULL");
     ecs_err_t e = model_forward(m, st, n, out_rows, n_out, logits);
-    if (e != ECS_OK || !model_all_finite(logits, (size_t)n_out * (size_t)m->hp.n_vocab))
+    /* the residual keeps a NaN or inf once one enters it, where quantized
+     * products may turn them into finite garbage: its last rows (the output
+     * rows, else all after the last full layer) tell, with the logits */
+    const size_t res = (size_t)(n_out > 0 ? n_out : n) * (size_t)m->hp.n_embd;
+    if (e != ECS_OK || !model_all_finite(m->ws.x, res) ||
+        !model_all_finite(logits, (size_t)n_out * (size_t)m->hp.n_vocab))
         MODEL_TRY(model_diagnose_step(m, st, n, out_rows, n_out, logits, e));
     for (int i = 0; i < n; i++)
         st[i].ctx->n_past = st[i].pos + 1 > st[i].ctx->n_past ? st[i].pos + 1 : st[i].ctx->n_past;

@@ -659,6 +659,54 @@ Test(experts, backend_error_is_reported)
     model_free(m);
 }
 
+/* A backend whose layer-2 output turns NaN on every row (a damaged expert
+ * tensor): the step fails with an error naming that layer and the routed
+ * experts, not a symptom downstream, and the sequence is unchanged. */
+typedef struct {
+    model_experts_local_t *l;
+    int n_tok, E;
+} nan_backend_t;
+
+static ecs_err_t nan_submit(void *ctx, int layer, int n, const float *x, int k, const int32_t *ids,
+                            const float *w)
+{
+    nan_backend_t *b = ctx;
+    b->n_tok = n;
+    return model_experts_local_ops.submit(b->l, layer, n, x, k, ids, w);
+}
+
+static ecs_err_t nan_wait(void *ctx, int layer, float *out)
+{
+    nan_backend_t *b = ctx;
+    const ecs_err_t e = model_experts_local_ops.wait(b->l, layer, out);
+    for (int r = 0; layer == 2 && r < b->n_tok; r++)
+        out[(size_t)r * b->E + 5] = NAN;
+    return e;
+}
+
+Test(experts, non_finite_output_names_layer)
+{
+    model_t *m = load(DS2_Q8, 64);
+    model_ctx_t *c;
+    cr_assert_eq(model_ctx_new(m, 64, 0, &c), ECS_OK);
+    nan_backend_t b = {NULL, 0, model_hparams(m)->n_embd};
+    cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &b.l), ECS_OK);
+    static const model_experts_ops ops = {nan_submit, nan_wait};
+    model_set_experts(m, &ops, &b);
+    float *logits = malloc((size_t)model_n_vocab(m) * sizeof *logits);
+    cr_assert_not_null(logits);
+    cr_assert_eq(model_eval(c, PROMPT, 4, logits, false), ECS_ERR_FORMAT, "%s", ecs_errmsg());
+    cr_assert(strstr(ecs_errmsg(), "layer 2, routed experts") && strstr(ecs_errmsg(), "model file"),
+              "%s", ecs_errmsg());
+    cr_assert_eq(model_ctx_n_past(c), 0);
+    model_set_experts(m, NULL, NULL);
+    cr_assert_eq(model_eval(c, PROMPT, 4, logits, false), ECS_OK, "%s", ecs_errmsg());
+    model_experts_local_free(b.l);
+    free(logits);
+    model_ctx_free(c);
+    model_free(m);
+}
+
 /* ------------------------------------------------------- MLA equivalence */
 
 /* The latent cache in both forms (absorbed throughout; the default, whose
