@@ -54,6 +54,7 @@ struct api_server {
     api_specials_t specials;
     struct ev_loop *loop;
     ev_io accept_w;
+    ev_timer accept_pause;
     ev_async wake, stop_w;
     ev_signal sigint_w, sigterm_w;
     int fd, port;

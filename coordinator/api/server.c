@@ -313,6 +313,13 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
     api_server_t *srv = w->data;
     for (;;) {
         int fd = accept4(srv->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+            /* out of descriptors: the listening socket stays readable, so
+             * pause accepting for a moment instead of spinning on it */
+            ev_io_stop(loop, &srv->accept_w);
+            ev_timer_start(loop, &srv->accept_pause);
+            return;
+        }
         if (fd < 0)
             return;
         int one = 1;
@@ -351,6 +358,13 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
         ev_io_start(loop, &c->rio);
         c->reading = true;
     }
+}
+
+static void accept_resume_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    api_server_t *srv = w->data;
+    ev_io_start(loop, &srv->accept_w);
 }
 
 static void wake_cb(struct ev_loop *loop, ev_async *w, int revents)
@@ -435,6 +449,8 @@ ecs_err_t api_server_new(const api_opts_t *o, model_t *m, const tok_t *tok, sche
         return e;
     }
     ev_io_init(&srv->accept_w, accept_cb, srv->fd, EV_READ);
+    ev_timer_init(&srv->accept_pause, accept_resume_cb, 0.1, 0);
+    srv->accept_pause.data = srv;
     ev_async_init(&srv->wake, wake_cb);
     ev_async_init(&srv->stop_w, stop_cb);
     srv->accept_w.data = srv->wake.data = srv->stop_w.data = srv;

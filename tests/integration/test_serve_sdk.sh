@@ -5,6 +5,7 @@
 # ecs-coordinator started here and stopped by pid.
 # usage (from the repo root): tests/integration/test_serve_sdk.sh BUILD_DIR
 set -u
+export PYTHONDONTWRITEBYTECODE=1
 build=${1:?usage: $0 BUILD_DIR}
 root=$(pwd)
 bin="$root/$build/bin/ecs-coordinator"
