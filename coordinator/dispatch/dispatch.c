@@ -9,8 +9,8 @@
  * collects one f32 row per pair and sums each row's slots in slot order
  * with kmoe_sum, the local backend's code: the same bits as the local
  * backend whatever the placement. Everything is sized at start-up; a
- * step allocates nothing here (the transport copies the payload into its
- * message). */
+ * step allocates nothing here but the transport's messages, into which
+ * the rows are gathered directly. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,12 +35,11 @@ ecs_err_t dispatch_buffers_new(dispatch_t *d)
     d->c_counts = calloc(X, sizeof *d->c_counts);
     d->c_rows = calloc(nb * k, sizeof *d->c_rows);
     d->c_slots = calloc(nb * k, sizeof *d->c_slots);
-    d->payload = calloc(nb * E, sizeof *d->payload);
     d->d = calloc(nb * k * E, sizeof *d->d);
     d->ident = calloc(nb * k, sizeof *d->ident);
     if (!d->calls || !d->call_worker || !d->call_first || !d->pair_of || !d->order || !d->start ||
         !d->choice || !d->rows_now || !d->local || !d->c_experts || !d->c_counts || !d->c_rows ||
-        !d->c_slots || !d->payload || !d->d || !d->ident)
+        !d->c_slots || !d->d || !d->ident)
         return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory for the call buffers");
     for (size_t i = 0; i < nb * k; i++)
         d->ident[i] = (int32_t)i;
@@ -51,7 +50,7 @@ void dispatch_buffers_free(dispatch_t *d)
 {
     void *bufs[] = {d->calls,     d->call_worker, d->call_first, d->pair_of,   d->order,
                     d->start,     d->choice,      d->rows_now,   d->local,     d->c_experts,
-                    d->c_counts,  d->c_rows,      d->c_slots,    d->payload,   d->d,
+                    d->c_counts,  d->c_rows,      d->c_slots,    d->d,
                     d->ident};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
@@ -94,7 +93,8 @@ static int choose(dispatch_t *d, int layer, int e)
     return best;
 }
 
-/* Builds and sends worker wi's call from the experts chosen for it. */
+/* Builds and sends worker wi's call from the experts chosen for it: the
+ * rows are gathered straight into the transport's message. */
 static ecs_err_t send_worker(dispatch_t *d, int wi, const float *x)
 {
     const int X = d->hp.n_expert, k = d->k;
@@ -107,10 +107,8 @@ static ecs_err_t send_worker(dispatch_t *d, int wi, const float *x)
                 d->local[d->order[q] / k] = 0;
     uint32_t n_rows = 0;
     for (int t = 0; t < d->n_tok; t++)
-        if (d->local[t] == 0) {
-            memcpy(d->payload + n_rows * E, x + (size_t)t * E, E * sizeof(float));
+        if (d->local[t] == 0)
             d->local[t] = (int32_t)n_rows++;
-        }
     size_t n_exp = 0, n_ent = 0;
     int32_t *pairs = d->pair_of + d->call_first[d->n_calls];
     for (int e = 0; e < X; e++) {
@@ -129,16 +127,24 @@ static ecs_err_t send_worker(dispatch_t *d, int wi, const float *x)
                      .dtype = ECS_TYPE_F32, .k = (uint32_t)k, .n_experts = n_exp,
                      .experts = d->c_experts, .expert_counts = d->c_counts, .n_entries = n_ent,
                      .row_index = d->c_rows, .slot = d->c_slots, .result_dtype = ECS_TYPE_F32,
-                     .payload = d->payload, .payload_bytes = n_rows * E * sizeof(float)};
+                     .payload_bytes = n_rows * E * sizeof(float)};
     mux_call_t *call;
-    ecs_err_t rc = mux_submit(d->mux, d->w[wi].peer, &c, &call);
+    void *payload;
+    ecs_err_t rc = mux_call_prepare(d->mux, d->w[wi].peer, &c, &payload, &call);
+    if (rc == ECS_OK) {
+        for (int t = 0; t < d->n_tok; t++)
+            if (d->local[t] >= 0)
+                memcpy((float *)payload + (size_t)d->local[t] * E, x + (size_t)t * E,
+                       E * sizeof(float));
+        d->calls[d->n_calls] = call; /* released with the others, even if the send fails */
+        d->call_worker[d->n_calls] = wi;
+        d->call_first[d->n_calls + 1] = d->call_first[d->n_calls] + (int)n_ent;
+        d->n_calls++;
+        rc = mux_call_send(d->mux, call);
+    }
     if (rc != ECS_OK)
         return ecs_error(rc, "dispatch: layer %d to worker %s: %s", d->layer, d->w[wi].id,
                          ecs_errmsg());
-    d->calls[d->n_calls] = call;
-    d->call_worker[d->n_calls] = wi;
-    d->call_first[d->n_calls + 1] = d->call_first[d->n_calls] + (int)n_ent;
-    d->n_calls++;
     d->w[wi].calls++;
     d->w[wi].rows += n_rows;
     return ECS_OK;
@@ -196,6 +202,7 @@ static ecs_err_t dispatch_submit(void *ctx, int layer, int n_tok, const float *x
     }
     pthread_mutex_lock(&d->lock);
     d->layer_calls++;
+    d->step_rows += (uint64_t)n_tok;
     d->imbalance_sum += (double)busiest * d->n_workers / (double)(n_tok * k);
     pthread_mutex_unlock(&d->lock);
     (void)used;
@@ -280,4 +287,31 @@ ecs_err_t dispatch_worker_stats(const dispatch_t *d, int wi, dispatch_worker_sta
         }
     }
     return ECS_OK;
+}
+
+void dispatch_print_stats(const dispatch_t *d, FILE *f)
+{
+    dispatch_stats_t st;
+    dispatch_stats(d, &st);
+    const int moe_layers = d->hp.n_layer - d->hp.n_layer_dense;
+    const double tokens = moe_layers > 0 ? (double)d->step_rows / moe_layers : 0;
+    uint64_t out = 0, in = 0;
+    fprintf(f, "dispatch: %d workers, %llu layer calls, %.0f tokens, imbalance (busiest / mean "
+            "rows) %.2f\n", st.n_workers, (unsigned long long)st.layer_calls, tokens,
+            st.imbalance);
+    for (int i = 0; i < d->n_workers; i++) {
+        dispatch_worker_stats_t w;
+        if (dispatch_worker_stats(d, i, &w) != ECS_OK)
+            continue;
+        out += w.bytes_out;
+        in += w.bytes_in;
+        fprintf(f, "  worker %-12s pid %-7d %3d threads %5d experts  %8llu calls %10llu rows  "
+                "out %8.1f MB in %8.1f MB  latency p50 %llu us p99 %llu us\n", w.id, w.pid,
+                w.threads, w.pairs_held, (unsigned long long)w.calls,
+                (unsigned long long)w.rows, w.bytes_out / 1e6, w.bytes_in / 1e6,
+                (unsigned long long)w.latency_p50_us, (unsigned long long)w.latency_p99_us);
+    }
+    if (tokens > 0)
+        fprintf(f, "  per token: %.1f KB to the workers, %.1f KB back\n", out / tokens / 1e3,
+                in / tokens / 1e3);
 }

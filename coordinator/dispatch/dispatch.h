@@ -159,5 +159,8 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v);
 /* Whether o asks for workers at all. */
 bool dispatch_wanted(const dispatch_opts_t *o);
 ecs_err_t dispatch_worker_stats(const dispatch_t *d, int wi, dispatch_worker_stats_t *out);
+/* A few lines: per worker calls, rows, bytes each way, latency; bytes per
+ * token; the imbalance. */
+void dispatch_print_stats(const dispatch_t *d, FILE *f);
 
 #endif

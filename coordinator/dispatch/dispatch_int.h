@@ -54,11 +54,10 @@ struct dispatch {
     int *rows_now;              /* [n_workers] rows given this call */
     int32_t *local;             /* [MODEL_MAX_BATCH] row -> row of the worker's payload */
     uint32_t *c_experts, *c_counts, *c_rows, *c_slots;
-    float *payload;             /* [MODEL_MAX_BATCH * n_embd] */
     float *d;                   /* [MODEL_MAX_BATCH * k * n_embd] results, pair order */
     int32_t *ident;             /* [MODEL_MAX_BATCH * k] 0, 1, 2, ... */
     unsigned rr;
-    uint64_t layer_calls;
+    uint64_t layer_calls, step_rows;
     double imbalance_sum;
 };
 

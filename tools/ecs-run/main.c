@@ -577,6 +577,8 @@ static int run_args(const args_t *ap)
                      : run_bench(m, c, &a);
         if (rc == 0)
             rc = run_stdout_check();
+        if (dsp)
+            dispatch_print_stats(dsp, stderr);
         model_ctx_free(c);
         dispatch_free(dsp);
         model_free(m);

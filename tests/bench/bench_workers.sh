@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# bench_workers.sh - prompt (pp) and decode (tg) speed with the routed
+# experts in-process against 1 and 2 spawned ecs-worker processes on the
+# same cores, alternating the layouts round by round (timings here are
+# noisy: compare within a round), with the dispatcher's bytes per token.
+#
+# usage: tests/bench/bench_workers.sh BUILD_DIR [MODEL] [ROUNDS] [-- ECS-RUN ARGS]
+#   MODEL   default models/ds2-lite-q4_k_m.gguf (made by bench_model.sh)
+#   ROUNDS  default 3
+set -euo pipefail
+build=${1:?usage: bench_workers.sh BUILD_DIR [MODEL] [ROUNDS] [-- ARGS]}
+model=${2:-models/ds2-lite-q4_k_m.gguf}
+rounds=${3:-3}
+shift $(( $# < 3 ? $# : 3 ))
+[ "${1:-}" = "--" ] && shift
+extra=("$@")
+run="$build/bin/ecs-run"
+[ -f "$model" ] || { echo "bench_workers: no model $model (run make bench once)" >&2; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+layouts=("" "--spawn-workers 1" "--spawn-workers 2")
+names=("one-process" "1 worker" "2 workers")
+
+echo "== bench_workers: $(basename "$model"), $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC') =="
+echo "load before: $(uptime)"
+declare -A pp tg
+for r in $(seq "$rounds"); do
+    for i in "${!layouts[@]}"; do
+        # shellcheck disable=SC2086
+        "$run" -m "$model" --bench --pp 512 --tg 32 --threads "$(nproc)" ${layouts[$i]} \
+            "${extra[@]}" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+        p=$(awk '$1 == "pp512" {for (f = 2; f <= NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$tmp/out")
+        t=$(awk '$1 == "tg32" && $2 != "@" {for (f = 2; f <= NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$tmp/out")
+        pp[$r,$i]=$p
+        tg[$r,$i]=$t
+        printf "round %d  %-12s pp512 %8s tok/s   tg32 %8s tok/s\n" "$r" "${names[$i]}" "$p" "$t"
+        [ "$r" = "$rounds" ] && grep -E "per token|imbalance" "$tmp/err" | sed 's/^/    /' || true
+    done
+    printf "round %d  ratios to one-process: pp512 %s / %s   tg32 %s / %s\n" "$r" \
+        "$(awk -v a="${pp[$r,1]}" -v b="${pp[$r,0]}" 'BEGIN {printf "%.2f", a / b}')" \
+        "$(awk -v a="${pp[$r,2]}" -v b="${pp[$r,0]}" 'BEGIN {printf "%.2f", a / b}')" \
+        "$(awk -v a="${tg[$r,1]}" -v b="${tg[$r,0]}" 'BEGIN {printf "%.2f", a / b}')" \
+        "$(awk -v a="${tg[$r,2]}" -v b="${tg[$r,0]}" 'BEGIN {printf "%.2f", a / b}')"
+done
+echo "load after: $(uptime)"
