@@ -20,12 +20,12 @@ CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitiz
 LDSAN = -fsanitize=address,undefined
 endif
 CFLAGS  = $(CFLAGS_BASE) $(EXTRA_CFLAGS)
-LDLIBS  = -lpcre2-8 -lm -lpthread
+LDLIBS  = -lpcre2-8 -lm -lpthread -ldl
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16
 
 COMMON_SRC  = $(wildcard common/*.c)
-KERNELS_SRC = $(wildcard kernels/cpu/*.c)
+KERNELS_SRC = $(wildcard kernels/cpu/*.c kernels/gpu/*.c kernels/tier/*.c)
 COORD_SRC   = $(filter-out coordinator/main.c,$(wildcard coordinator/*/*.c))
 TOOLS       = $(notdir $(wildcard tools/ecs-*))
 UNIT_SRC    = $(wildcard tests/unit/test_*.c)
@@ -41,7 +41,24 @@ UNIT_BINS   = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 BENCH_BINS  = $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 .PHONY: all deps test unit asan fuzz integration bench run clean
-all: $(BINS) $(UNIT_BINS) $(BENCH_BINS)
+all: $(BINS) $(UNIT_BINS) $(BENCH_BINS) $(LIB_CUDA)
+
+# ---- the CUDA backend: a shared object loaded with dlopen (kernels/gpu), built
+# only where nvcc exists, so no other binary links libcudart ----
+NVCC ?= $(shell command -v nvcc 2>/dev/null || \
+          { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+CUDA_ARCHS ?= 80 86 89 90
+CUDA_SRC = $(wildcard kernels/cuda/*.cu)
+ifneq ($(NVCC),)
+CUDA_LIBDIR = $(abspath $(dir $(NVCC))/../lib64)
+LIB_CUDA = $(BUILD)/lib/libecs_cuda.so
+NVCC_FLAGS = -std=c++17 -O2 -I. -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
+             $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_90,code=compute_90
+$(LIB_CUDA): $(CUDA_SRC) kernels/gpu/gpu.h kernels/gpu/deq.h common/quant.h common/err.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -shared -cudart shared -Xlinker -rpath,$(CUDA_LIBDIR) -o $@ $(CUDA_SRC)
+endif
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
