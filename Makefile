@@ -40,13 +40,14 @@ BINS        = $(addprefix $(BUILD)/bin/,$(TOOLS))
 UNIT_BINS   = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 BENCH_BINS  = $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all deps test unit asan fuzz integration bench run clean
-all: $(BINS) $(UNIT_BINS) $(BENCH_BINS) $(LIB_CUDA)
+.DEFAULT_GOAL := all
 
 # ---- the CUDA backend: a shared object loaded with dlopen (kernels/gpu), built
 # only where nvcc exists, so no other binary links libcudart ----
-NVCC ?= $(shell command -v nvcc 2>/dev/null || \
+ifndef NVCC
+NVCC := $(shell command -v nvcc 2>/dev/null || \
           { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+endif
 CUDA_ARCHS ?= 80 86 89 90
 CUDA_SRC = $(wildcard kernels/cuda/*.cu)
 ifneq ($(NVCC),)
@@ -59,6 +60,9 @@ $(LIB_CUDA): $(CUDA_SRC) kernels/gpu/gpu.h kernels/gpu/deq.h common/quant.h comm
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -shared -cudart shared -Xlinker -rpath,$(CUDA_LIBDIR) -o $@ $(CUDA_SRC)
 endif
+
+.PHONY: all deps test unit asan fuzz integration bench run clean
+all: $(BINS) $(UNIT_BINS) $(BENCH_BINS) $(LIB_CUDA)
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)

@@ -14,13 +14,13 @@
 #define ECS_KGPU_DEQ_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "common/quant.h"
 
 #ifdef __CUDACC__
 #define KGPU_HD __host__ __device__ __forceinline__
 #else
-#include <string.h>
 #define KGPU_HD static inline
 #endif
 

@@ -199,7 +199,7 @@ static void lib_path(const kgpu_opts_t *o, char *buf, size_t n)
 ecs_err_t kgpu_open(const kgpu_opts_t *o, kgpu_t **out)
 {
     *out = NULL;
-    if (!o || o->device < 0 || o->max_segs < 1)
+    if (!o || o->device < 0 || o->max_segs < 1 || o->max_segs > KGPU_MAX_SEGS)
         return ecs_error(ECS_ERR_INVAL, "gpu: bad options (device %d, max_segs %d)",
                          o ? o->device : -1, o ? o->max_segs : 0);
     kgpu_t *g = calloc(1, sizeof *g);
@@ -233,8 +233,7 @@ ecs_err_t kgpu_open(const kgpu_opts_t *o, kgpu_t **out)
         }
     }
     if (g->api->init(o->device, o->max_segs, &g->ctx, msg, sizeof msg) != 0) {
-        if (g->dl)
-            dlclose(g->dl);
+        /* not dlclose: libcudart, once called, may hold handlers and threads */
         free(g);
         return ecs_error(ECS_ERR_UNSUPPORTED, "%s", msg);
     }
@@ -268,24 +267,29 @@ static ecs_err_t dev_fail(int rc, const char *msg)
     return ecs_error(rc == 2 ? ECS_ERR_NOMEM : ECS_ERR_IO, "gpu: %s", msg);
 }
 
-ecs_err_t kgpu_alloc(kgpu_t *g, size_t bytes, void **dev)
+typedef int (*alloc_fn)(void *ctx, size_t bytes, void **p, char *msg, size_t n);
+
+static ecs_err_t alloc_with(kgpu_t *g, alloc_fn fn, size_t bytes, void **p)
 {
     char msg[256] = "";
-    const int rc = g->api->alloc(g->ctx, bytes, dev, msg, sizeof msg);
+    const int rc = fn(g->ctx, bytes, p, msg, sizeof msg);
     return rc ? dev_fail(rc, msg) : ECS_OK;
+}
+
+ecs_err_t kgpu_alloc(kgpu_t *g, size_t bytes, void **dev)
+{
+    return alloc_with(g, g->api->alloc, bytes, dev);
+}
+
+ecs_err_t kgpu_host_alloc(kgpu_t *g, size_t bytes, void **host)
+{
+    return alloc_with(g, g->api->host_alloc, bytes, host);
 }
 
 void kgpu_free(kgpu_t *g, void *dev)
 {
     if (dev)
         g->api->free(g->ctx, dev);
-}
-
-ecs_err_t kgpu_host_alloc(kgpu_t *g, size_t bytes, void **host)
-{
-    char msg[256] = "";
-    const int rc = g->api->host_alloc(g->ctx, bytes, host, msg, sizeof msg);
-    return rc ? dev_fail(rc, msg) : ECS_OK;
 }
 
 void kgpu_host_free(kgpu_t *g, void *host)

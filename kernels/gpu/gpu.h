@@ -56,7 +56,7 @@ typedef struct {
 typedef struct {
     ecs_type_t gate_type, up_type, down_type;
     int n_embd, n_ff;
-    const kgpu_seg_t *segs; /* host array; the weight pointers are device (or, for the reference, host) */
+    const kgpu_seg_t *segs; /* host array; weight pointers on the device (the reference: host) */
     int n_segs;
     int n_rows;             /* rows of x, h, y; every segment lies inside */
     const float *x;         /* [n_rows][n_embd] */
@@ -78,9 +78,12 @@ ecs_err_t kgpu_ffn_ref(const kgpu_ffn_t *f);
 typedef enum { KGPU_COMPUTE = 0, KGPU_UPLOAD = 1 } kgpu_stream_t;
 typedef enum { KGPU_H2D = 0, KGPU_D2H = 1, KGPU_D2D = 2 } kgpu_dir_t;
 
+/* Segments of one call: a grid dimension of the kernels. */
+#define KGPU_MAX_SEGS 65535
+
 typedef struct {
     int device;           /* cuda:N */
-    int max_segs;         /* the most segments one kgpu_ffn call may have */
+    int max_segs;         /* the most segments one kgpu_ffn call may have (<= KGPU_MAX_SEGS) */
     const char *lib;      /* libecs_cuda.so to load; NULL: $ECS_CUDA_LIB, then
                            * ../lib/ next to the executable, then the loader's path */
     bool emulate;         /* host emulation (no CUDA needed) */

@@ -379,7 +379,7 @@ Test(tier_exec, gpu_budget_below_shard)
     kgpu_opts_t o = {.device = 0, .max_segs = 8};
     kgpu_t *g;
     if (kgpu_open(&o, &g) != ECS_OK)
-        cr_skip_test("no GPU (%s)", ecs_errmsg());
+        cr_skip_test("%s", ecs_errmsg());
     run_tiered(g, false, "gpu_tiered");
     kgpu_close(g);
 }
