@@ -145,11 +145,12 @@ ecs_err_t ktier_exec_call(ktier_exec_t *ex, int layer, int n, const int32_t *exp
                           const int32_t *row0, const int32_t *n_rows, int n_rows_total,
                           const float *x, float *y);
 
-/* Starts the uploads for the experts predicted for `layer` (they overlap
- * the current call's compute). */
+/* Starts the uploads for the experts predicted for `layer` on the upload
+ * stream and returns. Called before ktier_exec_call of the layer in hand,
+ * they overlap its compute; the next call's kernels wait for them. */
 ecs_err_t ktier_exec_prefetch(ktier_exec_t *ex, int layer, int n, const int32_t *experts);
 
-/* Measures the cost model on this machine with (layer, expert)'s weights:
+/* Measures the cost model on this machine (max_rows >= 8) with (layer, expert)'s weights:
  * CPU and GPU time for 1, 8 and 64 rows and one upload (a few runs each,
  * the fastest kept), writes it to *c and gives it to the policy. Uses VRAM
  * slot 0 (emptied afterwards) and needs at least one slot. Start-up only. */
