@@ -17,6 +17,7 @@ struct kgpu {
     void *ctx;
     void *dl;
     int max_segs;
+    size_t n_allocs, dev_bytes; /* kgpu_alloc_stats */
     char name[160];
 };
 
@@ -273,12 +274,24 @@ static ecs_err_t alloc_with(kgpu_t *g, alloc_fn fn, size_t bytes, void **p)
 {
     char msg[256] = "";
     const int rc = fn(g->ctx, bytes, p, msg, sizeof msg);
-    return rc ? dev_fail(rc, msg) : ECS_OK;
+    if (rc)
+        return dev_fail(rc, msg);
+    g->n_allocs++;
+    return ECS_OK;
+}
+
+void kgpu_alloc_stats(const kgpu_t *g, size_t *n_allocs, size_t *dev_bytes)
+{
+    *n_allocs = g->n_allocs;
+    *dev_bytes = g->dev_bytes;
 }
 
 ecs_err_t kgpu_alloc(kgpu_t *g, size_t bytes, void **dev)
 {
-    return alloc_with(g, g->api->alloc, bytes, dev);
+    ecs_err_t e = alloc_with(g, g->api->alloc, bytes, dev);
+    if (e == ECS_OK)
+        g->dev_bytes += bytes;
+    return e;
 }
 
 ecs_err_t kgpu_host_alloc(kgpu_t *g, size_t bytes, void **host)

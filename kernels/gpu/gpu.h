@@ -98,6 +98,11 @@ const char *kgpu_name(const kgpu_t *g);
 /* Bytes of device memory free now (the budget is taken from this at start-up). */
 size_t kgpu_mem_free(const kgpu_t *g);
 
+/* Allocations made through g so far (device and pinned host; frees not
+ * counted) and the device bytes among them: the budget check at start-up,
+ * and the proof that the request path allocates nothing. */
+void kgpu_alloc_stats(const kgpu_t *g, size_t *n_allocs, size_t *dev_bytes);
+
 ecs_err_t kgpu_alloc(kgpu_t *g, size_t bytes, void **dev);
 void kgpu_free(kgpu_t *g, void *dev);
 ecs_err_t kgpu_host_alloc(kgpu_t *g, size_t bytes, void **host); /* pinned */

@@ -40,6 +40,12 @@ void ktier_exec_free(ktier_exec_t *ex)
     free(ex);
 }
 
+size_t ktier_exec_fixed_bytes(const ktier_exec_opts_t *o)
+{
+    const size_t R = (size_t)o->max_rows;
+    return R * (2 * (size_t)o->n_embd + (size_t)o->n_ff) * sizeof(float);
+}
+
 ecs_err_t ktier_exec_new(kgpu_t *g, ktier_t *policy, const ktier_exec_opts_t *o,
                          ktier_exec_t **out)
 {

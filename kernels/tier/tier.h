@@ -133,6 +133,10 @@ typedef struct {
 
 typedef struct ktier_exec ktier_exec_t;
 
+/* Device bytes ktier_exec_new allocates besides the slots (activation
+ * buffers for max_rows rows): the `fixed` of ktier_slots. */
+size_t ktier_exec_fixed_bytes(const ktier_exec_opts_t *o);
+
 /* Allocates the policy's n_slots slots and the activation buffers on g. */
 ecs_err_t ktier_exec_new(kgpu_t *g, ktier_t *policy, const ktier_exec_opts_t *o,
                          ktier_exec_t **out);

@@ -262,6 +262,9 @@ Test(loader, emulated_device_runs_the_reference)
     cr_assert_eq(kgpu_alloc(g, sizeof(float) * R * E, &dx), ECS_OK);
     cr_assert_eq(kgpu_alloc(g, sizeof(float) * R * F, &dh), ECS_OK);
     cr_assert_eq(kgpu_alloc(g, sizeof(float) * R * E, &dy), ECS_OK);
+    size_t na, nb;
+    kgpu_alloc_stats(g, &na, &nb);
+    cr_assert(na == 4 && nb == s.bg * 2 + sizeof(float) * R * (2 * E + F), "%zu, %zu", na, nb);
     cr_assert_eq(kgpu_copy(g, dw, s.gate, s.bg * 2, KGPU_H2D, KGPU_UPLOAD), ECS_OK);
     cr_assert_eq(kgpu_copy(g, dx, x, sizeof(float) * R * E, KGPU_H2D, KGPU_COMPUTE), ECS_OK);
     cr_assert_eq(kgpu_fence(g), ECS_OK);

@@ -268,11 +268,18 @@ static void run_tiered(kgpu_t *g, bool exact, const char *label)
         slot = slot > layers[la].bg + layers[la].bu + layers[la].bd
                    ? slot
                    : layers[la].bg + layers[la].bu + layers[la].bd;
+    ktier_exec_opts_t o = {E, F, R, 8, slot, shard_expert, NULL, &sc};
+    /* a VRAM budget for TS slots and a bit: what fits is TS slots */
+    const size_t budget = ktier_exec_fixed_bytes(&o) + TS * slot + slot / 2;
+    cr_assert_eq(ktier_slots(budget, ktier_exec_fixed_bytes(&o), slot), TS);
     /* streaming pays from 6 rows up (rows per expert: 1..9) */
     ktier_t *t = mk(TL, TX, TS, 4, (ktier_cost_t){10, 10, 5, 0.5, 50});
-    ktier_exec_opts_t o = {E, F, R, 8, slot, shard_expert, NULL, &sc};
     ktier_exec_t *ex;
+    size_t n0, b0, n1, b1;
+    kgpu_alloc_stats(g, &n0, &b0);
     cr_assert_eq(ktier_exec_new(g, t, &o, &ex), ECS_OK, "%s", ecs_errmsg());
+    kgpu_alloc_stats(g, &n1, &b1);
+    cr_assert(b1 - b0 <= budget, "executor took %zu bytes of VRAM, budget %zu", b1 - b0, budget);
     float *x = fx_acts(R, E, 7), *h = fx_alloc(sizeof(float) * R * F);
     float *y = fx_alloc(sizeof(float) * R * E), *yr = fx_alloc(sizeof(float) * R * E);
     uint64_t rng = 5;
@@ -312,13 +319,18 @@ static void run_tiered(kgpu_t *g, bool exact, const char *label)
             worst = fmax(worst, err);
         }
     }
+    size_t n2, b2;
+    kgpu_alloc_stats(g, &n2, &b2);
+    cr_assert(n2 == n1 && b2 == b1, "calls allocated: %zu -> %zu allocations", n1, n2);
     ktier_stats_t st;
     ktier_stats(t, &st);
     cr_assert(st.hits + st.misses == st.uses && st.hits > 0 && st.streamed > 0 && st.cpu > 0);
     fprintf(stderr,
-            "CHECK %s: %d of %d experts fit, %llu uses: hit rate %.1f%%, %llu streamed, %llu on "
-            "CPU, %llu prefetched (%llu used), max rel err %.2e\n",
-            label, TS, TL * TX, (unsigned long long)st.uses, 100 * st.hit_rate,
+            "CHECK %s: %d of %d experts fit (%.2f of %.2f MiB VRAM budget used, no allocation "
+            "after start-up), %llu uses: hit rate %.1f%%, %llu streamed, %llu on CPU, %llu "
+            "prefetched (%llu used), max rel err %.2e\n",
+            label, TS, TL * TX, (double)(b1 - b0) / (1 << 20), (double)budget / (1 << 20),
+            (unsigned long long)st.uses, 100 * st.hit_rate,
             (unsigned long long)st.streamed, (unsigned long long)st.cpu,
             (unsigned long long)st.prefetched, (unsigned long long)st.prefetch_used, worst);
     if (!exact) { /* what the cost model measures here (the CPU tier is the f32 reference) */
