@@ -5,11 +5,11 @@
  * A layer call is two grouped launches on the compute stream, each covering
  * every segment of the call (grid.y = segment): gate and up with SwiGLU
  * fused into h, then down into y. One warp owns one output feature of one
- * segment: its lanes walk the weight row (lane-strided, so a warp reads
- * consecutive bytes), decode each element with kgpu_deq (the decoders the
- * host tests check against common/quant.h) and accumulate up to KC_ROWS
- * activation rows at once, so a weight row is decoded once per KC_ROWS rows;
- * a shuffle reduction ends each pass. Sums differ from the CPU reference
+ * segment: per pass its lanes run kgpu_lane_pass (kernels/gpu/deq.h: the
+ * weight row lane-strided, decoded by kgpu_deq, against up to
+ * KGPU_PASS_ROWS activation rows, so a weight row is decoded once per 8
+ * rows), a butterfly of shuffles sums the lanes and lane 0 writes. The host
+ * tests run the same lane passes and the same butterfly on the CPU. Sums differ from the CPU reference
  * only in order (lane-strided partial sums, FMA): the GPU check states its
  * tolerance. No shared memory and no __syncthreads, so any block shape is
  * safe and an idle warp simply returns. */
@@ -23,7 +23,6 @@ extern "C" {
 #include "kernels/gpu/deq.h"
 
 #define KC_WARPS 8 /* warps (output features) per block */
-#define KC_ROWS 8  /* activation rows per pass over a weight row */
 
 struct kc_ctx {
     int dev;
@@ -60,28 +59,13 @@ __global__ void __launch_bounds__(KC_WARPS * 32)
     const kgpu_seg_t s = segs[blockIdx.y];
     const uint8_t *wa = (const uint8_t *)(GLU ? s.gate : s.down) + (size_t)o * ra;
     const uint8_t *wb = GLU ? (const uint8_t *)s.up + (size_t)o * rb : wa;
-    for (int r0 = 0; r0 < s.n_rows; r0 += KC_ROWS) {
-        const int nr = min(KC_ROWS, s.n_rows - r0);
+    for (int r0 = 0; r0 < s.n_rows; r0 += KGPU_PASS_ROWS) {
+        const int nr = min(KGPU_PASS_ROWS, s.n_rows - r0);
         const float *x = in + (size_t)(s.row0 + r0) * n_in;
-        float acc_a[KC_ROWS], acc_b[KC_ROWS];
+        float acc_a[KGPU_PASS_ROWS], acc_b[KGPU_PASS_ROWS];
+        kgpu_lane_pass(ta, wa, tb, wb, GLU, n_in, x, nr, lane, acc_a, acc_b);
 #pragma unroll
-        for (int r = 0; r < KC_ROWS; r++)
-            acc_a[r] = acc_b[r] = 0.0f;
-        for (int i = lane; i < n_in; i += 32) {
-            const float a = kgpu_deq(ta, wa, i);
-            const float b = GLU ? kgpu_deq(tb, wb, i) : 0.0f;
-#pragma unroll
-            for (int r = 0; r < KC_ROWS; r++) {
-                if (r < nr) {
-                    const float v = x[(size_t)r * n_in + i];
-                    acc_a[r] += a * v;
-                    if (GLU)
-                        acc_b[r] += b * v;
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < KC_ROWS; r++) {
+        for (int r = 0; r < KGPU_PASS_ROWS; r++) {
             for (int off = 16; off > 0; off >>= 1) {
                 acc_a[r] += __shfl_xor_sync(0xffffffffu, acc_a[r], off);
                 if (GLU)
@@ -90,11 +74,10 @@ __global__ void __launch_bounds__(KC_WARPS * 32)
         }
         if (lane == 0) {
 #pragma unroll
-            for (int r = 0; r < KC_ROWS; r++) {
+            for (int r = 0; r < KGPU_PASS_ROWS; r++) {
                 if (r < nr) {
-                    const float g = acc_a[r];
                     out[(size_t)(s.row0 + r0 + r) * n_out + o] =
-                        GLU ? g / (1.0f + expf(-g)) * acc_b[r] : g;
+                        GLU ? kgpu_swiglu(acc_a[r], acc_b[r]) : acc_a[r];
                 }
             }
         }

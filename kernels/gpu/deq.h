@@ -1,8 +1,10 @@
-/* deq.h - one weight element at a time, from the GGUF block layouts; shared
- * by the CUDA kernels (compiled as device code by nvcc) and the host (the
- * unit tests check every decoder against common/quant.h's reference
- * dequantization, bit for bit, so the GPU decodes what the CPU decodes
- * without a GPU to test on).
+/* deq.h - what one lane of the CUDA kernels computes: one weight element at
+ * a time from the GGUF block layouts, and a lane's share of a pass over a
+ * weight row. Shared by the kernels (compiled as device code by nvcc) and
+ * the host: the unit tests check every decoder against common/quant.h's
+ * reference dequantization, bit for bit, and run the lane passes of a whole
+ * grouped call against the CPU reference, so the GPU computes what the CPU
+ * checked without a GPU to test on.
  *
  * Each decoder reads only bytes (blocks are 2-byte aligned at best) and
  * computes the value with the operations, in the order, of common/quant.c:
@@ -13,6 +15,7 @@
 #ifndef ECS_KGPU_DEQ_H
 #define ECS_KGPU_DEQ_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -22,6 +25,11 @@
 #define KGPU_HD __host__ __device__ __forceinline__
 #else
 #define KGPU_HD static inline
+#endif
+#ifdef __CUDA_ARCH__ /* device code: the host compiler does not know the pragma */
+#define KGPU_UNROLL _Pragma("unroll")
+#else
+#define KGPU_UNROLL
 #endif
 
 KGPU_HD float kgpu_mul(float a, float b)
@@ -143,5 +151,37 @@ KGPU_HD float kgpu_deq(ecs_type_t t, const uint8_t *row, int64_t i)
         return 0.0f; /* unsupported types are refused before any kernel runs */
     }
 }
+
+/* Activation rows per pass over a weight row (2 x this accumulators per lane). */
+#define KGPU_PASS_ROWS 8
+
+/* One lane's share of one pass of a warp over weight row wa (and, for gate
+ * and up, wb): elements i = lane, lane + 32, ... of n_in against nr <=
+ * KGPU_PASS_ROWS activation rows x (row stride n_in), so a warp reads
+ * consecutive bytes. The warp then sums its 32 lanes' acc_a (acc_b) with a
+ * butterfly of shuffles. */
+KGPU_HD void kgpu_lane_pass(ecs_type_t ta, const uint8_t *wa, ecs_type_t tb, const uint8_t *wb,
+                            int glu, int n_in, const float *x, int nr, int lane, float *acc_a,
+                            float *acc_b)
+{
+    KGPU_UNROLL
+    for (int r = 0; r < KGPU_PASS_ROWS; r++)
+        acc_a[r] = acc_b[r] = 0.0f;
+    for (int i = lane; i < n_in; i += 32) {
+        const float a = kgpu_deq(ta, wa, i);
+        const float b = glu ? kgpu_deq(tb, wb, i) : 0.0f;
+        KGPU_UNROLL
+        for (int r = 0; r < KGPU_PASS_ROWS; r++) {
+            if (r < nr) {
+                const float v = x[(size_t)r * n_in + i];
+                acc_a[r] += a * v;
+                if (glu)
+                    acc_b[r] += b * v;
+            }
+        }
+    }
+}
+
+KGPU_HD float kgpu_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 #endif

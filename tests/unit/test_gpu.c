@@ -1,7 +1,8 @@
 /* test_gpu.c - the CUDA backend's host side: the element decoders the
  * kernels use against common/quant.h's dequantization (bit for bit, so the
- * GPU decodes what the CPU decodes), the CPU reference of the grouped FFN
- * against a float64 computation, the call checks, the loader's errors and
+ * GPU decodes what the CPU decodes), the kernel's lane passes and shuffle
+ * sums run on the CPU against the reference, the CPU reference of the
+ * grouped FFN against a float64 computation, the call checks, the loader's errors and
  * the host emulation; on a machine with a GPU, the kernels against the
  * reference for every weight type and 1..256 rows (skipped by name, with
  * the reason, everywhere else). */
@@ -160,6 +161,75 @@ Test(ffn_ref, matches_float64_for_every_type)
     free(h);
     free(y);
     free(y64);
+}
+
+/* One grouped product as the kernel kc_grouped computes it: per segment and
+ * output feature, passes of KGPU_PASS_ROWS rows; each pass runs
+ * kgpu_lane_pass for the 32 lanes and sums them with the shuffle butterfly
+ * (lane l adds lane l ^ off, off = 16 .. 1); lane 0's sums are written. */
+static void emulate_kernel(const kgpu_ffn_t *f, bool glu)
+{
+    const int n_out = glu ? f->n_ff : f->n_embd, n_in = glu ? f->n_embd : f->n_ff;
+    const ecs_type_t ta = glu ? f->gate_type : f->down_type, tb = glu ? f->up_type : ta;
+    const size_t ra = ecs_row_size(ta, n_in), rb = ecs_row_size(tb, n_in);
+    const float *in = glu ? f->x : f->h;
+    float *out = glu ? f->h : f->y;
+    float a[32][KGPU_PASS_ROWS], b[32][KGPU_PASS_ROWS], ta_[32], tb_[32];
+    for (int si = 0; si < f->n_segs; si++) {
+        const kgpu_seg_t s = f->segs[si];
+        for (int o = 0; o < n_out; o++) {
+            const uint8_t *wa = (const uint8_t *)(glu ? s.gate : s.down) + (size_t)o * ra;
+            const uint8_t *wb = glu ? (const uint8_t *)s.up + (size_t)o * rb : wa;
+            for (int r0 = 0; r0 < s.n_rows; r0 += KGPU_PASS_ROWS) {
+                const int nr = s.n_rows - r0 < KGPU_PASS_ROWS ? s.n_rows - r0 : KGPU_PASS_ROWS;
+                const float *x = in + (size_t)(s.row0 + r0) * n_in;
+                for (int l = 0; l < 32; l++)
+                    kgpu_lane_pass(ta, wa, tb, wb, glu, n_in, x, nr, l, a[l], b[l]);
+                for (int r = 0; r < KGPU_PASS_ROWS; r++) {
+                    for (int off = 16; off > 0; off >>= 1) {
+                        for (int l = 0; l < 32; l++) {
+                            ta_[l] = a[l][r] + a[l ^ off][r];
+                            tb_[l] = b[l][r] + b[l ^ off][r];
+                        }
+                        for (int l = 0; l < 32; l++) {
+                            a[l][r] = ta_[l];
+                            b[l][r] = tb_[l];
+                        }
+                    }
+                }
+                for (int r = 0; r < nr; r++)
+                    out[(size_t)(s.row0 + r0 + r) * n_out + o] =
+                        glu ? kgpu_swiglu(a[0][r], b[0][r]) : a[0][r];
+            }
+        }
+    }
+}
+
+Test(ffn_ref, kernel_lane_passes_match_reference_for_every_type)
+{
+    const int E = 256, F = 256, R = 27;
+    float *x = fx_acts(R, E, 8), *h = fx_alloc(sizeof(float) * R * F);
+    float *y = fx_alloc(sizeof(float) * R * E), *yk = fx_alloc(sizeof(float) * R * E);
+    for (size_t k = 0; k < N_KERNEL_TYPES; k++) {
+        const ecs_type_t t = kernel_types[k], td = kernel_types[(k + 2) % N_KERNEL_TYPES];
+        fx_shard_t s = fx_shard(t, kernel_types[(k + 1) % N_KERNEL_TYPES], td, E, F, 3, 20 + k);
+        /* partial passes (9 = 8 + 1, 17 = 2 x 8 + 1) and a one-row segment */
+        const kgpu_seg_t segs[] = {fx_seg(&s, 2, 0, 9), fx_seg(&s, 0, 9, 1),
+                                   fx_seg(&s, 1, 10, 17)};
+        kgpu_ffn_t f = {s.tg, s.tu, s.td, E, F, segs, 3, R, x, h, y};
+        cr_assert_eq(kgpu_ffn_ref(&f), ECS_OK, "%s", ecs_errmsg());
+        f.y = yk;
+        emulate_kernel(&f, true);
+        emulate_kernel(&f, false);
+        const double err = fx_rel_err(yk, y, (size_t)R * E);
+        cr_assert(err <= 1e-4, "%s/%s/%s: lane passes vs reference %.3g", ecs_type_name(s.tg),
+                  ecs_type_name(s.tu), ecs_type_name(s.td), err);
+        fx_shard_free(&s);
+    }
+    free(x);
+    free(h);
+    free(y);
+    free(yk);
 }
 
 Test(ffn_ref, grouped_call_equals_one_call_per_expert)
