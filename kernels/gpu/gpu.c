@@ -256,6 +256,8 @@ void kgpu_close(kgpu_t *g)
 
 const char *kgpu_name(const kgpu_t *g) { return g->name; }
 
+int kgpu_max_segs(const kgpu_t *g) { return g->max_segs; }
+
 size_t kgpu_mem_free(const kgpu_t *g)
 {
     char name[8];

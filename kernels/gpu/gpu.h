@@ -95,6 +95,8 @@ ecs_err_t kgpu_open(const kgpu_opts_t *o, kgpu_t **out);
 void kgpu_close(kgpu_t *g);
 /* "NVIDIA H200 (sm_90, 139 GiB)" or "host emulation". */
 const char *kgpu_name(const kgpu_t *g);
+/* The max_segs it was opened with. */
+int kgpu_max_segs(const kgpu_t *g);
 /* Bytes of device memory free now (the budget is taken from this at start-up). */
 size_t kgpu_mem_free(const kgpu_t *g);
 

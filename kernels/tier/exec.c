@@ -53,6 +53,9 @@ ecs_err_t ktier_exec_new(kgpu_t *g, ktier_t *policy, const ktier_exec_opts_t *o,
     if (!g || !policy || !o || !o->expert || o->n_embd < 1 || o->n_ff < 1 || o->max_rows < 1 ||
         o->max_experts < 1 || o->slot_bytes == 0)
         return ecs_error(ECS_ERR_INVAL, "tier exec: bad options");
+    if (kgpu_max_segs(g) < o->max_experts)
+        return ecs_error(ECS_ERR_INVAL, "tier exec: %d experts per call, the device takes %d "
+                         "segments", o->max_experts, kgpu_max_segs(g));
     ktier_exec_t *ex = calloc(1, sizeof *ex);
     if (!ex)
         return ecs_error(ECS_ERR_NOMEM, "tier exec: no memory");

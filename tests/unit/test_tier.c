@@ -367,8 +367,12 @@ Test(tier_exec, bad_calls_are_refused)
     fx_shard_t s = fx_shard(ECS_TYPE_Q8_0, ECS_TYPE_Q8_0, ECS_TYPE_Q8_0, 64, 64, 2, 1);
     shard_ctx_t sc = {&s};
     ktier_t *t = mk(1, 2, 1, 0, always);
-    ktier_exec_opts_t o = {64, 64, 4, 2, s.bg + s.bu + s.bd - 1, shard_expert, NULL, &sc};
+    ktier_exec_opts_t o = {64, 64, 4, 3, s.bg + s.bu + s.bd - 1, shard_expert, NULL, &sc};
     ktier_exec_t *ex;
+    /* more experts per call than the device takes segments */
+    cr_assert_eq(ktier_exec_new(g, t, &o, &ex), ECS_ERR_INVAL);
+    cr_assert(strstr(ecs_errmsg(), "segments"), "%s", ecs_errmsg());
+    o.max_experts = 2;
     cr_assert_eq(ktier_exec_new(g, t, &o, &ex), ECS_OK);
     float *x = fx_acts(4, 64, 1), *y = fx_alloc(sizeof(float) * 4 * 64);
     const int32_t e[] = {0, 1}, r0[] = {0, 2}, nr[] = {2, 3};
