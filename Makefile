@@ -25,11 +25,12 @@ CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitiz
 LDSAN = -fsanitize=address,undefined
 endif
 CFLAGS  = $(CFLAGS_BASE) $(EXTRA_CFLAGS)
-LDLIBS  = -lpcre2-8 -lev -lhttp_parser -ljansson -lprotobuf-c -lzmq -lm -lpthread
+LDLIBS  = -lpcre2-8 -lev -lhttp_parser -ljansson -lprotobuf-c -lzmq -lm -lpthread -ldl
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16
 
 COMMON_SRC  = $(wildcard common/*.c)
+# kernels/cuda/ holds .cu files only: built into libecs_cuda.so below
 KERNELS_SRC = $(wildcard kernels/*/*.c)
 # proto/ecs.proto is compiled by protoc-c into $(BUILD)/gen/proto/ (never
 # committed); proto/*.c include it as "proto/ecs.pb-c.h".
@@ -61,8 +62,29 @@ UNIT_BINS   = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 BENCH_BINS  = $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 DEPS_BINS   = $(patsubst tests/deps/%.c,$(BUILD)/deps/%,$(DEPS_SRC))
 
+.DEFAULT_GOAL := all
+
+# ---- the CUDA backend: a shared object loaded with dlopen (kernels/gpu), built
+# only where nvcc exists, so no other binary links libcudart ----
+ifndef NVCC
+NVCC := $(shell command -v nvcc 2>/dev/null || \
+          { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+endif
+CUDA_ARCHS ?= 80 86 89 90
+CUDA_SRC = $(wildcard kernels/cuda/*.cu)
+ifneq ($(NVCC),)
+CUDA_LIBDIR = $(abspath $(dir $(NVCC))/../lib64)
+LIB_CUDA = $(BUILD)/lib/libecs_cuda.so
+NVCC_FLAGS = -std=c++17 -O2 -I. -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
+             $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_90,code=compute_90
+$(LIB_CUDA): $(CUDA_SRC) kernels/gpu/gpu.h kernels/gpu/deq.h common/quant.h common/err.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -shared -cudart shared -Xlinker -rpath,$(CUDA_LIBDIR) -o $@ $(CUDA_SRC)
+endif
+
 .PHONY: all deps test unit asan fuzz integration bench run clean
-all: $(BINS) $(UNIT_BINS) $(BENCH_BINS) $(DEPS_BINS)
+all: $(BINS) $(UNIT_BINS) $(BENCH_BINS) $(DEPS_BINS) $(LIB_CUDA)
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
