@@ -2,11 +2,11 @@
  * the model file instead of a symptom downstream ("expert id -1 out of
  * range" from routing NaN logits, "logit N is NaN" in the sampler).
  *
- * Steps carry no per-layer check: model_eval_batch checks the final
- * residual rows and the logits of every step (small beside the output
- * product; the residual keeps a NaN once one enters it, even where quantized
- * products turn NaN inputs into finite garbage) and, when they or the step
- * fail, model_diagnose_step reruns the step once with a checking expert
+ * Every layer's residual is checked, all rows (forward.c: n_embd floats a
+ * row, nothing beside the layer's products), and model_eval_batch checks the
+ * final residual rows and the logits of every step (the residual keeps a NaN
+ * once one enters it, even where quantized products turn NaN inputs into
+ * finite garbage); when they or the step fail, model_diagnose_step reruns the step once with a checking expert
  * backend wrapped around the installed one. Its hooks run
  * at every MoE layer between attention and FFN (submit) and after the
  * experts (wait), where the workspace still holds that layer's

@@ -512,8 +512,14 @@ ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const i
     for_rows(m, n, embd_row, &ej);
     prof_end(m, MODEL_PH_EMBED, &pm);
     const int last = hp->n_layer - 1;
-    for (int il = 0; il < last; il++)
+    for (int il = 0; il < last; il++) {
         MODEL_TRY(layer_forward(m, rows, n, il, false));
+        /* once per layer, every row: a NaN in a row that wants no logits
+         * would otherwise reach the cache and show up steps later; the
+         * caller's diagnosis (finite.c) names where it started */
+        if (!model_all_finite(ws->x, (size_t)n * (size_t)E))
+            return ecs_error(ECS_ERR_FORMAT, "model: non-finite activations after layer %d", il);
+    }
     model_step_row_t kept[MODEL_MAX_BATCH];
     /* the kept rows store their K/V once more in the full pass: the same
      * values, a few rows' worth of work */

@@ -665,6 +665,7 @@ Test(experts, backend_error_is_reported)
 typedef struct {
     model_experts_local_t *l;
     int n_tok, E;
+    int only_row; /* -1: every row */
 } nan_backend_t;
 
 static ecs_err_t nan_submit(void *ctx, int layer, int n, const float *x, int k, const int32_t *ids,
@@ -680,16 +681,17 @@ static ecs_err_t nan_wait(void *ctx, int layer, float *out)
     nan_backend_t *b = ctx;
     const ecs_err_t e = model_experts_local_ops.wait(b->l, layer, out);
     for (int r = 0; layer == 2 && r < b->n_tok; r++)
-        out[(size_t)r * b->E + 5] = NAN;
+        if (b->only_row < 0 || r == b->only_row)
+            out[(size_t)r * b->E + 5] = NAN;
     return e;
 }
 
-Test(experts, non_finite_output_names_layer)
+static void check_nan_named(int only_row)
 {
     model_t *m = load(DS2_Q8, 64);
     model_ctx_t *c;
     cr_assert_eq(model_ctx_new(m, 64, 0, &c), ECS_OK);
-    nan_backend_t b = {NULL, 0, model_hparams(m)->n_embd};
+    nan_backend_t b = {NULL, 0, model_hparams(m)->n_embd, only_row};
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &b.l), ECS_OK);
     static const model_experts_ops ops = {nan_submit, nan_wait};
     model_set_experts(m, &ops, &b);
@@ -706,6 +708,12 @@ Test(experts, non_finite_output_names_layer)
     model_ctx_free(c);
     model_free(m);
 }
+
+Test(experts, non_finite_output_names_layer) { check_nan_named(-1); }
+
+/* Only the prompt's first row (no logits wanted) goes NaN: the per-layer
+ * check of every row still names the layer. */
+Test(experts, non_finite_in_a_row_without_logits_names_layer) { check_nan_named(0); }
 
 /* ------------------------------------------------------- MLA equivalence */
 
