@@ -169,8 +169,8 @@ void api_on_update(void *arg, sched_req_t *r)
     sched_view_t v = sched_req_view(r);
     bool done = v.finish != SCHED_RUNNING;
     api_conn_t *c = j->c;
-    if (!c) {
-        if (done)
+    if (!c) { /* answered already, or the client is gone */
+        if (v.last)
             job_free(j);
         return;
     }
@@ -199,7 +199,9 @@ void api_on_update(void *arg, sched_req_t *r)
         api_conn_kick(c);
         return;
     }
-    job_free(j);
+    j->c = NULL; /* answered: a queued update for it only frees it */
+    if (v.last)
+        job_free(j);
     api_conn_done(c);
     api_conn_kick(c);
 }

@@ -214,7 +214,8 @@ sched_view_t sched_req_view(sched_req_t *r)
     v = (sched_view_t){.text = r->text, .text_len = r->pub_text, .tokens = r->toks,
                        .n_tokens = r->toks ? r->pub_gen_toks : 0, .n_prompt = r->p.n_prompt,
                        .n_gen = r->pub_gen, .n_cached = r->n_cached, .finish = r->pub_finish,
-                       .stop_index = r->stop_index, .error = r->error, .ttft_s = r->ttft};
+                       .stop_index = r->stop_index, .error = r->error, .ttft_s = r->ttft,
+                       .last = r->pub_finish != SCHED_RUNNING && !r->pending};
     pthread_mutex_unlock(&r->s->mu);
     return v;
 }

@@ -103,6 +103,10 @@ typedef struct {
     int stop_index;
     const char *error;
     double ttft_s;          /* seconds from submit to the first token (0: none yet) */
+    /* finished, and no later sched_drain call will name this request again
+     * (a call can already see the final state while another is queued):
+     * the owner may drop what it keeps for it */
+    bool last;
 } sched_view_t;
 
 typedef struct {
