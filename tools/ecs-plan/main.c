@@ -225,7 +225,7 @@ int main(int argc, char **argv)
     meas_server_stop(&srv);
     in.alpha_s = lk.alpha_s, in.beta_s = lk.beta_s;
     printf("\ninputs, measured now:\n");
-    printf("  link (%s, mux round trip, empty compute, median):", a.transport);
+    printf("  link (%s, mux round trip, empty compute, 10th percentile):", a.transport);
     for (int p = 0; p < lk.n; p++)
         printf("%s%d rows + %d results %.0f us", p ? ", " : " ", lk.rows[p], lk.entries[p],
                lk.med_s[p] * 1e6);
@@ -248,7 +248,8 @@ int main(int argc, char **argv)
     /* what the threads demand of the cores: a busy machine's CPU share
      * (printed) is already in every wall time measured */
     in.coord_cpu_ratio = a.threads;
-    printf("  coordinator (%d threads, routed experts elsewhere: a null backend):\n", a.threads);
+    printf("  coordinator (%d threads, routed experts elsewhere: a null backend; best of %d):\n",
+           a.threads, a.quick ? 1 : a.reps);
     printf("    decode step %.3f ms at depth 0 + %.3f us per cached token; +%.3f ms per extra "
            "row (%d rows: %.3f ms)\n", in.dec_s * 1e3, in.dec_ctx_s * 1e6, in.dec_row_s * 1e3,
            mc.batch, mc.batch_s * 1e3);
@@ -267,7 +268,7 @@ int main(int argc, char **argv)
         }
         need[t] = true;
     }
-    printf("  routed experts (kmoe, random routings, median of calls over the MoE layers):\n");
+    printf("  routed experts (kmoe, random routings, best call over the MoE layers):\n");
     for (int t = 1; t <= PLAN_MAX_THREADS; t++) {
         if (!need[t])
             continue;
