@@ -366,9 +366,9 @@ int main(int argc, char **argv)
         char name[64];
         print_layout_name(name, sizeof name, &lay[i]);
         printf("  %s: coordinator %.0f ms + experts %.0f ms = %.0f ms serial; ping-pong on %d "
-               "shared cores %.0f ms (%.0f %% faster); experts on their own cores %.0f ms "
-               "(%.0f %% faster)\n", name, A * 1e3, F * 1e3, serial * 1e3, a.cores, here * 1e3,
-               100 * (serial / here - 1), apart * 1e3, 100 * (serial / apart - 1));
+               "shared cores %.0f ms (%.0f %% less time); experts on cores of their own %.0f ms "
+               "(%.0f %% less)\n", name, A * 1e3, F * 1e3, serial * 1e3, a.cores, here * 1e3,
+               100 * (1 - here / serial), apart * 1e3, 100 * (1 - apart / serial));
     }
     rc = 0;
 out:
