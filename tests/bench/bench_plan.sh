@@ -65,12 +65,17 @@ for r in $(seq 1 "$rounds"); do
     do_plan "$r"
 done
 
-# Both sides are best-of: ecs-plan builds its inputs from the best of its
+# ecs-plan builds its inputs from the best of its
 # repetitions, ecs-run runs --reps times per round; on a shared machine the
-# best figures are the ones taken while the cores were ours.
+# best figures are the ones taken while the cores were ours; the medians
+# say how typical that was.
 echo
-echo "predicted (best of $((rounds + 1)) plans) vs measured (best of $rounds x $reps runs), tok/s:"
-printf '%-8s %-12s %10s %10s %7s\n' layout figure predicted measured ratio
+echo "predicted ($((rounds + 1)) plans) vs measured ($rounds x $reps runs), tok/s, best and median:"
+printf '%-8s %-12s %10s %10s %7s | %10s %10s %7s\n' layout figure "pred best" "meas best" ratio \
+    "pred med" "meas med" ratio
+# best and median of the numbers on stdin
+stats() { sort -g | awk '{v[NR] = $1} END {if (!NR) {print 0, 0; exit}
+    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print v[NR], m}'; }
 for n in ${workers//,/ }; do
     for fig in decode decode_depth pp; do
         case $fig in
@@ -79,13 +84,14 @@ for n in ${workers//,/ }; do
         pp) pat="^pp$pp +[0-9]" label="pp$pp" ;;
         esac
         meas=$(cat "$tmp"/run_*_"$n".txt | grep -E "$pat" | awk '
-            {for (i = 1; i < NF; i++) if ($(i+1) == "tok/s" && $i > b) b = $i} END {print b + 0}')
+            {for (i = 1; i < NF; i++) if ($(i+1) == "tok/s") print $i}' | stats)
         pred=$(cat "$tmp"/plan_*.txt | awk -v n="$n" -v fig="$fig" '$1 == "PLAN" && $3 == n {
-                   for (i = 2; i < NF; i++) if ($i == fig && $(i+1) > b) b = $(i+1)}
-               END {print b + 0}')
+                   for (i = 2; i < NF; i++) if ($i == fig) print $(i+1)}' | stats)
         name=$([ "$n" -eq 0 ] && echo "1-proc" || echo "$n wrk")
-        awk -v name="$name" -v lab="$label" -v p="$pred" -v m="$meas" \
-            'BEGIN {printf "%-8s %-12s %10.2f %10.2f %7.2f\n", name, lab, p, m, (m > 0 ? p / m : 0)}'
+        awk -v name="$name" -v lab="$label" -v p="$pred" -v m="$meas" 'BEGIN {
+            split(p, P, " "); split(m, M, " ")
+            printf "%-8s %-12s %10.2f %10.2f %7.2f | %10.2f %10.2f %7.2f\n", name, lab, P[1], M[1],
+                   (M[1] > 0 ? P[1] / M[1] : 0), P[2], M[2], (M[2] > 0 ? P[2] / M[2] : 0)}'
     done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
