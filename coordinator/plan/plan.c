@@ -179,6 +179,13 @@ static ecs_err_t check(const plan_inputs_t *in, const plan_layout_t *l)
     return ECS_OK;
 }
 
+/* What one runnable thread of ours gets of a core when n of ours run. */
+static double speed(const plan_inputs_t *in, int cores, double n)
+{
+    const double v = cores / (in->ext_threads + n);
+    return v < 1 ? v : 1;
+}
+
 /* One step of `rows` rows: coordinator time C (shared experts S of it)
  * plus the expert phases of every MoE layer, averaged over the draws. */
 static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows, double C,
@@ -229,7 +236,10 @@ static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows,
                         s->rows[wi]++;
                     }
                 }
-            double crit = S_l, cpu = S_l * busy_c, worst_link = 0;
+            /* CPU work in core-seconds (each time was measured with its
+             * own threads running), over what the threads running now get */
+            double crit = S_l, worst_link = 0, n_run = S_l > 0 ? busy_c : 0;
+            double cpu = S_l * busy_c * speed(in, l->cores, busy_c);
             int busiest = 0;
             for (int i = 0; i < N; i++) {
                 if (!s->rows_now[i])
@@ -239,14 +249,15 @@ static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows,
                 const double link = in->alpha_s + in->beta_s * (bo + bi);
                 crit = link + t > crit ? link + t : crit;
                 worst_link = link > worst_link ? link : worst_link;
-                cpu += t * busy_w;
+                cpu += t * busy_w * speed(in, l->cores, busy_w);
+                n_run += busy_w;
                 o->busy_s[i] += t;
                 o->pairs[i] += s->rows_now[i];
                 o->bytes_out[i] += bo;
                 o->bytes_in[i] += bi;
                 busiest = s->rows_now[i] > busiest ? s->rows_now[i] : busiest;
             }
-            cpu /= l->cores;
+            cpu = n_run > 0 ? cpu / (n_run * speed(in, l->cores, n_run)) : 0;
             phases += crit > cpu ? crit : cpu;
             links += worst_link;
             imb += (double)busiest * N / ((double)rows * k);

@@ -20,7 +20,11 @@
  *                       (S_l busy_c + sum_i t_i busy_i) / cores)
  *                 the last term: every process time-shares the same cores,
  *                 so the CPU work of the layer cannot finish faster than
- *                 its CPU-seconds over the cores.
+ *                 its CPU-seconds over what its threads get of the cores
+ *                 (busy = threads; with ext_threads other runnable threads
+ *                 a thread gets v(n) = min(1, cores / (ext + n)) of a core
+ *                 when n of ours run: a time measured with n threads is
+ *                 n v(n) core-seconds per second).
  * Routings are drawn at random (k distinct experts per row, uniform), each
  * expert's rows go to one holder the way the dispatcher picks (fewest rows
  * so far in this call, ties by rotation), and the times are averaged over
@@ -74,6 +78,11 @@ typedef struct {
     /* the link to a worker */
     double alpha_s;    /* per round trip */
     double beta_s;     /* per byte, both ways together */
+    /* other processes' runnable threads while the times above were taken
+     * (0: a quiet machine): each runnable thread gets min(1, cores / (ext +
+     * ours)) of a core, so a layout that keeps more threads runnable gets
+     * more of a busy machine */
+    double ext_threads;
 } plan_inputs_t;
 
 typedef struct {

@@ -7,7 +7,7 @@
  *
  * usage: ecs-plan -m MODEL.gguf [--workers 0,1,2,3] [--worker-threads N]
  *        [--replication R] [--threads N] [--cores N] [--pp N] [--tg N]
- *        [--batch B] [--transport ipc|tcp] [--reps R] [--quick]
+ *        [--batch B] [--transport ipc|tcp] [--reps R] [--ext-threads N] [--quick]
  *        [--repack DIR | --no-repack] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +25,7 @@ typedef struct {
     bool no_repack, quick;
     int workers[MAX_LAYOUTS], n_layouts;
     int worker_threads, threads, cores, replication, pp, tg, batch, reps;
+    double ext_threads; /* < 0: estimated */
 } args_t;
 
 static int usage(FILE *f)
@@ -43,6 +44,9 @@ static int usage(FILE *f)
             "  --batch B           also predict decode steps of B sequences (default 1)\n"
             "  --transport T       ipc (default, what --spawn-workers uses) or tcp\n"
             "  --reps R            repetitions of the coordinator's timing (default 3)\n"
+            "  --ext-threads N     other processes' runnable threads to assume (default:\n"
+            "                      estimated from the share of the cores the timings got;\n"
+            "                      0: a quiet machine)\n"
             "  --repack DIR / --no-repack   the decode copy, as ecs-run\n"
             "  --quick             fewer repetitions (a smoke run)\n");
     return f == stderr ? 2 : 0;
@@ -54,6 +58,7 @@ static int parse(int argc, char **argv, args_t *a)
     a->transport = "ipc";
     a->replication = 1, a->pp = 512, a->tg = 32, a->batch = 1, a->reps = 3;
     a->n_layouts = 4;
+    a->ext_threads = -1;
     for (int i = 0; i < 4; i++)
         a->workers[i] = i;
     for (int i = 1; i < argc; i++) {
@@ -86,6 +91,13 @@ static int parse(int argc, char **argv, args_t *a)
             *num = (int)l;
         } else if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
             a->model = v;
+        } else if (!strcmp(o, "--ext-threads")) {
+            char *end;
+            a->ext_threads = strtod(v, &end);
+            if (*end || !(a->ext_threads >= 0 && a->ext_threads <= 1e6)) {
+                fprintf(stderr, "ecs-plan: --ext-threads: bad count '%s'\n", v);
+                return 2;
+            }
         } else if (!strcmp(o, "--repack")) {
             a->repack_dir = v;
         } else if (!strcmp(o, "--transport")) {
@@ -225,39 +237,51 @@ int main(int argc, char **argv)
     meas_server_stop(&srv);
     in.alpha_s = lk.alpha_s, in.beta_s = lk.beta_s;
     printf("\ninputs, measured now:\n");
-    printf("  link (%s, mux round trip, empty compute, 10th percentile):", a.transport);
+    printf("  link (%s, mux round trip, empty compute, median):", a.transport);
     for (int p = 0; p < lk.n; p++)
         printf("%s%d rows + %d results %.0f us", p ? ", " : " ", lk.rows[p], lk.entries[p],
                lk.med_s[p] * 1e6);
     printf("\n    => alpha %.1f us per call + beta %.3f ms per MB (both ways)\n", lk.alpha_s * 1e6,
            lk.beta_s * 1e9);
-    /* 2. the coordinator */
-    meas_coord_t mc;
-    if (meas_coord(m, a.pp, a.tg, a.quick ? 1 : a.reps, &mc)) {
-        fprintf(stderr, "ecs-plan: timing the coordinator: %s\n", ecs_errmsg());
-        goto out;
+    /* 2. the coordinator: as one process (its experts in line), and with
+     * its experts out (wait() sleeps a round trip per MoE layer, not
+     * counted), for the layouts with workers */
+    plan_inputs_t in_remote;
+    for (int remote = 0; remote < 2; remote++) {
+        meas_coord_t mc;
+        if (meas_coord(m, a.pp, a.tg, a.quick ? 1 : a.reps, remote ? (long)(lk.alpha_s * 1e9) : 0,
+                       &mc)) {
+            fprintf(stderr, "ecs-plan: timing the coordinator: %s\n", ecs_errmsg());
+            goto out;
+        }
+        plan_inputs_t *p = remote ? &in_remote : &in;
+        if (remote)
+            *p = in;
+        const double d0 = (a.tg - 1) / 2.0;
+        p->dec_ctx_s = (mc.tgd_s - mc.tg0_s) / a.pp > 0 ? (mc.tgd_s - mc.tg0_s) / a.pp : 0;
+        p->dec_s = mc.tg0_s - d0 * p->dec_ctx_s;
+        p->dec_row_s = (mc.batch_s - mc.tg0_s) / (mc.batch - 1) > 0
+                           ? (mc.batch_s - mc.tg0_s) / (mc.batch - 1) : 0;
+        p->pp_row_s = mc.pp_s / a.pp;
+        p->shexp_dec_s = mc.sh_tg_s > 0 ? mc.sh_tg_s : 0;
+        p->shexp_pp_row_s = mc.sh_pp_s > 0 ? mc.sh_pp_s / a.pp : 0;
+        /* what the threads demand of the cores: a busy machine's share
+         * (printed) is in every wall time measured */
+        p->coord_cpu_ratio = a.threads;
+        printf("  coordinator (%d threads, a null expert backend%s; median of %d):\n", a.threads,
+               remote ? " whose wait sleeps alpha per MoE layer, as with workers"
+                      : " returning at once, as one process",
+               a.quick ? 1 : a.reps);
+        printf("    decode step %.3f ms at depth 0 + %.3f us per cached token; +%.3f ms per extra "
+               "row (%d rows: %.3f ms)\n", p->dec_s * 1e3, p->dec_ctx_s * 1e6, p->dec_row_s * 1e3,
+               mc.batch, mc.batch_s * 1e3);
+        printf("    prompt step of %d rows %.1f ms = %.3f ms per row\n", a.pp, mc.pp_s * 1e3,
+               p->pp_row_s * 1e3);
+        printf("    shared experts within: %.3f ms per decode step, %.3f ms per prompt row (got %.0f "
+               "%% of %d threads' time)\n", p->shexp_dec_s * 1e3, p->shexp_pp_row_s * 1e3,
+               100 * mc.sh_cpu_ratio / a.threads, a.threads);
     }
     const double d0 = (a.tg - 1) / 2.0;
-    in.dec_ctx_s = (mc.tgd_s - mc.tg0_s) / a.pp > 0 ? (mc.tgd_s - mc.tg0_s) / a.pp : 0;
-    in.dec_s = mc.tg0_s - d0 * in.dec_ctx_s;
-    in.dec_row_s = (mc.batch_s - mc.tg0_s) / (mc.batch - 1) > 0
-                       ? (mc.batch_s - mc.tg0_s) / (mc.batch - 1) : 0;
-    in.pp_row_s = mc.pp_s / a.pp;
-    in.shexp_dec_s = mc.sh_tg_s;
-    in.shexp_pp_row_s = mc.sh_pp_s / a.pp;
-    /* what the threads demand of the cores: a busy machine's CPU share
-     * (printed) is already in every wall time measured */
-    in.coord_cpu_ratio = a.threads;
-    printf("  coordinator (%d threads, routed experts elsewhere: a null backend; best of %d):\n",
-           a.threads, a.quick ? 1 : a.reps);
-    printf("    decode step %.3f ms at depth 0 + %.3f us per cached token; +%.3f ms per extra "
-           "row (%d rows: %.3f ms)\n", in.dec_s * 1e3, in.dec_ctx_s * 1e6, in.dec_row_s * 1e3,
-           mc.batch, mc.batch_s * 1e3);
-    printf("    prompt step of %d rows %.1f ms = %.3f ms per row\n", a.pp, mc.pp_s * 1e3,
-           in.pp_row_s * 1e3);
-    printf("    shared experts within: %.3f ms per decode step, %.3f ms per prompt row (got %.0f %% "
-           "of %d threads' time)\n", in.shexp_dec_s * 1e3, in.shexp_pp_row_s * 1e3,
-           100 * mc.sh_cpu_ratio / a.threads, a.threads);
     /* 3. the experts, for every thread count a layout uses */
     bool need[PLAN_MAX_THREADS + 1] = {false};
     for (int i = 0; i < a.n_layouts; i++) {
@@ -268,7 +292,9 @@ int main(int argc, char **argv)
         }
         need[t] = true;
     }
-    printf("  routed experts (kmoe, random routings, best call over the MoE layers):\n");
+    int ext_from = -1;
+    double ext = 0;
+    printf("  routed experts (kmoe, random routings, median call over the MoE layers):\n");
     for (int t = 1; t <= PLAN_MAX_THREADS; t++) {
         if (!need[t])
             continue;
@@ -285,7 +311,22 @@ int main(int argc, char **argv)
         printf("\n      => %.1f us per call + %.1f us per expert + %.2f us per pair (got %.0f %% of "
                "the threads' time)\n", me.cost.x0 * 1e6, me.cost.xe * 1e6, me.cost.xp * 1e6,
                100 * me.cpu_share);
+        /* the other processes' runnable threads, from what this one got:
+         * T threads each getting v = cores / (ext + T) of a core */
+        if (ext_from < 0) {
+            ext_from = t;
+            if (me.cpu_share > 0 && me.cpu_share < 0.95)
+                ext = a.cores / me.cpu_share - t;
+            ext = ext > 0 ? ext : 0;
+        }
     }
+    in.ext_threads = a.ext_threads >= 0 ? a.ext_threads : ext;
+    memcpy(in_remote.ex, in.ex, sizeof in.ex);
+    in_remote.ext_threads = in.ext_threads;
+    printf("  other processes' runnable threads: %.1f (%s)\n", in.ext_threads,
+           a.ext_threads >= 0 ? "--ext-threads"
+                              : "from the share of a core the kmoe threads got: cores / share - "
+                                "threads");
 
     /* 4. the predictions */
     printf("\npredictions (decode: tg%d from an empty context and after the %d-token prompt; "
@@ -307,9 +348,9 @@ int main(int argc, char **argv)
                                  .samples = 64, .seed = 7};
         plan_layout_t ld = lay[i];
         ld.depth = a.pp + (int)d0;
-        if ((n && !hold[i]) || plan_decode(&in, &lay[i], &dec[i]) != ECS_OK ||
-            plan_decode(&in, &ld, &decd) != ECS_OK ||
-            plan_prompt(&in, &lay[i], &pr[i]) != ECS_OK) {
+        const plan_inputs_t *pi = n ? &in_remote : &in;
+        if ((n && !hold[i]) || plan_decode(pi, &lay[i], &dec[i]) != ECS_OK ||
+            plan_decode(pi, &ld, &decd) != ECS_OK || plan_prompt(pi, &lay[i], &pr[i]) != ECS_OK) {
             fprintf(stderr, "ecs-plan: %s\n", ecs_errmsg());
             goto out;
         }
@@ -324,7 +365,7 @@ int main(int argc, char **argv)
             plan_layout_t lb = lay[i];
             lb.batch = a.batch;
             plan_pred_t pb;
-            if (plan_decode(&in, &lb, &pb) == ECS_OK)
+            if (plan_decode(pi, &lb, &pb) == ECS_OK)
                 printf("  %-28s batch %d: %.2f tok/s (%.3f ms per step)\n", "", a.batch,
                        pb.tok_s, pb.step_s * 1e3);
         }
@@ -361,8 +402,9 @@ int main(int argc, char **argv)
         }
         const double A = p->coord_s, F = busiest + p->link_s;
         const double busy_f = F > 0 ? work / F : 0, serial = A + F;
-        const double here = plan_overlap(A / 2, F / 2, in.coord_cpu_ratio, busy_f, 2, a.cores);
-        const double apart = plan_overlap(A / 2, F / 2, in.coord_cpu_ratio, busy_f, 2, 1 << 20);
+        const double here =
+            plan_overlap(A / 2, F / 2, in_remote.coord_cpu_ratio, busy_f, 2, a.cores);
+        const double apart = plan_overlap(A / 2, F / 2, in_remote.coord_cpu_ratio, busy_f, 2, 1 << 20);
         char name[64];
         print_layout_name(name, sizeof name, &lay[i]);
         printf("  %s: coordinator %.0f ms + experts %.0f ms = %.0f ms serial; ping-pong on %d "

@@ -1,7 +1,7 @@
 /* measure.c - ecs-plan's measurements: every input of the planner's
  * arithmetic is timed here, on this machine, under its present load (the
- * figures it predicts are taken under the same load). Best of several
- * tries: other sessions share the cores (see quantile()). */
+ * figures it predicts are taken under the same load). Medians: other
+ * sessions share the cores (see quantile()). */
 #include "tools/ecs-plan/measure.h"
 
 #include <signal.h>
@@ -36,10 +36,10 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The q-quantile of v[0..n) (sorts v). ecs-plan takes the best of its
- * repetitions (q = 0) and the 10th percentile of many round trips: on a
- * shared machine those are the moments it had the cores, and
- * bench_plan.sh compares with the best of the measured runs the same way. */
+/* The q-quantile of v[0..n) (sorts v). ecs-plan takes medians: the
+ * typical figure under the machine's present load, which it estimates
+ * alongside (meas_expert_t.cpu_share) and which bench_plan.sh's measured
+ * runs see too. */
 static double quantile(double *v, int n, double q)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
@@ -179,7 +179,7 @@ int meas_link(const char *endpoint, int n_embd, int k, bool quick, meas_link_t *
         o->rows[p] = rows[p];
         o->entries[p] = ent;
         o->bytes[p] = (double)(rows[p] + ent) * n_embd * sizeof(float);
-        o->med_s[p] = quantile(t, n, 0.1);
+        o->med_s[p] = quantile(t, n, 0.5);
     }
     o->n = MEAS_LINK_POINTS;
     /* beta from a line through all points; alpha from the smallest call,
@@ -207,6 +207,8 @@ done:
 
 typedef struct {
     int n_tok, n_embd;
+    long sleep_ns; /* wait() sleeps this long, as for a worker's reply */
+    double waited; /* seconds spent in wait() */
 } null_ctx_t;
 
 static ecs_err_t null_submit(void *ctx, int layer, int n_tok, const float *x, int k,
@@ -220,8 +222,12 @@ static ecs_err_t null_submit(void *ctx, int layer, int n_tok, const float *x, in
 static ecs_err_t null_wait(void *ctx, int layer, float *out)
 {
     (void)layer;
-    const null_ctx_t *c = ctx;
+    null_ctx_t *c = ctx;
+    const double t0 = meas_now();
+    if (c->sleep_ns > 0)
+        nanosleep(&(struct timespec){0, c->sleep_ns}, NULL);
     memset(out, 0, (size_t)c->n_tok * (size_t)c->n_embd * sizeof(float));
+    c->waited += meas_now() - t0;
     return ECS_OK;
 }
 
@@ -247,10 +253,10 @@ static int decode(model_ctx_t *c, const int32_t *toks, int n, float *logits)
     return 0;
 }
 
-int meas_coord(model_t *m, int pp, int tg, int reps, meas_coord_t *o)
+int meas_coord(model_t *m, int pp, int tg, int reps, long sleep_ns, meas_coord_t *o)
 {
     const int V = model_n_vocab(m), B = 8;
-    null_ctx_t nc = {0, model_hparams(m)->n_embd};
+    null_ctx_t nc = {0, model_hparams(m)->n_embd, sleep_ns, 0};
     model_ctx_t *c = NULL, *bc[8] = {0};
     int32_t *toks = malloc((size_t)(pp + tg) * sizeof *toks);
     float *logits = malloc((size_t)V * B * sizeof *logits);
@@ -275,38 +281,40 @@ int meas_coord(model_t *m, int pp, int tg, int reps, meas_coord_t *o)
         double t0, w, cp;
         model_ctx_reset(c);
         shared_part(m, &w, &cp);
-        t0 = meas_now();
+        t0 = meas_now() + (nc.waited = 0);
         if (model_eval(c, toks, pp, logits, false) != ECS_OK)
             goto done;
-        v[r * 6 + 0] = meas_now() - t0;
+        v[r * 6 + 0] = meas_now() - t0 - nc.waited;
         shared_part(m, &w, &cp);
+        w -= nc.waited; /* the FFN_DOWN phase holds wait() too */
         v[r * 6 + 3] = w;
         cpu_w += w, cpu_c += cp;
-        t0 = meas_now();
+        t0 = meas_now() + (nc.waited = 0);
         if (decode(c, toks + pp, tg, logits))
             goto done;
-        v[r * 6 + 2] = (meas_now() - t0) / tg;
+        v[r * 6 + 2] = (meas_now() - t0 - nc.waited) / tg;
         shared_part(m, &w, &cp);
         model_ctx_reset(c);
-        t0 = meas_now();
+        t0 = meas_now() + (nc.waited = 0);
         if (decode(c, toks, tg, logits))
             goto done;
-        v[r * 6 + 1] = (meas_now() - t0) / tg;
+        v[r * 6 + 1] = (meas_now() - t0 - nc.waited) / tg;
         shared_part(m, &w, &cp);
+        w -= nc.waited;
         v[r * 6 + 4] = w / tg;
         sh_w += w, sh_c += cp;
         /* B sequences decoding together: the cost of more rows per step */
         for (int i = 0; i < B; i++)
             model_ctx_reset(bc[i]);
         model_row_t rows[8];
-        t0 = meas_now();
+        t0 = meas_now() + (nc.waited = 0);
         for (int step = 0; step < tg; step++) {
             for (int i = 0; i < B; i++)
                 rows[i] = (model_row_t){bc[i], toks[(step * B + i) % (pp + tg)], true};
             if (model_eval_batch(m, rows, B, logits) != ECS_OK)
                 goto done;
         }
-        v[r * 6 + 5] = (meas_now() - t0) / tg;
+        v[r * 6 + 5] = (meas_now() - t0 - nc.waited) / tg;
         shared_part(m, &w, &cp);
     }
     double col[6][64];
@@ -315,12 +323,12 @@ int meas_coord(model_t *m, int pp, int tg, int reps, meas_coord_t *o)
             col[j][r] = v[r * 6 + j];
     }
     const int n = reps < 64 ? reps : 64;
-    o->pp_s = quantile(col[0], n, 0);
-    o->tg0_s = quantile(col[1], n, 0);
-    o->tgd_s = quantile(col[2], n, 0);
-    o->sh_pp_s = quantile(col[3], n, 0);
-    o->sh_tg_s = quantile(col[4], n, 0);
-    o->batch_s = quantile(col[5], n, 0);
+    o->pp_s = quantile(col[0], n, 0.5);
+    o->tg0_s = quantile(col[1], n, 0.5);
+    o->tgd_s = quantile(col[2], n, 0.5);
+    o->sh_pp_s = quantile(col[3], n, 0.5);
+    o->sh_tg_s = quantile(col[4], n, 0.5);
+    o->batch_s = quantile(col[5], n, 0.5);
     o->sh_cpu_ratio = cpu_w + sh_w > 0 ? (cpu_c + sh_c) / (cpu_w + sh_w) : 0;
     rc = 0;
 done:
@@ -472,7 +480,7 @@ int meas_experts(model_t *m, int threads, bool quick, meas_expert_t *o)
         }
         o->experts[o->n] = (ne + calls / 2) / calls;
         o->pairs[o->n] = (np + calls / 2) / calls;
-        o->wall_s[o->n] = quantile(t, calls, 0);
+        o->wall_s[o->n] = quantile(t, calls, 0.5);
         o->n++;
     }
     /* x0 + xe e + xp p through the four points, each weighted by 1/time

@@ -38,8 +38,12 @@ typedef struct {
     double sh_cpu_ratio;                /* CPU / wall while in the shared experts */
     int pp, tg, batch;
 } meas_coord_t;
-/* The coordinator's share: steps of m with a null expert backend. */
-int meas_coord(model_t *m, int pp, int tg, int reps, meas_coord_t *out);
+/* The coordinator's share: steps of m with a null expert backend, whose
+ * wait() sleeps sleep_ns per MoE layer (0: returns at once), as the
+ * coordinator sleeps while its experts are out; the time in wait() is not
+ * counted. Sleeping matters on a busy machine: a process that sleeps now
+ * and then gets its turn on the cores sooner than one that never does. */
+int meas_coord(model_t *m, int pp, int tg, int reps, long sleep_ns, meas_coord_t *out);
 
 #define MEAS_EXPERT_CALLS 64
 typedef struct {
