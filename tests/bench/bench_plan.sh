@@ -65,10 +65,9 @@ for r in $(seq 1 "$rounds"); do
     do_plan "$r"
 done
 
-# ecs-plan builds its inputs from the best of its
-# repetitions, ecs-run runs --reps times per round; on a shared machine the
-# best figures are the ones taken while the cores were ours; the medians
-# say how typical that was.
+# ecs-plan builds its inputs from medians of its repetitions, ecs-run runs
+# --reps times per round; the medians are the comparison, the best figures
+# (the moments a run had the cores) say how far the load moved them.
 echo
 echo "predicted ($((rounds + 1)) plans) vs measured ($rounds x $reps runs), tok/s, best and median:"
 printf '%-8s %-12s %10s %10s %7s | %10s %10s %7s\n' layout figure "pred best" "meas best" ratio \

@@ -67,6 +67,17 @@ static int parse(int argc, char **argv, args_t *a)
             return usage(stdout), 1;
         if (!strcmp(o, "--quick")) { a->quick = true; continue; }
         if (!strcmp(o, "--no-repack")) { a->no_repack = true; continue; }
+        static const char *const with_value[] = {
+            "--worker-threads", "--threads", "--cores", "--replication", "--pp", "--tg",
+            "--batch", "--reps", "-m", "--model", "--repack", "--transport", "--workers",
+            "--ext-threads"};
+        bool known = false;
+        for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
+            known |= !strcmp(o, with_value[k]);
+        if (!known) {
+            fprintf(stderr, "ecs-plan: unknown option %s\n", o);
+            return usage(stderr);
+        }
         if (!v) {
             fprintf(stderr, "ecs-plan: %s needs a value\n", o);
             return usage(stderr);
