@@ -108,7 +108,7 @@ static int holder(const sim_t *s, int layer, int e, int r)
 
 /* Draws the routing of `rows` rows (k distinct experts each) into
  * s->count (and the per-worker distinct rows, when workers exist). */
-static void draw(sim_t *s, uint64_t *seed, int layer, int rows, int32_t *row_ids)
+static void draw(sim_t *s, uint64_t *seed, int rows, int32_t *row_ids)
 {
     const int E = s->in->n_expert, k = s->in->k;
     memset(s->count, 0, (size_t)E * sizeof *s->count);
@@ -127,7 +127,6 @@ static void draw(sim_t *s, uint64_t *seed, int layer, int rows, int32_t *row_ids
             s->count[e]++;
         }
     }
-    (void)layer;
 }
 
 /* Gives each touched expert's rows to one holder, as dispatch_submit does:
@@ -217,7 +216,7 @@ static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows,
     double phases = 0, links = 0, imb = 0;
     for (int layer = 0; layer < L; layer++) {
         for (int d = 0; d < samples; d++) {
-            draw(s, &seed, layer, rows, ids);
+            draw(s, &seed, rows, ids);
             if (!N) { /* local experts, fused with the shared ones: one after the other */
                 int touched = 0;
                 for (int e = 0; e < in->n_expert; e++)
