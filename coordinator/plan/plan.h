@@ -14,7 +14,9 @@
  *                 cpu_ratio threads busy on average.
  *   link          one call per worker per layer: alpha + beta (bytes out
  *                 + bytes back) (a mux round trip with empty compute).
- *   one process   step = C + sum over MoE layers of t(all experts, Tc).
+ *   one process   step = C + sum over MoE layers of t(all experts, Tc) - x0
+ *                 (the local experts' jobs run in the shared experts'
+ *                 regions: no wake-ups of their own).
  *   N workers     step = C - S + sum over MoE layers of
  *                   max(S_l, max_i (link_i + t_i),
  *                       (S_l busy_c + sum_i t_i busy_i) / cores)
