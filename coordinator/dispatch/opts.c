@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cli.h"
 #include "coordinator/dispatch/dispatch.h"
 
 static const char *const with_value[] = {"--control",    "--spawn-workers",  "--replication",
@@ -17,17 +18,6 @@ bool dispatch_opt_takes_value(const char *opt)
         if (!strcmp(opt, with_value[i]))
             return true;
     return false;
-}
-
-static bool parse_int(const char *v, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long n = strtol(v, &end, 10);
-    if (errno || end == v || *end || n < lo || n > hi)
-        return false;
-    *out = (int)n;
-    return true;
 }
 
 int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
@@ -45,16 +35,16 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
         }
         o->control = v;
     } else if (!strcmp(opt, "--spawn-workers")) {
-        if (!parse_int(v, 0, 256, &o->spawn_workers))
+        if (!ecs_parse_int(v, 0, 256, &o->spawn_workers))
             goto bad;
     } else if (!strcmp(opt, "--replication")) {
-        if (!parse_int(v, 1, PLACEMENT_MAX_HOLDERS, &o->replication))
+        if (!ecs_parse_int(v, 1, PLACEMENT_MAX_HOLDERS, &o->replication))
             goto bad;
     } else if (!strcmp(opt, "--min-workers")) {
-        if (!parse_int(v, 1, PLACEMENT_MAX_WORKERS, &o->min_workers))
+        if (!ecs_parse_int(v, 1, PLACEMENT_MAX_WORKERS, &o->min_workers))
             goto bad;
     } else if (!strcmp(opt, "--worker-threads")) {
-        if (!parse_int(v, 1, 1024, &o->worker_threads))
+        if (!ecs_parse_int(v, 1, 1024, &o->worker_threads))
             goto bad;
     } else if (!strcmp(opt, "--worker-mem-budget")) {
         o->worker_budget = v; /* the worker checks it */

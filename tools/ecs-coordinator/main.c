@@ -8,11 +8,13 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/cli.h"
 #include "coordinator/api/api.h"
 #include "coordinator/dispatch/dispatch.h"
 #include "coordinator/model/model.h"
@@ -74,36 +76,10 @@ static int fail(const char *fmt, ...)
 
 static bool parse_size(const char *s, size_t *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0)
+    uint64_t v;
+    if (!ecs_parse_size(s, &v) || v > SIZE_MAX)
         return false;
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0; end++; break;
-    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    }
-    if (*end == 'i' || *end == 'B')
-        end += *end == 'i' ? 1 : 0;
-    if (*end == 'B')
-        end++;
-    if (*end || v * mul > 1e18)
-        return false;
-    *out = (size_t)(v * mul);
-    return true;
-}
-
-static bool parse_int(const char *s, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return false;
-    *out = (int)v;
+    *out = (size_t)v;
     return true;
 }
 
@@ -156,11 +132,11 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--model-id")) a->model_id = v;
         else if (!strcmp(o, "--repack")) a->repack_dir = v;
         else if (!strcmp(o, "--prefix-cache-dir")) a->cache_dir = v;
-        else if (!strcmp(o, "--threads")) ok = parse_int(v, 1, 1024, &a->threads);
-        else if (!strcmp(o, "--ctx")) ok = parse_int(v, 2, MODEL_MAX_CTX, &a->ctx);
-        else if (!strcmp(o, "--max-running")) ok = parse_int(v, 1, MODEL_MAX_BATCH / 2, &a->max_running);
-        else if (!strcmp(o, "--max-queue")) ok = parse_int(v, 1, 1 << 20, &a->max_queue);
-        else if (!strcmp(o, "--chunk")) ok = parse_int(v, 2 * MODEL_MLA_EXPAND_ROWS, MODEL_MAX_BATCH, &a->chunk);
+        else if (!strcmp(o, "--threads")) ok = ecs_parse_int(v, 1, 1024, &a->threads);
+        else if (!strcmp(o, "--ctx")) ok = ecs_parse_int(v, 2, MODEL_MAX_CTX, &a->ctx);
+        else if (!strcmp(o, "--max-running")) ok = ecs_parse_int(v, 1, MODEL_MAX_BATCH / 2, &a->max_running);
+        else if (!strcmp(o, "--max-queue")) ok = ecs_parse_int(v, 1, 1 << 20, &a->max_queue);
+        else if (!strcmp(o, "--chunk")) ok = ecs_parse_int(v, 2 * MODEL_MLA_EXPAND_ROWS, MODEL_MAX_BATCH, &a->chunk);
         else if (!strcmp(o, "--kv-mem")) ok = parse_size(v, &a->kv_mem) && a->kv_mem > 0;
         else if (!strcmp(o, "--max-body")) ok = parse_size(v, &a->max_body) && a->max_body > 0;
         else if (!strcmp(o, "--max-header")) ok = parse_size(v, &a->max_header) && a->max_header >= 256;
@@ -184,7 +160,7 @@ static int parse_args(int argc, char **argv, args_t *a)
 static int split_http(const char *s, char *host, size_t cap, int *port)
 {
     const char *colon = strrchr(s, ':');
-    if (!colon || !parse_int(colon + 1, 0, 65535, port))
+    if (!colon || !ecs_parse_int(colon + 1, 0, 65535, port))
         return fail("--http '%s': expected HOST:PORT", s);
     size_t n = (size_t)(colon - s);
     if (n >= 2 && s[0] == '[' && s[n - 1] == ']')

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/cli.h"
 #include "common/threadpool.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "kernels/repack/repack.h"
@@ -71,28 +72,6 @@ int run_fail(const char *fmt, ...)
     fprintf(stderr, "\n");
     va_end(ap);
     return 1;
-}
-
-static bool parse_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_float(const char *s, float *out)
-{
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end || !isfinite(v))
-        return false;
-    *out = v;
-    return true;
 }
 
 /* Parses "1,2,3" into a malloc'd array. */
@@ -189,29 +168,29 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--logits-of")) a->logits_of = v;
         else if (!strcmp(o, "--repack")) a->repack_dir = v;
         else if (!strcmp(o, "-n")) {
-            if (!parse_long(v, 0, MODEL_MAX_CTX, &l)) return run_fail("-n: bad count '%s'", v);
+            if (!ecs_parse_long(v, 0, MODEL_MAX_CTX, &l)) return run_fail("-n: bad count '%s'", v);
             a->n_predict = (int)l;
         } else if (!strcmp(o, "--threads")) {
-            if (!parse_long(v, 1, ECS_THREADPOOL_MAX, &l))
+            if (!ecs_parse_long(v, 1, ECS_THREADPOOL_MAX, &l))
                 return run_fail("--threads: bad count '%s' (1..%d)", v, ECS_THREADPOOL_MAX);
             a->threads = (int)l;
         } else if (!strcmp(o, "--ctx")) {
-            if (!parse_long(v, 1, MODEL_MAX_CTX, &l)) return run_fail("--ctx: bad size '%s'", v);
+            if (!ecs_parse_long(v, 1, MODEL_MAX_CTX, &l)) return run_fail("--ctx: bad size '%s'", v);
             a->ctx = (int)l;
         } else if (!strcmp(o, "--pp") || !strcmp(o, "--tg")) {
-            if (!parse_long(v, 0, MODEL_MAX_CTX, &l)) return run_fail("%s: bad count '%s'", o, v);
+            if (!ecs_parse_long(v, 0, MODEL_MAX_CTX, &l)) return run_fail("%s: bad count '%s'", o, v);
             *(o[3] == 'p' ? &a->pp : &a->tg) = (int)l;
         } else if (!strcmp(o, "--step")) {
-            if (!parse_long(v, 1, MODEL_MAX_BATCH, &l)) return run_fail("--step: bad count '%s'", v);
+            if (!ecs_parse_long(v, 1, MODEL_MAX_BATCH, &l)) return run_fail("--step: bad count '%s'", v);
             a->step = (int)l;
         } else if (!strcmp(o, "--reps")) {
-            if (!parse_long(v, 1, 1000, &l)) return run_fail("--reps: bad count '%s'", v);
+            if (!ecs_parse_long(v, 1, 1000, &l)) return run_fail("--reps: bad count '%s'", v);
             a->reps = (int)l;
         } else if (!strcmp(o, "--top")) {
-            if (!parse_long(v, 1, MAX_TOP, &l)) return run_fail("--top: bad count '%s'", v);
+            if (!ecs_parse_long(v, 1, MAX_TOP, &l)) return run_fail("--top: bad count '%s'", v);
             a->top = (int)l;
         } else if (!strcmp(o, "--top-k")) {
-            if (!parse_long(v, 0, INT32_MAX, &l)) return run_fail("--top-k: bad value '%s'", v);
+            if (!ecs_parse_long(v, 0, INT32_MAX, &l)) return run_fail("--top-k: bad value '%s'", v);
             a->sp.top_k = (int32_t)l;
         } else if (!strcmp(o, "--seed")) {
             char *end;
@@ -221,13 +200,13 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->sp.seed = s;
             a->seed_given = true;
         } else if (!strcmp(o, "--temp")) {
-            if (!parse_float(v, &f)) return run_fail("--temp: bad value '%s'", v);
+            if (!ecs_parse_float(v, &f)) return run_fail("--temp: bad value '%s'", v);
             a->sp.temp = f;
         } else if (!strcmp(o, "--top-p")) {
-            if (!parse_float(v, &f)) return run_fail("--top-p: bad value '%s'", v);
+            if (!ecs_parse_float(v, &f)) return run_fail("--top-p: bad value '%s'", v);
             a->sp.top_p = f;
         } else if (!strcmp(o, "--min-p")) {
-            if (!parse_float(v, &f)) return run_fail("--min-p: bad value '%s'", v);
+            if (!ecs_parse_float(v, &f)) return run_fail("--min-p: bad value '%s'", v);
             a->sp.min_p = f;
         } else {
             return run_fail("unknown option %s (see --help)", o);

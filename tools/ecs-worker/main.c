@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cli.h"
 #include "kernels/repack/repack.h"
 #include "worker/worker.h"
 
@@ -49,30 +50,6 @@ static int fail(const char *fmt, ...)
     fputc('\n', stderr);
     va_end(ap);
     return 2;
-}
-
-/* "12G", "512M", "4096K", "1000" (bytes); false on anything else. */
-static bool parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || !(v > 0))
-        return false;
-    double mul = 1;
-    switch (*end) {
-    case 'K': case 'k': mul = 1024.0; end++; break;
-    case 'M': case 'm': mul = 1048576.0; end++; break;
-    case 'G': case 'g': mul = 1073741824.0; end++; break;
-    case 'T': case 't': mul = 1099511627776.0; end++; break;
-    default: break;
-    }
-    if (*end == 'B' || *end == 'b' || (*end == 'i' && end[1] == 'B'))
-        end += *end == 'i' ? 2 : 1;
-    if (*end || v * mul > 1e18)
-        return false;
-    *out = (uint64_t)(v * mul);
-    return true;
 }
 
 int main(int argc, char **argv)
@@ -121,7 +98,7 @@ int main(int argc, char **argv)
                 return fail("--threads: bad count '%s' (1 to 1024)", v);
             o.threads = (int)n;
         } else if (!strcmp(a, "--mem-budget")) {
-            if (!parse_size(v, &o.mem_budget))
+            if (!ecs_parse_size(v, &o.mem_budget))
                 return fail("--mem-budget: bad size '%s' (e.g. 12G, 512M)", v);
         }
     }
