@@ -149,7 +149,10 @@ void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s);
     "  --placement P      uniform (default), capacity (shares by memory budget or\n"         \
     "                     threads), or a placement file (docs/operations.md)\n"              \
     "  --worker-threads N threads of each spawned worker (default: cores / N)\n"             \
-    "  --worker-mem-budget SIZE  --mem-budget of each spawned worker\n"
+    "  --worker-mem-budget SIZE  --mem-budget of each spawned worker\n"                     \
+    "  --worker-bin PATH  the program spawned workers run (default: ecs-worker beside this)\n" \
+    "  --call-timeout MS  a layer's expert calls may wait this long for a live holder\n"    \
+    "                     (a dead worker's replica or restart; default 120000)\n"
 
 /* Whether opt is one of the options above that takes a value. */
 bool dispatch_opt_takes_value(const char *opt);
