@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# test_supervise.sh - a worker's death loses no call and changes no output:
+# kill -9 a spawned worker in the middle of a teacher-forced run, with a
+# replica (its calls go to the replica) and without (the supervisor
+# restarts it and its held calls wait for it); SIGSTOP a worker until it is
+# declared dead, then SIGCONT it; a worker that dies at every restart is
+# backed off, reported, and the run fails with an error naming the missing
+# experts instead of hanging. Logits must equal the local backend's bit for
+# bit. Prints the failover figures (detection, re-send, restart + load).
+# usage: tests/integration/test_supervise.sh BUILD_DIR   (from the repo root)
+set -u
+build=${1:?usage: test_supervise.sh BUILD_DIR}
+run="$build/bin/ecs-run"
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+model=../shared/models/tiny-ds2-q8_0.gguf
+fail=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fail=1; }
+
+toks=$(/usr/bin/python3 -c "import random; random.seed(7); print(','.join(str(random.randrange(1, 2000)) for _ in range(400)))")
+common=(-m "$model" --threads 1 --no-repack --tokens "$toks" --step 1 --top 8)
+
+timeout 120 "$run" "${common[@]}" --dump-logits "$tmp/local.json" 2>"$tmp/local.err" \
+    || { bad "local run: $(tail -2 "$tmp/local.err")"; exit 1; }
+
+# the pid of spawned worker ID of ecs-run pid RUN, from its log line
+worker_pid() { # err-file id
+    sed -n "s/.*worker $2 registered (pid \([0-9]*\).*/\1/p" "$1" | tail -1
+}
+# waits until the run has done some steps (its workers answered calls)
+wait_started() { # err-file id
+    for _ in $(seq 100); do
+        [ -n "$(worker_pid "$1" "$2")" ] && grep -q "ready" "$1" && { sleep 1; return 0; }
+        sleep 0.1
+    done
+    return 1
+}
+
+# 1. kill -9 with a replica, 2. without one
+for case in "replica:--replication 2" "restart:"; do
+    name=${case%%:*}; extra=${case#*:}
+    out="$tmp/$name.json"
+    timeout 120 "$run" "${common[@]}" --dump-logits "$out" --spawn-workers 2 --worker-threads 1 \
+        $extra 2>"$out.err" &
+    r=$!; pids+=("$r")
+    wait_started "$out.err" w1 || bad "$name: workers did not start: $(tail -3 "$out.err")"
+    victim=$(worker_pid "$out.err" w1)
+    t_kill=$(date +%s%N)
+    kill -9 "$victim"
+    wait "$r"; rc=$?
+    if [ $rc -ne 0 ]; then
+        bad "$name: ecs-run failed (rc $rc) after worker w1 (pid $victim) was killed: $(tail -3 "$out.err")"
+    elif ! grep -q "worker w1 declared dead" "$out.err"; then
+        bad "$name: the run ended before the kill took effect (no death was seen)"
+    elif cmp -s "$tmp/local.json" "$out"; then
+        ok "$name: kill -9 of w1 mid-run: logits identical to the local backend"
+    else
+        bad "$name: logits differ after the kill"
+    fi
+    grep -E "declared dead|sent again|is back|reloaded" "$out.err" | sed "s/^/     [$name] /" | head -6
+    [ "$name" = restart ] && { grep -q "w1 is back (restarted" "$out.err" \
+        && ok "restart: w1 was restarted and got its experts back" \
+        || bad "restart: no restart of w1 seen"; }
+done
+
+# 3. SIGSTOP until declared dead (liveness), then SIGCONT: it is taken back
+out="$tmp/stop.json"
+timeout 120 "$run" "${common[@]}" --dump-logits "$out" --spawn-workers 2 --worker-threads 1 \
+    --replication 2 2>"$out.err" &
+r=$!; pids+=("$r")
+wait_started "$out.err" w1 || bad "stop: workers did not start"
+victim=$(worker_pid "$out.err" w1)
+t0=$(date +%s%N)
+kill -STOP "$victim"
+for _ in $(seq 100); do grep -q "w1 declared dead" "$out.err" && break; sleep 0.05; done
+t1=$(date +%s%N)
+kill -CONT "$victim"
+wait "$r"; rc=$?
+if [ $rc -ne 0 ]; then
+    bad "stop: ecs-run failed: $(tail -3 "$out.err")"
+elif ! grep -q "w1 declared dead: silent" "$out.err"; then
+    bad "stop: the stopped worker was not declared dead by the liveness check"
+elif cmp -s "$tmp/local.json" "$out"; then
+    ok "stop: SIGSTOP until declared dead ($(( (t1 - t0) / 1000000 )) ms), SIGCONT: logits identical"
+else
+    bad "stop: logits differ"
+fi
+grep -E "declared dead|sent again|is back" "$out.err" | sed "s/^/     [stop] /" | head -4
+grep -q "w1 is back (speaking again" "$out.err" && ok "stop: w1 taken back after SIGCONT" \
+    || echo "     [stop] (the run ended before w1 spoke again)"
+
+# 4. a crash loop: w1 runs once, then every restart of it exits at once
+cat >"$tmp/wrap.sh" <<WRAP
+#!/bin/sh
+for a in "\$@"; do case "\$prev" in --id) id=\$a;; esac; prev=\$a; done
+if [ "\$id" = w1 ] && [ -e "$tmp/w1.ran" ]; then echo "wrapper: w1 refuses to start" >&2; exit 3; fi
+[ "\$id" = w1 ] && touch "$tmp/w1.ran"
+exec "$PWD/$build/bin/ecs-worker" "\$@"
+WRAP
+chmod +x "$tmp/wrap.sh"
+out="$tmp/loop.json"
+t0=$(date +%s%N)
+timeout 120 "$run" "${common[@]}" --dump-logits "$out" --spawn-workers 2 --worker-threads 1 \
+    --worker-bin "$tmp/wrap.sh" 2>"$out.err" &
+r=$!; pids+=("$r")
+wait_started "$out.err" w1 || bad "loop: workers did not start: $(tail -3 "$out.err")"
+kill -9 "$(worker_pid "$out.err" w1)"
+wait "$r"; rc=$?
+t1=$(date +%s%N)
+restarts=$(grep -c "restarting worker w1" "$out.err")
+if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
+    bad "loop: ecs-run rc $rc (want a clear failure, not success or a hang)"
+elif ! grep -q "w1 keeps dying at start" "$out.err"; then
+    bad "loop: the crash loop was not reported: $(tail -3 "$out.err")"
+elif ! grep -q "experts missing" "$out.err"; then
+    bad "loop: the error does not name the missing experts: $(tail -2 "$out.err")"
+else
+    ok "loop: crash loop reported after $restarts restarts, run failed in $(( (t1 - t0) / 1000000 )) ms: $(grep -o 'experts missing.*' "$out.err" | head -1 | cut -c1-160)"
+fi
+grep -E "restarting worker w1" "$out.err" | sed 's/^/     [loop] /'
+
+exit $fail
