@@ -5,7 +5,8 @@
 # restarts it and its held calls wait for it); SIGSTOP a worker until it is
 # declared dead, then SIGCONT it; a worker that dies at every restart is
 # backed off, reported, and the run fails with an error naming the missing
-# experts instead of hanging. Logits must equal the local backend's bit for
+# experts instead of hanging; ecs-coordinator streams a greedy completion
+# while a worker is killed and the text is the fault-free one. Logits must equal the local backend's bit for
 # bit. Prints the failover figures (detection, re-send, restart + load).
 # usage: tests/integration/test_supervise.sh BUILD_DIR   (from the repo root)
 set -u
@@ -125,5 +126,9 @@ else
     ok "loop: crash loop reported after $restarts restarts, run failed in $(( (t1 - t0) / 1000000 )) ms: $(grep -o 'experts missing.*' "$out.err" | head -1 | cut -c1-160)"
 fi
 grep -E "restarting worker w1" "$out.err" | sed 's/^/     [loop] /'
+
+# 5. the serving path: a streamed greedy completion while a worker is killed
+(cd tests/integration && PYTHONDONTWRITEBYTECODE=1 timeout 150 /usr/bin/python3 serve_failover.py \
+    "$(cd ../.. && pwd)" "$build") || fail=1
 
 exit $fail
