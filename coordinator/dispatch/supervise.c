@@ -152,9 +152,9 @@ static void reap(dispatch_t *d, uint64_t now)
         const int wi = dispatch_find_worker(d, id);
         if (wi >= 0)
             declare_dead(d, wi, why, now);
-        if (!c->ready) {
+        if (!c->ready) { /* died at start: wait twice as long each time */
             c->fails++;
-            c->backoff_ms = c->fails > 1 ? c->backoff_ms * 2 : DISPATCH_RESTART_MIN_MS;
+            c->backoff_ms *= 2;
             if (c->backoff_ms > DISPATCH_RESTART_MAX_MS)
                 c->backoff_ms = DISPATCH_RESTART_MAX_MS;
         } else {

@@ -127,7 +127,31 @@ else
 fi
 grep -E "restarting worker w1" "$out.err" | sed 's/^/     [loop] /'
 
-# 5. the serving path: a streamed greedy completion while a worker is killed
+# 5. the coordinator goes away and another comes up on the same endpoint:
+#    a worker started by hand registers again with it and serves
+port=$(/usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+ctl="tcp://127.0.0.1:$port"
+"$build/bin/ecs-worker" -m "$model" --coordinator "$ctl" --id hand --threads 1 \
+    --listen 'tcp://127.0.0.1:*' 2>"$tmp/hand.err" &
+hw=$!; pids+=("$hw")
+short=(-m "$model" --threads 1 --no-repack --tokens "${toks%%,*},5,6,7,8,9" --top 8 --control "$ctl")
+timeout 60 "$run" "${short[@]}" --dump-logits "$tmp/c1.json" 2>"$tmp/c1.err"; rc1=$?
+timeout 60 "$run" "${short[@]}" --dump-logits "$tmp/c2.json" 2>"$tmp/c2.err"; rc2=$?
+timeout 60 "$run" -m "$model" --threads 1 --no-repack --tokens "${toks%%,*},5,6,7,8,9" --top 8 \
+    --dump-logits "$tmp/c0.json" 2>/dev/null
+if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ]; then
+    bad "coordinator restart: rc $rc1, $rc2: $(tail -2 "$tmp/c2.err")"
+elif ! grep -q "registering again" "$tmp/hand.err"; then
+    bad "coordinator restart: the worker did not notice its coordinator was gone"
+elif cmp -s "$tmp/c0.json" "$tmp/c1.json" && cmp -s "$tmp/c0.json" "$tmp/c2.json"; then
+    ok "coordinator restart: the worker registered again with the next coordinator; logits identical"
+else
+    bad "coordinator restart: logits differ"
+fi
+grep -E "silent|registered with" "$tmp/hand.err" | sed 's/^/     [hand] /' | head -4
+kill -TERM "$hw"; wait "$hw" && ok "the hand-started worker exits 0 on SIGTERM" || bad "worker exit status"
+
+# 6. the serving path: a streamed greedy completion while a worker is killed
 (cd tests/integration && PYTHONDONTWRITEBYTECODE=1 timeout 150 /usr/bin/python3 serve_failover.py \
     "$(cd ../.. && pwd)" "$build") || fail=1
 
