@@ -3,7 +3,8 @@
  *
  * A worker is declared dead when it has been silent for WIRE_LIVENESS
  * heartbeat intervals (a hung or SIGSTOPped process, a lost link), or at
- * once when a worker spawned here exits (waitpid). Declaring it dead
+ * once when a worker spawned here exits (waitpid) or its data connection
+ * drops (the transport's socket monitor: a remote worker's process died). Declaring it dead
  * disconnects its data peer: the mux fails its calls in flight (ECS_ERR_IO)
  * and drops any late reply with the socket, so the model thread re-sends
  * those experts to a live replica or holds them until the worker is back.
@@ -200,6 +201,11 @@ static void check_liveness(dispatch_t *d, uint64_t now)
     const uint64_t limit = (uint64_t)DISPATCH_HEARTBEAT_MS * WIRE_LIVENESS;
     for (int i = 0; i < d->n_workers; i++) {
         const int st = atomic_load(&d->w[i].state);
+        const int peer = atomic_load(&d->w[i].peer);
+        if (st == DW_LIVE && peer >= 0 && mux_peer_drops(d->mux, peer) > 0) {
+            declare_dead(d, i, "its data connection dropped", now);
+            continue;
+        }
         /* not while loading: the worker's control loop waits for its load */
         if (st == DW_LIVE && now - d->w[i].last_seen_ms > limit) {
             char why[96];

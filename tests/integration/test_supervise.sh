@@ -151,7 +151,39 @@ fi
 grep -E "silent|registered with" "$tmp/hand.err" | sed 's/^/     [hand] /' | head -4
 kill -TERM "$hw"; wait "$hw" && ok "the hand-started worker exits 0 on SIGTERM" || bad "worker exit status"
 
-# 6. the serving path: a streamed greedy completion while a worker is killed
+# 6. workers started by hand over tcp, no replica: kill -9 one; the drop of
+#    its connection declares it dead at once, and its replacement (same id,
+#    restarted here as systemd would) gets its experts and held calls back
+port=$(/usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+ctl="tcp://127.0.0.1:$port"
+out="$tmp/hand.json"
+timeout 120 "$run" "${common[@]}" --dump-logits "$out" --control "$ctl" --min-workers 2 2>"$out.err" &
+r=$!; pids+=("$r")
+for id in h0 h1; do
+    "$build/bin/ecs-worker" -m "$model" --coordinator "$ctl" --id $id --threads 1 \
+        --listen 'tcp://127.0.0.1:*' 2>"$tmp/$id.err" &
+    pids+=($!)
+done
+h1=$!
+wait_started "$out.err" h1 || bad "hand: workers did not start: $(tail -3 "$out.err")"
+kill -9 "$h1"; wait "$h1" 2>/dev/null
+for _ in $(seq 100); do grep -q "h1 declared dead" "$out.err" && break; sleep 0.05; done
+"$build/bin/ecs-worker" -m "$model" --coordinator "$ctl" --id h1 --threads 1 \
+    --listen 'tcp://127.0.0.1:*' 2>"$tmp/h1b.err" &
+pids+=($!)
+wait "$r"; rc=$?
+if [ $rc -ne 0 ]; then
+    bad "hand: ecs-run failed: $(tail -3 "$out.err")"
+elif ! grep -q "h1 declared dead: its data connection dropped" "$out.err"; then
+    bad "hand: the killed worker's dropped connection was not seen: $(grep 'h1 declared' "$out.err")"
+elif cmp -s "$tmp/local.json" "$out"; then
+    ok "hand: kill -9 of a tcp worker, restarted by hand with its id: logits identical"
+else
+    bad "hand: logits differ"
+fi
+grep -E "declared dead|sent again|is back" "$out.err" | sed "s/^/     [hand] /" | head -4
+
+# 7. the serving path: a streamed greedy completion while a worker is killed
 (cd tests/integration && PYTHONDONTWRITEBYTECODE=1 timeout 150 /usr/bin/python3 serve_failover.py \
     "$(cd ../.. && pwd)" "$build") || fail=1
 
