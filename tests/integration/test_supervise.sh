@@ -35,6 +35,15 @@ timeout 120 "$run" "${common[@]}" --dump-logits "$tmp/local.json" 2>"$tmp/local.
 worker_pid() { # err-file id
     sed -n "s/.*worker $2 registered (pid \([0-9]*\).*/\1/p" "$1" | tail -1
 }
+# the outcome of a run with a failure: it succeeded, the failure was seen
+# (the log matches PATTERN) and the logits are the local backend's
+verdict() { # name rc err-file pattern out-json what
+    if [ "$2" -ne 0 ]; then bad "$1: ecs-run failed (rc $2): $(tail -3 "$3")"
+    elif ! grep -q "$4" "$3"; then bad "$1: the failure was not seen (no '$4' in the log)"
+    elif cmp -s "$tmp/local.json" "$5"; then ok "$1: $6: logits identical to the local backend"
+    else bad "$1: logits differ after: $6"; fi
+    grep -E "declared dead|sent again|is back|reloaded" "$3" | sed "s/^/     [$1] /" | head -6
+}
 # waits until the run has done some steps (its workers answered calls)
 wait_started() { # err-file id
     for _ in $(seq 100); do
@@ -53,19 +62,9 @@ for case in "replica:--replication 2" "restart:"; do
     r=$!; pids+=("$r")
     wait_started "$out.err" w1 || bad "$name: workers did not start: $(tail -3 "$out.err")"
     victim=$(worker_pid "$out.err" w1)
-    t_kill=$(date +%s%N)
     kill -9 "$victim"
     wait "$r"; rc=$?
-    if [ $rc -ne 0 ]; then
-        bad "$name: ecs-run failed (rc $rc) after worker w1 (pid $victim) was killed: $(tail -3 "$out.err")"
-    elif ! grep -q "worker w1 declared dead" "$out.err"; then
-        bad "$name: the run ended before the kill took effect (no death was seen)"
-    elif cmp -s "$tmp/local.json" "$out"; then
-        ok "$name: kill -9 of w1 mid-run: logits identical to the local backend"
-    else
-        bad "$name: logits differ after the kill"
-    fi
-    grep -E "declared dead|sent again|is back|reloaded" "$out.err" | sed "s/^/     [$name] /" | head -6
+    verdict "$name" $rc "$out.err" "worker w1 declared dead" "$out" "kill -9 of w1 (pid $victim) mid-run"
     [ "$name" = restart ] && { grep -q "w1 is back (restarted" "$out.err" \
         && ok "restart: w1 was restarted and got its experts back" \
         || bad "restart: no restart of w1 seen"; }
@@ -84,16 +83,8 @@ for _ in $(seq 100); do grep -q "w1 declared dead" "$out.err" && break; sleep 0.
 t1=$(date +%s%N)
 kill -CONT "$victim"
 wait "$r"; rc=$?
-if [ $rc -ne 0 ]; then
-    bad "stop: ecs-run failed: $(tail -3 "$out.err")"
-elif ! grep -q "w1 declared dead: silent" "$out.err"; then
-    bad "stop: the stopped worker was not declared dead by the liveness check"
-elif cmp -s "$tmp/local.json" "$out"; then
-    ok "stop: SIGSTOP until declared dead ($(( (t1 - t0) / 1000000 )) ms), SIGCONT: logits identical"
-else
-    bad "stop: logits differ"
-fi
-grep -E "declared dead|sent again|is back" "$out.err" | sed "s/^/     [stop] /" | head -4
+verdict stop $rc "$out.err" "w1 declared dead: silent" "$out" \
+    "SIGSTOP until declared dead by the liveness check ($(( (t1 - t0) / 1000000 )) ms), SIGCONT"
 grep -q "w1 is back (speaking again" "$out.err" && ok "stop: w1 taken back after SIGCONT" \
     || echo "     [stop] (the run ended before w1 spoke again)"
 
@@ -172,16 +163,8 @@ for _ in $(seq 100); do grep -q "h1 declared dead" "$out.err" && break; sleep 0.
     --listen 'tcp://127.0.0.1:*' 2>"$tmp/h1b.err" &
 pids+=($!)
 wait "$r"; rc=$?
-if [ $rc -ne 0 ]; then
-    bad "hand: ecs-run failed: $(tail -3 "$out.err")"
-elif ! grep -q "h1 declared dead: its data connection dropped" "$out.err"; then
-    bad "hand: the killed worker's dropped connection was not seen: $(grep 'h1 declared' "$out.err")"
-elif cmp -s "$tmp/local.json" "$out"; then
-    ok "hand: kill -9 of a tcp worker, restarted by hand with its id: logits identical"
-else
-    bad "hand: logits differ"
-fi
-grep -E "declared dead|sent again|is back" "$out.err" | sed "s/^/     [hand] /" | head -4
+verdict hand $rc "$out.err" "h1 declared dead: its data connection dropped" "$out" \
+    "kill -9 of a tcp worker, restarted by hand with its id"
 
 # 7. the serving path: a streamed greedy completion while a worker is killed
 (cd tests/integration && PYTHONDONTWRITEBYTECODE=1 timeout 150 /usr/bin/python3 serve_failover.py \
