@@ -248,7 +248,8 @@ int dispatch_on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t
         *renewed = true;
     }
     dispatch_worker_t *w = &d->w[wi];
-    snprintf(w->id, sizeof w->id, "%s", h->worker_id);
+    if (!w->id[0]) /* the model thread reads it: written once */
+        snprintf(w->id, sizeof w->id, "%s", h->worker_id);
     snprintf(w->endpoint, sizeof w->endpoint, "%s", h->data_endpoint);
     w->route = *from;
     w->pid = (int)h->pid;
@@ -272,7 +273,8 @@ void dispatch_heartbeat_all(dispatch_t *d, uint64_t now)
         dispatch_worker_t *w = &d->w[i];
         if (atomic_load(&w->state) == DW_FAILED || now - w->last_hb_ms < DISPATCH_HEARTBEAT_MS)
             continue;
-        wire_msg_t m = {.kind = WIRE_HEARTBEAT, .heartbeat = {.seq = now, .time_ns = now * 1000000u}};
+        wire_msg_t m = {.kind = WIRE_HEARTBEAT,
+                        .heartbeat = {.seq = ++d->hb_seq, .time_ns = now * 1000000u}};
         mux_ctrl_send(d->mux, &w->route, &m);
         w->last_hb_ms = now;
     }

@@ -81,6 +81,7 @@ struct dispatch {
     char bin[4096];             /* the worker program */
     pthread_cond_t cond;        /* state changes, with lock */
     uint64_t state_gen;         /* under lock */
+    uint64_t hb_seq;            /* heartbeats sent (the thread that owns control) */
     pthread_t ctl;              /* drains control messages while serving */
     bool ctl_started;
     atomic_bool stop;

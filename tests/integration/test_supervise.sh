@@ -7,7 +7,8 @@
 # backed off, reported, and the run fails with an error naming the missing
 # experts instead of hanging; ecs-coordinator streams a greedy completion
 # while a worker is killed and the text is the fault-free one. Logits must equal the local backend's bit for
-# bit. Prints the failover figures (detection, re-send, restart + load).
+# bit; a step whose experts have no holder for --call-timeout fails naming
+# them. Prints the failover figures (detection, re-send, restart + load).
 # usage: tests/integration/test_supervise.sh BUILD_DIR   (from the repo root)
 set -u
 build=${1:?usage: test_supervise.sh BUILD_DIR}
@@ -81,7 +82,7 @@ t0=$(date +%s%N)
 kill -STOP "$victim"
 for _ in $(seq 100); do grep -q "w1 declared dead" "$out.err" && break; sleep 0.05; done
 t1=$(date +%s%N)
-kill -CONT "$victim"
+kill -CONT "$victim" 2>/dev/null
 wait "$r"; rc=$?
 verdict stop $rc "$out.err" "w1 declared dead: silent" "$out" \
     "SIGSTOP until declared dead by the liveness check ($(( (t1 - t0) / 1000000 )) ms), SIGCONT"
@@ -117,6 +118,25 @@ else
     ok "loop: crash loop reported after $restarts restarts, run failed in $(( (t1 - t0) / 1000000 )) ms: $(grep -o 'experts missing.*' "$out.err" | head -1 | cut -c1-160)"
 fi
 grep -E "restarting worker w1" "$out.err" | sed 's/^/     [loop] /'
+
+# 4b. a worker stopped for good, no replica, --call-timeout 3000: the step
+#     fails at its deadline naming the missing experts and their holder
+out="$tmp/deadline.json"
+timeout 120 "$run" "${common[@]}" --dump-logits "$out" --spawn-workers 2 --worker-threads 1 \
+    --call-timeout 3000 2>"$out.err" &
+r=$!; pids+=("$r")
+wait_started "$out.err" w1 || bad "deadline: workers did not start"
+victim=$(worker_pid "$out.err" w1)
+kill -STOP "$victim"
+wait "$r"; rc=$?
+kill -CONT "$victim" 2>/dev/null
+if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
+    bad "deadline: ecs-run rc $rc (want a failure at the deadline)"
+elif grep -q "no answer in 3000 ms; .* experts missing (layer/expert): [0-9]*/[0-9]* (w1 dead" "$out.err"; then
+    ok "deadline: the step failed at its deadline: $(grep -o 'no answer in.*' "$out.err" | head -1 | cut -c1-150)"
+else
+    bad "deadline: unclear error: $(tail -2 "$out.err")"
+fi
 
 # 5. the coordinator goes away and another comes up on the same endpoint:
 #    a worker started by hand registers again with it and serves
