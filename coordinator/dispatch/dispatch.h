@@ -99,7 +99,8 @@ typedef struct {
     dispatch_weighting_t weighting;
     const char *placement_file; /* explicit placement (worker ids); NULL: made */
     int start_timeout_ms;       /* registration and loading; 0: 300 s */
-    int call_timeout_ms;        /* a layer's calls; 0: 120 s */
+    int call_timeout_ms;        /* how long a layer waits for its experts' answers, re-sends
+                                 * to a replica or a restarted worker included; 0: 120 s */
     bool quiet;                 /* log only errors */
 } dispatch_opts_t;
 
@@ -112,6 +113,10 @@ typedef struct dispatch dispatch_t;
  * the workers. Fails, saying which experts have no holder, when a worker
  * refuses its assignment (over its budget) or the wait times out. */
 ecs_err_t dispatch_start(model_t *m, const dispatch_opts_t *o, dispatch_t **out);
+/* While m runs, a control thread supervises the workers: a worker that
+ * dies (silent for WIRE_LIVENESS heartbeats, exited, its connection
+ * dropped) has its calls re-sent to a live replica or held until it is
+ * back; spawned workers are restarted with backoff (supervise.c). */
 /* m back to its local experts; workers it spawned are stopped (SIGTERM,
  * then SIGKILL), by pid. */
 void dispatch_free(dispatch_t *d);
