@@ -199,6 +199,15 @@ static void do_connect(mux_t *m, cmd_t *c)
         cmd_done(m, c, ECS_ERR_IO, msg);
         return;
     }
+    /* the connection's drops, seen at once (a dead worker's socket closes
+     * before any heartbeat is missed); without a monitor, no drops */
+    char mon[64];
+    snprintf(mon, sizeof mon, "inproc://mux-mon-%p-%d", (void *)m, n);
+    if (zmq_socket_monitor(s, mon, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0 &&
+        (p->mon = zmq_socket(m->zctx, ZMQ_PAIR)) && zmq_connect(p->mon, mon) != 0) {
+        zmq_close(p->mon);
+        p->mon = NULL;
+    }
     p->sock = s;
     snprintf(p->endpoint, sizeof p->endpoint, "%s", c->endpoint);
     atomic_store(&p->connected, true);
@@ -216,8 +225,43 @@ static void peer_close(mux_t *m, int id, const char *why)
     atomic_store(&p->connected, false);
     p->pend_head = p->pend_tail = NULL; /* those calls are in the table too */
     table_fail(m, id, why);
+    zmq_socket_monitor(p->sock, NULL, 0);
     zmq_close(p->sock);
     p->sock = NULL;
+    if (p->mon)
+        zmq_close(p->mon);
+    p->mon = NULL;
+}
+
+/* One monitor event of peer id: a DISCONNECTED after a CONNECTED counts a
+ * drop (ZeroMQ keeps reconnecting; the caller decides what a drop means). */
+static void monitor_in(mux_t *m, int id)
+{
+    peer_t *p = m->peers[id];
+    for (int i = 0; i < MUX_BATCH && p->mon; i++) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, p->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&ev) >= 2)
+            memcpy(&event, zmq_msg_data(&ev), 2);
+        const bool more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        if (more) { /* the endpoint frame */
+            zmq_msg_init(&addr);
+            zmq_msg_recv(&addr, p->mon, ZMQ_DONTWAIT);
+            zmq_msg_close(&addr);
+        }
+        if (event == ZMQ_EVENT_CONNECTED) {
+            p->was_connected = true;
+        } else if (event == ZMQ_EVENT_DISCONNECTED && p->was_connected) {
+            p->was_connected = false;
+            ADD(p->drops, 1);
+        }
+    }
 }
 
 static void do_ctrl_send(mux_t *m, cmd_t *c)
@@ -467,6 +511,10 @@ static int build_items(mux_t *m)
         m->items[n] = (zmq_pollitem_t){.socket = p->sock,
                                        .events = ZMQ_POLLIN | (p->pend_head ? ZMQ_POLLOUT : 0)};
         m->item_peer[n++] = i;
+        if (p->mon) {
+            m->items[n] = (zmq_pollitem_t){.socket = p->mon, .events = ZMQ_POLLIN};
+            m->item_peer[n++] = -3 - i;
+        }
     }
     return n;
 }
@@ -492,6 +540,9 @@ void *mux_io_main(void *arg)
                 drain_queue(m);
             } else if (who == -2) {
                 ctrl_in(m);
+            } else if (who <= -3) {
+                if (m->peers[-3 - who]->sock)
+                    monitor_in(m, -3 - who);
             } else {
                 if (rev & ZMQ_POLLIN)
                     data_in(m, who);

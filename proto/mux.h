@@ -167,6 +167,10 @@ ecs_err_t mux_peer_stats(mux_t *m, int peer, mux_peer_stats_t *out);
 /* Calls in flight on peer right now (cheap: for picking the least busy);
  * UINT32_MAX for an id that was never connected. */
 uint32_t mux_peer_inflight(mux_t *m, int peer);
+/* How many times the peer's connection was lost after it had been made
+ * (a ZeroMQ socket monitor: the worker's process or link went away; ZeroMQ
+ * keeps reconnecting). 0 for an id never connected. */
+uint64_t mux_peer_drops(mux_t *m, int peer);
 /* The latency below which fraction q of the histogram's round trips fall
  * (upper bucket edge, us); 0 if empty. */
 uint64_t mux_latency_quantile(const uint64_t hist[MUX_LAT_BUCKETS], double q);

@@ -325,6 +325,12 @@ uint32_t mux_peer_inflight(mux_t *m, int peer)
     return p ? (uint32_t)LOAD(p->calls_in_flight) : UINT32_MAX;
 }
 
+uint64_t mux_peer_drops(mux_t *m, int peer)
+{
+    peer_t *p = mux_get_peer(m, peer);
+    return p ? LOAD(p->drops) : 0;
+}
+
 uint64_t mux_latency_quantile(const uint64_t hist[MUX_LAT_BUCKETS], double q)
 {
     uint64_t total = 0, acc = 0;

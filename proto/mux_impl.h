@@ -62,6 +62,9 @@ typedef struct {
         errors_received;
     _Atomic uint64_t lat[MUX_LAT_BUCKETS];
     mux_call_t *pend_head, *pend_tail; /* waiting for room below the HWM (I/O thread) */
+    void *mon;                 /* PAIR receiving sock's connect/disconnect events (I/O thread) */
+    bool was_connected;        /* I/O thread */
+    _Atomic uint64_t drops;    /* connections lost after being made */
     char last_error[256];      /* under m->lock */
 } peer_t;
 
@@ -94,8 +97,8 @@ struct mux {
     struct { uint64_t id; int peer; } recent[MUX_RECENT];
     unsigned recent_pos;
     bool stopping;
-    zmq_pollitem_t items[MUX_MAX_PEERS + 2];
-    int item_peer[MUX_MAX_PEERS + 2];
+    zmq_pollitem_t items[2 * MUX_MAX_PEERS + 2];
+    int item_peer[2 * MUX_MAX_PEERS + 2]; /* -1 eventfd, -2 control, >= 0 peer, <= -3 monitor */
 };
 
 #define RELAXED memory_order_relaxed

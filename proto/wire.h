@@ -57,6 +57,10 @@
 #define WIRE_VERSION 1u        /* highest protocol version this build speaks */
 #define WIRE_VERSION_MIN 1u    /* lowest one */
 #define WIRE_HEADER_SIZE 12u
+/* Heartbeat intervals (Welcome.heartbeat_ms) a peer may stay silent before
+ * the other side declares it gone: the coordinator declares the worker
+ * dead, the worker registers again. Sane range 3-10. */
+#define WIRE_LIVENESS 4u
 /* The transport (mux.h) hands out every payload (a call's rows on the
  * worker, a result's rows on the coordinator) at an address aligned to
  * this; wire_decode itself takes the frames where they are. */

@@ -4,8 +4,12 @@
  * and the control DEALER, so calls, control messages and ticks are handled
  * in turn and no socket is shared. Compute inside a call uses the pool.
  *
- * Until the coordinator's Welcome arrives the worker repeats its Hello
- * every WORKER_HELLO_MS (the coordinator may start after it). A refusal
+ * Until the coordinator's Welcome arrives the worker repeats its Hello,
+ * WORKER_HELLO_MS apart at first and doubling up to WORKER_HELLO_MAX_MS
+ * (the coordinator may start after it, or be gone for a while). The
+ * coordinator heartbeats too: silent for WIRE_LIVENESS of its intervals,
+ * it is taken for gone and the worker registers again, keeping the experts
+ * it holds and serving calls meanwhile. A refusal
  * for good (another model, no common version) ends worker_run with the
  * coordinator's reason; any other Error is logged and serving goes on. */
 #include <errno.h>
@@ -20,7 +24,8 @@
 #include "worker/worker.h"
 #include "worker/worker_int.h"
 
-#define WORKER_HELLO_MS 1000
+#define WORKER_HELLO_MS 500
+#define WORKER_HELLO_MAX_MS 8000
 #define WORKER_TICK_MS 100
 
 struct worker {
@@ -35,7 +40,8 @@ struct worker {
     shard_t shard;
     bool welcomed;
     uint32_t heartbeat_ms;
-    uint64_t hb_seq, last_sent_ns;
+    uint64_t hb_seq, last_sent_ns, last_recv_ns;
+    uint64_t hello_gap_ms;
     ecs_err_t fatal;
     char fatal_msg[512];
 };
@@ -86,6 +92,9 @@ static void send_hello(worker_t *w)
                               .device = w->device,
                               .data_endpoint = w->listen}};
     send_msg(w, &m);
+    w->hello_gap_ms = w->hello_gap_ms ? w->hello_gap_ms * 2 : WORKER_HELLO_MS;
+    if (w->hello_gap_ms > WORKER_HELLO_MAX_MS)
+        w->hello_gap_ms = WORKER_HELLO_MAX_MS;
 }
 
 static void send_error(worker_t *w, wire_status_t code, wire_kind_t about, const char *msg)
@@ -118,15 +127,18 @@ static void on_ctrl(void *ctx, int conn, const wire_msg_t *m)
 {
     worker_t *w = ctx;
     (void)conn;
+    w->last_recv_ns = now_ns(); /* any message is a sign of life */
     switch (m->kind) {
     case WIRE_WELCOME:
         w->welcomed = true;
+        w->hello_gap_ms = 0;
         w->heartbeat_ms = m->welcome.heartbeat_ms;
         logf_(w, false, "registered with %s (protocol %u)", m->welcome.coordinator_id,
               m->welcome.version);
         break;
     case WIRE_ASSIGN:
         on_assign(w, &m->assign);
+        w->last_recv_ns = now_ns(); /* nothing was read while loading */
         break;
     case WIRE_ERROR:
         if (m->error.code == WIRE_ST_FINGERPRINT || m->error.code == WIRE_ST_VERSION) {
@@ -152,8 +164,17 @@ static void on_tick(void *ctx)
 {
     worker_t *w = ctx;
     const uint64_t t = now_ns();
+    if (w->welcomed && w->heartbeat_ms &&
+        t - w->last_recv_ns > (uint64_t)w->heartbeat_ms * WIRE_LIVENESS * 1000000u) {
+        logf_(w, true, "the coordinator has been silent for %llu ms: registering again",
+              (unsigned long long)((t - w->last_recv_ns) / 1000000u));
+        w->welcomed = false;
+        w->hello_gap_ms = 0;
+        send_hello(w);
+        return;
+    }
     if (!w->welcomed) {
-        if (t - w->last_sent_ns >= (uint64_t)WORKER_HELLO_MS * 1000000u)
+        if (t - w->last_sent_ns >= w->hello_gap_ms * 1000000u)
             send_hello(w);
         return;
     }

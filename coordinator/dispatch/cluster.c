@@ -1,12 +1,11 @@
 /* cluster.c - bringing up the expert workers: spawning local ones,
- * registration (version, fingerprint, unique id), placement, assignment,
- * and a control thread that keeps draining the control socket while the
- * model serves.
+ * registration (version, fingerprint, unique id), placement, assignment.
  *
  * Registration runs on the thread that calls dispatch_start(); after it
- * the control thread is the only reader of control messages. A spawned
- * worker that exits before it registers fails the start at once, with its
- * exit status, instead of waiting out the timeout. */
+ * the control thread (supervise.c) is the only reader of control messages
+ * and the only one that spawns or reaps workers. A spawned worker that
+ * exits before the first start-up is done fails the start at once, with
+ * its exit status, instead of waiting out the timeout. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -23,17 +22,17 @@
 #include "common/hash.h"
 #include "coordinator/dispatch/dispatch_int.h"
 
-#define CLUSTER_HEARTBEAT_MS 1000
-
-static uint64_t now_ms(void)
+uint64_t dispatch_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static void logmsg(const dispatch_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void logmsg(const dispatch_t *d, const char *fmt, ...)
+#define now_ms dispatch_now_ms
+#define logmsg dispatch_log
+
+void dispatch_log(const dispatch_t *d, const char *fmt, ...)
 {
     if (d->o.quiet)
         return;
@@ -69,73 +68,94 @@ static ecs_err_t worker_path(const dispatch_t *d, char *out, size_t cap)
     return ECS_OK;
 }
 
-static ecs_err_t spawn(dispatch_t *d, const char *bin)
+static int spawn_threads(const dispatch_t *d)
+{
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int n = d->o.spawn_workers;
+    if (d->o.worker_threads > 0)
+        return d->o.worker_threads;
+    return cores / n > 0 ? (int)(cores / n) : 1;
+}
+
+/* Starts spawned worker i (id w<i>). */
+ecs_err_t dispatch_spawn_one(dispatch_t *d, int i)
+{
+    const char *bin = d->bin, *model = gguf_path(model_gguf(d->m));
+    char id[16], th[16];
+    snprintf(id, sizeof id, "w%d", i);
+    snprintf(th, sizeof th, "%d", spawn_threads(d));
+    const char *argv[16] = {bin, "-m", model, "--coordinator", mux_control_endpoint(d->mux),
+                            "--id", id, "--threads", th};
+    int a = 9;
+    if (d->o.worker_budget) {
+        argv[a++] = "--mem-budget";
+        argv[a++] = d->o.worker_budget;
+    }
+    if (d->o.worker_repack && !d->o.worker_repack[0]) {
+        argv[a++] = "--no-repack";
+    } else if (d->o.worker_repack) {
+        argv[a++] = "--repack";
+        argv[a++] = d->o.worker_repack;
+    }
+    if (d->o.quiet)
+        argv[a++] = "-q";
+    argv[a] = NULL;
+    const pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0)
+        return ecs_error(ECS_ERR_IO, "dispatch: fork: %s", strerror(errno));
+    if (pid == 0) {
+        /* the worker goes when this process goes, however it goes */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(127);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    dispatch_child_t *c = &d->children[i];
+    c->pid = pid;
+    c->started_ms = now_ms();
+    c->ready = false;
+    return ECS_OK;
+}
+
+static ecs_err_t spawn(dispatch_t *d)
 {
     const int n = d->o.spawn_workers;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = d->o.worker_threads;
-    if (threads <= 0)
-        threads = cores / n > 0 ? (int)(cores / n) : 1;
-    d->spawned = calloc((size_t)n, sizeof *d->spawned);
-    if (!d->spawned)
+    d->children = calloc((size_t)n, sizeof *d->children);
+    if (!d->children)
         return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory");
-    const char *model = gguf_path(model_gguf(d->m));
     for (int i = 0; i < n; i++) {
-        char id[16], th[16];
-        snprintf(id, sizeof id, "w%d", i);
-        snprintf(th, sizeof th, "%d", threads);
-        const char *argv[16] = {bin, "-m", model, "--coordinator", mux_control_endpoint(d->mux),
-                                "--id", id, "--threads", th};
-        int a = 9;
-        if (d->o.worker_budget) {
-            argv[a++] = "--mem-budget";
-            argv[a++] = d->o.worker_budget;
-        }
-        if (d->o.worker_repack && !d->o.worker_repack[0]) {
-            argv[a++] = "--no-repack";
-        } else if (d->o.worker_repack) {
-            argv[a++] = "--repack";
-            argv[a++] = d->o.worker_repack;
-        }
-        if (d->o.quiet)
-            argv[a++] = "-q";
-        argv[a] = NULL;
-        const pid_t parent = getpid();
-        pid_t pid = fork();
-        if (pid < 0)
-            return ecs_error(ECS_ERR_IO, "dispatch: fork: %s", strerror(errno));
-        if (pid == 0) {
-            /* the worker goes when this process goes, however it goes */
-            prctl(PR_SET_PDEATHSIG, SIGTERM);
-            if (getppid() != parent)
-                _exit(127);
-            execv(bin, (char *const *)argv);
-            fprintf(stderr, "dispatch: cannot start %s: %s\n", bin, strerror(errno));
-            _exit(127);
-        }
-        d->spawned[d->n_spawned++] = pid;
+        d->children[i].backoff_ms = DISPATCH_RESTART_MIN_MS;
+        ecs_err_t rc = dispatch_spawn_one(d, i);
+        if (rc != ECS_OK)
+            return rc;
+        d->n_spawned++;
     }
-    logmsg(d, "started %d workers (%s, %d threads each)", n, bin, threads);
+    logmsg(d, "started %d workers (%s, %d threads each)", n, d->bin, spawn_threads(d));
     return ECS_OK;
 }
 
 static void stop_spawned(dispatch_t *d)
 {
     for (int i = 0; i < d->n_spawned; i++)
-        if (d->spawned[i] > 0)
-            kill(d->spawned[i], SIGTERM);
+        if (d->children[i].pid > 0) {
+            kill(d->children[i].pid, SIGTERM);
+            kill(d->children[i].pid, SIGCONT); /* a stopped one too */
+        }
     const uint64_t deadline = now_ms() + 5000;
     for (int i = 0; i < d->n_spawned; i++) {
-        while (d->spawned[i] > 0) {
-            pid_t r = waitpid(d->spawned[i], NULL, WNOHANG);
-            if (r == d->spawned[i] || (r < 0 && errno != EINTR)) {
-                d->spawned[i] = 0;
+        pid_t *pid = &d->children[i].pid;
+        while (*pid > 0) {
+            pid_t r = waitpid(*pid, NULL, WNOHANG);
+            if (r == *pid || (r < 0 && errno != EINTR)) {
+                *pid = 0;
                 break;
             }
             if (now_ms() > deadline) {
-                kill(d->spawned[i], SIGKILL);
-                waitpid(d->spawned[i], NULL, 0);
-                d->spawned[i] = 0;
+                kill(*pid, SIGKILL);
+                waitpid(*pid, NULL, 0);
+                *pid = 0;
                 break;
             }
             usleep(10000);
@@ -148,14 +168,15 @@ static bool spawned_died(dispatch_t *d, char *why, size_t cap)
 {
     for (int i = 0; i < d->n_spawned; i++) {
         int st;
-        if (d->spawned[i] > 0 && waitpid(d->spawned[i], &st, WNOHANG) == d->spawned[i]) {
+        const pid_t pid = d->children[i].pid;
+        if (pid > 0 && waitpid(pid, &st, WNOHANG) == pid) {
             if (WIFEXITED(st))
                 snprintf(why, cap, "worker w%d (pid %d) exited with status %d at start", i,
-                         (int)d->spawned[i], WEXITSTATUS(st));
+                         (int)pid, WEXITSTATUS(st));
             else
                 snprintf(why, cap, "worker w%d (pid %d) was killed by signal %d at start", i,
-                         (int)d->spawned[i], WTERMSIG(st));
-            d->spawned[i] = 0;
+                         (int)pid, WTERMSIG(st));
+            d->children[i].pid = 0;
             return true;
         }
     }
@@ -169,7 +190,7 @@ static void send_error(dispatch_t *d, const mux_route_t *to, wire_status_t code,
     mux_ctrl_send(d->mux, to, &m);
 }
 
-static int find_worker(const dispatch_t *d, const char *id)
+int dispatch_find_worker(const dispatch_t *d, const char *id)
 {
     for (int i = 0; i < d->n_workers; i++)
         if (!strcmp(d->w[i].id, id))
@@ -177,9 +198,10 @@ static int find_worker(const dispatch_t *d, const char *id)
     return -1;
 }
 
-/* Checks a Hello and records the worker, or refuses it with an Error. */
-static void on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t *h, int cap)
+int dispatch_on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t *h, int cap,
+                      bool *renewed)
 {
+    *renewed = false;
     char msg[512];
     const uint32_t v = wire_negotiate(h->min_version, h->max_version, WIRE_VERSION_MIN,
                                       WIRE_VERSION);
@@ -188,7 +210,7 @@ static void on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t 
                  h->worker_id, h->min_version, h->max_version, WIRE_VERSION_MIN, WIRE_VERSION);
         send_error(d, from, WIRE_ST_VERSION, WIRE_HELLO, msg);
         logmsg(d, "refused: %s", msg);
-        return;
+        return -1;
     }
     if (h->fingerprint_len != sizeof d->fp || memcmp(h->fingerprint, d->fp, sizeof d->fp)) {
         char mine[17], theirs[17] = "?";
@@ -199,36 +221,63 @@ static void on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t 
                  "coordinator (%s...)", h->worker_id, theirs, mine);
         send_error(d, from, WIRE_ST_FINGERPRINT, WIRE_HELLO, msg);
         logmsg(d, "refused: %s", msg);
-        return;
+        return -1;
     }
-    int wi = find_worker(d, h->worker_id);
+    int wi = dispatch_find_worker(d, h->worker_id);
     if (wi < 0) {
         if (d->n_workers >= cap || strlen(h->worker_id) >= PLACEMENT_ID_MAX) {
             send_error(d, from, WIRE_ST_BAD_MESSAGE, WIRE_HELLO,
                        "no room for another worker (or its id is too long)");
-            return;
+            return -1;
         }
         wi = d->n_workers++;
+        atomic_init(&d->w[wi].peer, -1);
+        atomic_init(&d->w[wi].state, DW_LOADING);
+        d->w[wi].child = -1;
+        if (!strncmp(h->worker_id, "w", 1) && d->n_spawned)
+            for (int i = 0; i < d->n_spawned; i++) {
+                char cid[16];
+                snprintf(cid, sizeof cid, "w%d", i);
+                if (!strcmp(cid, h->worker_id))
+                    d->w[wi].child = i;
+            }
     } else if (d->w[wi].pid != (int)h->pid) {
-        /* the same id from another process: the newer one wins only
-         * before assignment; afterwards that is supervision's business */
+        /* the same id from another process: a restart (the newer one wins) */
         logmsg(d, "worker %s registered again (pid %d, was %d)", h->worker_id, (int)h->pid,
                d->w[wi].pid);
+        *renewed = true;
     }
     dispatch_worker_t *w = &d->w[wi];
-    snprintf(w->id, sizeof w->id, "%s", h->worker_id);
+    if (!w->id[0]) /* the model thread reads it: written once */
+        snprintf(w->id, sizeof w->id, "%s", h->worker_id);
     snprintf(w->endpoint, sizeof w->endpoint, "%s", h->data_endpoint);
     w->route = *from;
     w->pid = (int)h->pid;
     w->threads = (int)h->threads;
     w->mem_budget = h->mem_budget;
-    w->peer = -1;
+    w->last_seen_ms = w->last_hb_ms = now_ms();
     wire_msg_t m = {.kind = WIRE_WELCOME,
                     .welcome = {.version = v, .coordinator_id = "ecs-coordinator",
-                                .heartbeat_ms = CLUSTER_HEARTBEAT_MS}};
+                                .heartbeat_ms = DISPATCH_HEARTBEAT_MS}};
     mux_ctrl_send(d->mux, from, &m);
     logmsg(d, "worker %s registered (pid %d, %d threads, data %s)", w->id, w->pid, w->threads,
            w->endpoint);
+    return wi;
+}
+
+/* Heartbeats to the workers not heard from in an interval (any message
+ * counts, both ways). */
+void dispatch_heartbeat_all(dispatch_t *d, uint64_t now)
+{
+    for (int i = 0; i < d->n_workers; i++) {
+        dispatch_worker_t *w = &d->w[i];
+        if (atomic_load(&w->state) == DW_FAILED || now - w->last_hb_ms < DISPATCH_HEARTBEAT_MS)
+            continue;
+        wire_msg_t m = {.kind = WIRE_HEARTBEAT,
+                        .heartbeat = {.seq = ++d->hb_seq, .time_ns = now * 1000000u}};
+        mux_ctrl_send(d->mux, &w->route, &m);
+        w->last_hb_ms = now;
+    }
 }
 
 static ecs_err_t wait_registrations(dispatch_t *d, int want, uint64_t deadline)
@@ -244,8 +293,10 @@ static ecs_err_t wait_registrations(dispatch_t *d, int want, uint64_t deadline)
         wire_msg_t m;
         if (mux_ctrl_recv(d->mux, &from, &m, 100) != ECS_OK)
             continue;
+        bool renewed;
         if (m.kind == WIRE_HELLO)
-            on_hello(d, &from, &m.hello, want);
+            dispatch_on_hello(d, &from, &m.hello, want, &renewed);
+        dispatch_heartbeat_all(d, now_ms());
         wire_msg_clear(&m);
     }
     return ECS_OK;
@@ -271,7 +322,7 @@ static ecs_err_t make_placement(dispatch_t *d)
     return placement_make(&s, pw, d->n_workers, repl, &d->pl);
 }
 
-static ecs_err_t send_assign(dispatch_t *d, int wi)
+ecs_err_t dispatch_send_assign(dispatch_t *d, int wi)
 {
     const int n = placement_held(d->pl, wi);
     int32_t *pairs = malloc(2 * (size_t)(n > 0 ? n : 1) * sizeof *pairs);
@@ -288,7 +339,7 @@ static ecs_err_t send_assign(dispatch_t *d, int wi)
         es[i] = (uint32_t)pairs[2 * i + 1];
     }
     wire_msg_t m = {.kind = WIRE_ASSIGN,
-                    .assign = {.generation = 1, .n = (size_t)n, .layers = ls, .experts = es}};
+                    .assign = {.generation = (uint64_t)d->w[wi].deaths + 1, .n = (size_t)n, .layers = ls, .experts = es}};
     if ((rc = mux_ctrl_send(d->mux, &d->w[wi].route, &m)) != ECS_OK)
         rc = ecs_error(rc, "dispatch: assigning worker %s: %s", d->w[wi].id, ecs_errmsg());
 done:
@@ -336,12 +387,15 @@ static ecs_err_t wait_ready(dispatch_t *d, uint64_t deadline)
                              d->n_workers);
         mux_route_t from;
         wire_msg_t m;
+        dispatch_heartbeat_all(d, now_ms());
         if (mux_ctrl_recv(d->mux, &from, &m, 100) != ECS_OK)
             continue;
         int wi = -1;
         for (int i = 0; i < d->n_workers; i++)
             if (d->w[i].route.len == from.len && !memcmp(d->w[i].route.id, from.id, from.len))
                 wi = i;
+        if (wi >= 0)
+            d->w[wi].last_seen_ms = now_ms();
         if (wi >= 0 && m.kind == WIRE_READY && !d->w[wi].ready) {
             d->w[wi].ready = true;
             d->w[wi].bytes_held = m.ready.bytes_mapped;
@@ -369,22 +423,6 @@ static ecs_err_t wait_ready(dispatch_t *d, uint64_t deadline)
     return ECS_OK;
 }
 
-static void *control_loop(void *arg)
-{
-    dispatch_t *d = arg;
-    while (!atomic_load(&d->stop)) {
-        mux_route_t from;
-        wire_msg_t m;
-        if (mux_ctrl_recv(d->mux, &from, &m, 200) != ECS_OK)
-            continue;
-        if (m.kind == WIRE_ERROR)
-            fprintf(stderr, "dispatch: a worker says %s: %s\n", wire_status_name(m.error.code),
-                    m.error.message);
-        wire_msg_clear(&m);
-    }
-    return NULL;
-}
-
 ecs_err_t dispatch_cluster_start(dispatch_t *d)
 {
     char ep[300];
@@ -402,9 +440,8 @@ ecs_err_t dispatch_cluster_start(dispatch_t *d)
         return ecs_error(rc, "dispatch: control endpoint %s: %s", bind, ecs_errmsg());
     const int timeout = d->o.start_timeout_ms > 0 ? d->o.start_timeout_ms : 300000;
     const uint64_t deadline = now_ms() + (uint64_t)timeout;
-    char bin[PATH_MAX];
     if (d->o.spawn_workers > 0 &&
-        ((rc = worker_path(d, bin, sizeof bin)) != ECS_OK || (rc = spawn(d, bin)) != ECS_OK))
+        ((rc = worker_path(d, d->bin, sizeof d->bin)) != ECS_OK || (rc = spawn(d)) != ECS_OK))
         return rc;
     int want = d->o.min_workers > 0 ? d->o.min_workers
                : d->o.spawn_workers > 0 ? d->o.spawn_workers : 1;
@@ -418,15 +455,22 @@ ecs_err_t dispatch_cluster_start(dispatch_t *d)
     if ((rc = wait_registrations(d, want, deadline)) != ECS_OK || (rc = make_placement(d)))
         return rc;
     for (int i = 0; i < d->n_workers; i++)
-        if ((rc = send_assign(d, i)) != ECS_OK)
+        if ((rc = dispatch_send_assign(d, i)) != ECS_OK)
             return rc;
     if ((rc = wait_ready(d, deadline)) != ECS_OK)
         return rc;
-    for (int i = 0; i < d->n_workers; i++)
-        if ((rc = mux_peer_connect(d->mux, d->w[i].endpoint, &d->w[i].peer)) != ECS_OK)
+    for (int i = 0; i < d->n_workers; i++) {
+        int peer;
+        if ((rc = mux_peer_connect(d->mux, d->w[i].endpoint, &peer)) != ECS_OK)
             return ecs_error(rc, "dispatch: worker %s's data endpoint %s: %s", d->w[i].id,
                              d->w[i].endpoint, ecs_errmsg());
-    if (pthread_create(&d->ctl, NULL, control_loop, d) != 0)
+        atomic_store(&d->w[i].peer, peer);
+        atomic_store(&d->w[i].state, DW_LIVE);
+        d->w[i].last_seen_ms = now_ms();
+        if (d->w[i].child >= 0)
+            d->children[d->w[i].child].ready = true;
+    }
+    if (pthread_create(&d->ctl, NULL, dispatch_control_loop, d) != 0)
         return ecs_error(ECS_ERR_INTERNAL, "dispatch: cannot start the control thread");
     d->ctl_started = true;
     return ECS_OK;
@@ -440,10 +484,10 @@ void dispatch_cluster_stop(dispatch_t *d)
     d->ctl_started = false;
     mux_free(d->mux);
     d->mux = NULL;
-    if (d->spawned)
+    if (d->children)
         stop_spawned(d);
-    free(d->spawned);
-    d->spawned = NULL;
+    free(d->children);
+    d->children = NULL;
     if (d->dir[0])
         rmdir(d->dir); /* the workers' sockets are gone with them */
 }
@@ -466,6 +510,7 @@ ecs_err_t dispatch_start(model_t *m, const dispatch_opts_t *o, dispatch_t **out)
     d->o = *o;
     d->hp = *model_hparams(m);
     pthread_mutex_init(&d->lock, NULL);
+    pthread_cond_init(&d->cond, NULL);
     gguf_fingerprint(model_gguf(m), d->fp);
     ecs_err_t rc = dispatch_cluster_start(d);
     if (rc == ECS_OK)
@@ -487,13 +532,16 @@ void dispatch_free(dispatch_t *d)
         return;
     if (d->m)
         model_set_experts(d->m, NULL, NULL);
-    for (int i = 0; i < d->n_calls; i++)
-        mux_call_release(d->calls[i]);
-    d->n_calls = 0;
+    for (int i = 0; d->calls && i < d->hp.n_expert; i++)
+        if (d->calls[i]) {
+            mux_call_release(d->calls[i]);
+            d->calls[i] = NULL;
+        }
     dispatch_cluster_stop(d);
     dispatch_buffers_free(d);
     placement_free(d->pl);
     free(d->w);
     pthread_mutex_destroy(&d->lock);
+    pthread_cond_destroy(&d->cond);
     free(d);
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "coordinator/dispatch/dispatch_int.h"
 #include "kernels/moe/moe.h"
@@ -22,10 +23,14 @@ ecs_err_t dispatch_buffers_new(dispatch_t *d)
 {
     const size_t nb = MODEL_MAX_BATCH, k = (size_t)d->hp.n_expert_used;
     const size_t X = (size_t)d->hp.n_expert, E = (size_t)d->hp.n_embd, W = (size_t)d->n_workers;
-    d->calls = calloc(W, sizeof *d->calls);
-    d->call_worker = calloc(W, sizeof *d->call_worker);
-    d->call_first = calloc(W + 1, sizeof *d->call_first);
-    d->pair_of = calloc(nb * k, sizeof *d->pair_of);
+    d->calls = calloc(X, sizeof *d->calls);
+    d->call_worker = calloc(X, sizeof *d->call_worker);
+    d->call_nent = calloc(X, sizeof *d->call_nent);
+    d->pair_call = calloc(nb * k, sizeof *d->pair_call);
+    d->pair_pos = calloc(nb * k, sizeof *d->pair_pos);
+    d->exp_slot = calloc(X, sizeof *d->exp_slot);
+    d->todo = calloc(X, sizeof *d->todo);
+    d->pairs_tmp = calloc(nb * k, sizeof *d->pairs_tmp);
     d->order = calloc(nb * k, sizeof *d->order);
     d->start = calloc(X + 1, sizeof *d->start);
     d->choice = calloc(X, sizeof *d->choice);
@@ -37,21 +42,26 @@ ecs_err_t dispatch_buffers_new(dispatch_t *d)
     d->c_slots = calloc(nb * k, sizeof *d->c_slots);
     d->d = calloc(nb * k * E, sizeof *d->d);
     d->ident = calloc(nb * k, sizeof *d->ident);
-    if (!d->calls || !d->call_worker || !d->call_first || !d->pair_of || !d->order || !d->start ||
-        !d->choice || !d->rows_now || !d->local || !d->c_experts || !d->c_counts || !d->c_rows ||
+    if (!d->calls || !d->call_worker || !d->call_nent || !d->pair_call || !d->pair_pos ||
+        !d->exp_slot || !d->todo || !d->pairs_tmp || !d->order || !d->start || !d->choice ||
+        !d->rows_now || !d->local || !d->c_experts || !d->c_counts || !d->c_rows ||
         !d->c_slots || !d->d || !d->ident)
         return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory for the call buffers");
     for (size_t i = 0; i < nb * k; i++)
         d->ident[i] = (int32_t)i;
+    for (size_t e = 0; e < X; e++)
+        d->exp_slot[e] = -1;
+    for (size_t i = 0; i < nb * k; i++)
+        d->pair_call[i] = -1;
     return ECS_OK;
 }
 
 void dispatch_buffers_free(dispatch_t *d)
 {
-    void *bufs[] = {d->calls,     d->call_worker, d->call_first, d->pair_of,   d->order,
-                    d->start,     d->choice,      d->rows_now,   d->local,     d->c_experts,
-                    d->c_counts,  d->c_rows,      d->c_slots,    d->d,
-                    d->ident};
+    void *bufs[] = {d->calls,     d->call_worker, d->call_nent, d->pair_call, d->pair_pos,
+                    d->exp_slot,  d->todo,        d->pairs_tmp, d->order,     d->start,
+                    d->choice,    d->rows_now,    d->local,     d->c_experts, d->c_counts,
+                    d->c_rows,    d->c_slots,     d->d,         d->ident};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
 }
@@ -82,9 +92,10 @@ static int choose(dispatch_t *d, int layer, int e)
     uint32_t best_fl = 0;
     for (int i = 0; i < n; i++) {
         const int wi = h[(i + (int)(d->rr % (unsigned)n)) % n];
-        if (d->w[wi].peer < 0)
+        const int peer = atomic_load(&d->w[wi].peer);
+        if (atomic_load(&d->w[wi].state) != DW_LIVE || peer < 0)
             continue;
-        const uint32_t fl = mux_peer_inflight(d->mux, d->w[wi].peer);
+        const uint32_t fl = mux_peer_inflight(d->mux, peer);
         if (best < 0 || fl < best_fl || (fl == best_fl && d->rows_now[wi] < d->rows_now[best])) {
             best = wi;
             best_fl = fl;
@@ -93,16 +104,27 @@ static int choose(dispatch_t *d, int layer, int e)
     return best;
 }
 
-/* Builds and sends worker wi's call from the experts chosen for it: the
- * rows are gathered straight into the transport's message. */
-static ecs_err_t send_worker(dispatch_t *d, int wi, const float *x)
+static int free_slot(const dispatch_t *d)
+{
+    for (int s = 0; s < d->hp.n_expert; s++)
+        if (!d->calls[s])
+            return s;
+    return -1;
+}
+
+/* Builds and sends worker wi's call from the experts to send that were
+ * chosen for it: the rows are gathered straight into the transport's
+ * message. Those experts are no longer to send, unless the worker died
+ * under us (then they stay to send, and this is no error). */
+static ecs_err_t send_worker(dispatch_t *d, int wi)
 {
     const int X = d->hp.n_expert, k = d->k;
     const size_t E = (size_t)d->hp.n_embd;
+    const float *x = d->x;
     for (int t = 0; t < d->n_tok; t++)
         d->local[t] = -1;
     for (int e = 0; e < X; e++)
-        if (d->choice[e] == wi)
+        if (d->todo[e] && d->choice[e] == wi)
             for (int q = d->start[e]; q < d->start[e + 1]; q++)
                 d->local[d->order[q] / k] = 0;
     uint32_t n_rows = 0;
@@ -110,9 +132,8 @@ static ecs_err_t send_worker(dispatch_t *d, int wi, const float *x)
         if (d->local[t] == 0)
             d->local[t] = (int32_t)n_rows++;
     size_t n_exp = 0, n_ent = 0;
-    int32_t *pairs = d->pair_of + d->call_first[d->n_calls];
     for (int e = 0; e < X; e++) {
-        if (d->choice[e] != wi)
+        if (!d->todo[e] || d->choice[e] != wi)
             continue;
         d->c_experts[n_exp] = (uint32_t)e;
         d->c_counts[n_exp++] = (uint32_t)(d->start[e + 1] - d->start[e]);
@@ -120,9 +141,12 @@ static ecs_err_t send_worker(dispatch_t *d, int wi, const float *x)
             const int p = d->order[q];
             d->c_rows[n_ent] = (uint32_t)d->local[p / k];
             d->c_slots[n_ent] = (uint32_t)(p % k);
-            pairs[n_ent] = p;
+            d->pairs_tmp[n_ent] = p;
         }
     }
+    const int slot = free_slot(d);
+    if (slot < 0)
+        return ecs_error(ECS_ERR_INTERNAL, "dispatch: no free call slot");
     wire_call_t c = {.layer = (uint32_t)d->layer, .n_rows = n_rows, .n_embd = (uint32_t)E,
                      .dtype = ECS_TYPE_F32, .k = (uint32_t)k, .n_experts = n_exp,
                      .experts = d->c_experts, .expert_counts = d->c_counts, .n_entries = n_ent,
@@ -130,21 +154,35 @@ static ecs_err_t send_worker(dispatch_t *d, int wi, const float *x)
                      .payload_bytes = n_rows * E * sizeof(float)};
     mux_call_t *call;
     void *payload;
-    ecs_err_t rc = mux_call_prepare(d->mux, d->w[wi].peer, &c, &payload, &call);
+    ecs_err_t rc = mux_call_prepare(d->mux, atomic_load(&d->w[wi].peer), &c, &payload, &call);
     if (rc == ECS_OK) {
         for (int t = 0; t < d->n_tok; t++)
             if (d->local[t] >= 0)
                 memcpy((float *)payload + (size_t)d->local[t] * E, x + (size_t)t * E,
                        E * sizeof(float));
-        d->calls[d->n_calls] = call; /* released with the others, even if the send fails */
-        d->call_worker[d->n_calls] = wi;
-        d->call_first[d->n_calls + 1] = d->call_first[d->n_calls] + (int)n_ent;
-        d->n_calls++;
         rc = mux_call_send(d->mux, call);
+        if (rc != ECS_OK) {
+            mux_call_release(call);
+            call = NULL;
+        }
     }
-    if (rc != ECS_OK)
+    if (rc != ECS_OK) {
+        if (atomic_load(&d->w[wi].state) != DW_LIVE)
+            return ECS_OK; /* it died meanwhile: its experts stay to send */
         return ecs_error(rc, "dispatch: layer %d to worker %s: %s", d->layer, d->w[wi].id,
                          ecs_errmsg());
+    }
+    d->calls[slot] = call;
+    d->call_worker[slot] = wi;
+    d->call_nent[slot] = (int)n_ent;
+    for (size_t q = 0; q < n_ent; q++) {
+        d->pair_call[d->pairs_tmp[q]] = slot;
+        d->pair_pos[d->pairs_tmp[q]] = (int32_t)q;
+    }
+    for (size_t i = 0; i < n_exp; i++) {
+        d->todo[d->c_experts[i]] = false;
+        d->exp_slot[d->c_experts[i]] = slot;
+    }
     d->w[wi].calls++;
     d->w[wi].rows += n_rows;
     return ECS_OK;
@@ -152,9 +190,43 @@ static ecs_err_t send_worker(dispatch_t *d, int wi, const float *x)
 
 static void release_calls(dispatch_t *d)
 {
-    for (int i = 0; i < d->n_calls; i++)
-        mux_call_release(d->calls[i]);
-    d->n_calls = 0;
+    for (int s = 0; s < d->hp.n_expert; s++)
+        if (d->calls[s]) {
+            mux_call_release(d->calls[s]);
+            d->calls[s] = NULL;
+        }
+}
+
+/* Gives every expert still to send to a live holder and sends one call
+ * per chosen worker; experts without a live holder stay to send. *busiest:
+ * the most rows given to one worker. */
+static ecs_err_t send_todo(dispatch_t *d, int *busiest, int *sent)
+{
+    const int X = d->hp.n_expert;
+    memset(d->rows_now, 0, (size_t)d->n_workers * sizeof *d->rows_now);
+    d->rr++;
+    *sent = 0;
+    for (int e = 0; e < X; e++) {
+        d->choice[e] = -1;
+        if (!d->todo[e])
+            continue;
+        const int wi = choose(d, d->layer, e);
+        if (wi < 0)
+            continue;
+        d->choice[e] = wi;
+        d->rows_now[wi] += d->start[e + 1] - d->start[e];
+    }
+    *busiest = 0;
+    for (int wi = 0; wi < d->n_workers; wi++) {
+        if (!d->rows_now[wi])
+            continue;
+        *busiest = d->rows_now[wi] > *busiest ? d->rows_now[wi] : *busiest;
+        ecs_err_t rc = send_worker(d, wi);
+        if (rc != ECS_OK)
+            return rc;
+        (*sent)++;
+    }
+    return ECS_OK;
 }
 
 static ecs_err_t dispatch_submit(void *ctx, int layer, int n_tok, const float *x, int k,
@@ -173,42 +245,135 @@ static ecs_err_t dispatch_submit(void *ctx, int layer, int n_tok, const float *x
     d->layer = layer;
     d->n_tok = n_tok;
     d->k = k;
+    d->x = x;
     d->wts = w;
     group_pairs(d, n_tok * k, ids);
-    memset(d->rows_now, 0, (size_t)d->n_workers * sizeof *d->rows_now);
-    d->rr++;
     for (int e = 0; e < X; e++) {
-        d->choice[e] = -1;
-        const int cnt = d->start[e + 1] - d->start[e];
-        if (!cnt)
-            continue;
-        const int wi = choose(d, layer, e);
-        if (wi < 0)
-            return ecs_error(ECS_ERR_NOTFOUND, "dispatch: layer %d expert %d has no live holder",
-                             layer, e);
-        d->choice[e] = wi;
-        d->rows_now[wi] += cnt;
+        d->todo[e] = d->start[e + 1] > d->start[e];
+        d->exp_slot[e] = -1;
     }
-    d->call_first[0] = 0;
-    int busiest = 0, used = 0;
-    for (int wi = 0; wi < d->n_workers; wi++) {
-        if (!d->rows_now[wi])
-            continue;
-        used++;
-        busiest = d->rows_now[wi] > busiest ? d->rows_now[wi] : busiest;
-        ecs_err_t rc = send_worker(d, wi, x);
-        if (rc != ECS_OK)
-            return rc;
-    }
+    for (int p = 0; p < n_tok * k; p++)
+        d->pair_call[p] = -1;
+    int busiest, sent;
+    ecs_err_t rc = send_todo(d, &busiest, &sent);
+    if (rc != ECS_OK)
+        return rc;
     pthread_mutex_lock(&d->lock);
     d->layer_calls++;
     d->step_rows += (uint64_t)n_tok;
     d->imbalance_sum += (double)busiest * d->n_workers / (double)(n_tok * k);
     pthread_mutex_unlock(&d->lock);
-    (void)used;
     return ECS_OK;
 }
 
+/* Takes the answers of completed calls: rows of an answered call go to
+ * their pairs; a call failed by a dead worker's disconnect puts its
+ * experts back to send. Anything else is an error. */
+static ecs_err_t collect(dispatch_t *d, int *resend)
+{
+    const size_t E = (size_t)d->hp.n_embd, row = E * sizeof(float);
+    const int n_pairs = d->n_tok * d->k;
+    for (int s = 0; s < d->hp.n_expert; s++) {
+        if (!d->calls[s] || !mux_call_done(d->calls[s]))
+            continue;
+        const dispatch_worker_t *wk = &d->w[d->call_worker[s]];
+        const mux_result_t *r = mux_call_result(d->calls[s]);
+        ecs_err_t rc = ECS_OK;
+        if (r->err == ECS_ERR_IO) {
+            for (int e = 0; e < d->hp.n_expert; e++)
+                if (d->exp_slot[e] == s) {
+                    d->todo[e] = true;
+                    d->exp_slot[e] = -1;
+                    (*resend)++;
+                }
+        } else if (r->err != ECS_OK || r->status != WIRE_ST_OK) {
+            rc = ecs_error(r->err != ECS_OK ? r->err : ECS_ERR_INTERNAL,
+                           "dispatch: layer %d: worker %s: %s%s%s", d->layer, wk->id,
+                           r->err != ECS_OK ? ecs_errname(r->err) : wire_status_name(r->status),
+                           r->message[0] ? ": " : "", r->message);
+        } else if ((int)r->n_entries != d->call_nent[s] || r->n_embd != E) {
+            rc = ecs_error(ECS_ERR_FORMAT, "dispatch: layer %d: worker %s sent %u rows of %u, "
+                           "want %d of %zu", d->layer, wk->id, r->n_entries, r->n_embd,
+                           d->call_nent[s], E);
+        } else {
+            for (int p = 0; p < n_pairs; p++)
+                if (d->pair_call[p] == s)
+                    memcpy(d->d + (size_t)p * E,
+                           (const char *)r->payload + (size_t)d->pair_pos[p] * row, row);
+            for (int e = 0; e < d->hp.n_expert; e++)
+                if (d->exp_slot[e] == s)
+                    d->exp_slot[e] = -1;
+        }
+        if (rc != ECS_OK)
+            return rc;
+        for (int p = 0; p < n_pairs; p++)
+            if (d->pair_call[p] == s)
+                d->pair_call[p] = -1;
+        mux_call_release(d->calls[s]);
+        d->calls[s] = NULL;
+    }
+    return ECS_OK;
+}
+
+/* Why the layer cannot finish: the experts still missing, each with its
+ * holders and their states. */
+static ecs_err_t missing_error(dispatch_t *d, ecs_err_t code, const char *what)
+{
+    char list[768];
+    size_t len = 0;
+    int n = 0;
+    list[0] = 0;
+    pthread_mutex_lock(&d->lock);
+    for (int e = 0; e < d->hp.n_expert; e++) {
+        if (!d->todo[e] && d->exp_slot[e] < 0)
+            continue;
+        if (n++ >= 4 || len >= sizeof list)
+            continue;
+        const int16_t *h;
+        const int nh = placement_holders(d->pl, d->layer, e, &h);
+        int w = snprintf(list + len, sizeof list - len, "%s%d/%d (", len ? ", " : "", d->layer,
+                         e);
+        len += w > 0 ? (size_t)w : 0;
+        for (int i = 0; i < nh && len < sizeof list; i++) {
+            const dispatch_worker_t *wk = &d->w[h[i]];
+            const int st = atomic_load(&wk->state);
+            w = snprintf(list + len, sizeof list - len, "%s%s %s%s%s", i ? "; " : "", wk->id,
+                         st == DW_LIVE ? "live" : st == DW_LOADING ? "loading"
+                         : st == DW_DEAD ? "dead" : "given up",
+                         wk->why[0] && st != DW_LIVE ? ": " : "", st != DW_LIVE ? wk->why : "");
+            len += w > 0 ? (size_t)w : 0;
+        }
+        if (len < sizeof list) {
+            w = snprintf(list + len, sizeof list - len, ")");
+            len += w > 0 ? (size_t)w : 0;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return ecs_error(code, "dispatch: layer %d: %s; %d experts missing (layer/expert): %s%s",
+                     d->layer, what, n, list, n > 4 ? ", ..." : "");
+}
+
+/* Whether an expert still to send has lost every holder for good. */
+static bool orphaned(const dispatch_t *d)
+{
+    for (int e = 0; e < d->hp.n_expert; e++) {
+        if (!d->todo[e])
+            continue;
+        const int16_t *h;
+        const int nh = placement_holders(d->pl, d->layer, e, &h);
+        bool hope = false;
+        for (int i = 0; i < nh; i++)
+            hope |= atomic_load(&d->w[h[i]].state) != DW_FAILED;
+        if (!hope)
+            return true;
+    }
+    return false;
+}
+
+/* Every expert's rows, however many workers die meanwhile: calls failed
+ * by a death are sent again to a live holder, or wait for one (a replica,
+ * the restarted worker) until the deadline. The sum runs only when every
+ * pair is answered, so the bits are those of a run without the failure. */
 static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
 {
     dispatch_t *d = ctx;
@@ -216,35 +381,69 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
         return ecs_error(ECS_ERR_INVAL, "dispatch: wait for layer %d, submitted %d", layer,
                          d->layer);
     const int timeout = d->o.call_timeout_ms > 0 ? d->o.call_timeout_ms : 120000;
-    const int left = mux_wait(d->mux, d->calls, d->n_calls, timeout);
+    const uint64_t t0 = dispatch_now_ms(), deadline = t0 + (uint64_t)timeout;
+    int resent = 0;
     ecs_err_t rc = ECS_OK;
-    const size_t E = (size_t)d->hp.n_embd, row = E * sizeof(float);
-    for (int i = 0; i < d->n_calls && rc == ECS_OK; i++) {
-        const dispatch_worker_t *wk = &d->w[d->call_worker[i]];
-        const mux_result_t *r = mux_call_result(d->calls[i]);
-        const int n_ent = d->call_first[i + 1] - d->call_first[i];
-        if (!r) {
-            rc = ecs_error(ECS_ERR_IO, "dispatch: layer %d: no answer from worker %s in %d ms "
-                           "(%d of %d calls missing)", layer, wk->id, timeout, left, d->n_calls);
-        } else if (r->err != ECS_OK || r->status != WIRE_ST_OK) {
-            rc = ecs_error(r->err != ECS_OK ? r->err : ECS_ERR_INTERNAL,
-                           "dispatch: layer %d: worker %s: %s%s%s", layer, wk->id,
-                           r->err != ECS_OK ? ecs_errname(r->err) : wire_status_name(r->status),
-                           r->message[0] ? ": " : "", r->message);
-        } else if ((int)r->n_entries != n_ent || r->n_embd != E) {
-            rc = ecs_error(ECS_ERR_FORMAT, "dispatch: layer %d: worker %s sent %u rows of %u, "
-                           "want %d of %zu", layer, wk->id, r->n_entries, r->n_embd, n_ent, E);
-        } else {
-            const int32_t *pairs = d->pair_of + d->call_first[i];
-            for (int q = 0; q < n_ent; q++)
-                memcpy(d->d + (size_t)pairs[q] * E, (const char *)r->payload + (size_t)q * row,
-                       row);
+    mux_call_t *list[PLACEMENT_MAX_WORKERS];
+    for (;;) {
+        int n = 0;
+        for (int s = 0; s < d->hp.n_expert && n < PLACEMENT_MAX_WORKERS; s++)
+            if (d->calls[s])
+                list[n++] = d->calls[s];
+        uint64_t now = dispatch_now_ms();
+        if (n && now < deadline)
+            mux_wait(d->mux, list, n, (int)(deadline - now));
+        int again = 0;
+        if ((rc = collect(d, &again)) != ECS_OK)
+            break;
+        resent += again;
+        bool pending = false, todo = false;
+        for (int e = 0; e < d->hp.n_expert; e++) {
+            pending |= d->exp_slot[e] >= 0;
+            todo |= d->todo[e];
+        }
+        if (!pending && !todo)
+            break;
+        if (todo) {
+            uint64_t gen;
+            pthread_mutex_lock(&d->lock);
+            gen = d->state_gen;
+            pthread_mutex_unlock(&d->lock);
+            int busiest, sent;
+            if ((rc = send_todo(d, &busiest, &sent)) != ECS_OK)
+                break;
+            if (!sent && !pending) {
+                if (orphaned(d)) {
+                    rc = missing_error(d, ECS_ERR_IO, "every holder was given up on");
+                    break;
+                }
+                /* held: sleep until a worker's state changes */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 200 * 1000000L;
+                ts.tv_sec += ts.tv_nsec / 1000000000L;
+                ts.tv_nsec %= 1000000000L;
+                pthread_mutex_lock(&d->lock);
+                if (d->state_gen == gen)
+                    pthread_cond_timedwait(&d->cond, &d->lock, &ts);
+                pthread_mutex_unlock(&d->lock);
+            }
+        }
+        if (dispatch_now_ms() >= deadline) {
+            char what[64];
+            snprintf(what, sizeof what, "no answer in %d ms", timeout);
+            rc = missing_error(d, ECS_ERR_IO, what);
+            break;
         }
     }
     release_calls(d);
     if (rc != ECS_OK)
         return rc;
-    kmoe_sum(model_threadpool(d->m), d->n_tok, d->k, (int)E, d->d, d->ident, d->wts, out);
+    if (resent)
+        dispatch_log(d, "layer %d: %d experts sent again after a worker died; the layer took "
+                     "%llu ms", layer, resent, (unsigned long long)(dispatch_now_ms() - t0));
+    kmoe_sum(model_threadpool(d->m), d->n_tok, d->k, (int)d->hp.n_embd, d->d, d->ident, d->wts,
+             out);
     return ECS_OK;
 }
 
@@ -275,9 +474,10 @@ ecs_err_t dispatch_worker_stats(const dispatch_t *d, int wi, dispatch_worker_sta
     out->pairs_held = placement_held(d->pl, wi);
     out->calls = w->calls;
     out->rows = w->rows;
-    if (w->peer >= 0) {
+    const int peer = atomic_load(&w->peer);
+    if (peer >= 0) {
         mux_peer_stats_t ps;
-        if (mux_peer_stats(d->mux, w->peer, &ps) == ECS_OK) {
+        if (mux_peer_stats(d->mux, peer, &ps) == ECS_OK) {
             out->calls_in_flight = ps.calls_in_flight;
             out->rows_in_flight = ps.rows_in_flight;
             out->bytes_out = ps.bytes_out;

@@ -99,7 +99,8 @@ typedef struct {
     dispatch_weighting_t weighting;
     const char *placement_file; /* explicit placement (worker ids); NULL: made */
     int start_timeout_ms;       /* registration and loading; 0: 300 s */
-    int call_timeout_ms;        /* a layer's calls; 0: 120 s */
+    int call_timeout_ms;        /* how long a layer waits for its experts' answers, re-sends
+                                 * to a replica or a restarted worker included; 0: 120 s */
     bool quiet;                 /* log only errors */
 } dispatch_opts_t;
 
@@ -112,6 +113,10 @@ typedef struct dispatch dispatch_t;
  * the workers. Fails, saying which experts have no holder, when a worker
  * refuses its assignment (over its budget) or the wait times out. */
 ecs_err_t dispatch_start(model_t *m, const dispatch_opts_t *o, dispatch_t **out);
+/* While m runs, a control thread supervises the workers: a worker that
+ * dies (silent for WIRE_LIVENESS heartbeats, exited, its connection
+ * dropped) has its calls re-sent to a live replica or held until it is
+ * back; spawned workers are restarted with backoff (supervise.c). */
 /* m back to its local experts; workers it spawned are stopped (SIGTERM,
  * then SIGKILL), by pid. */
 void dispatch_free(dispatch_t *d);
@@ -149,7 +154,10 @@ void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s);
     "  --placement P      uniform (default), capacity (shares by memory budget or\n"         \
     "                     threads), or a placement file (docs/operations.md)\n"              \
     "  --worker-threads N threads of each spawned worker (default: cores / N)\n"             \
-    "  --worker-mem-budget SIZE  --mem-budget of each spawned worker\n"
+    "  --worker-mem-budget SIZE  --mem-budget of each spawned worker\n"                     \
+    "  --worker-bin PATH  the program spawned workers run (default: ecs-worker beside this)\n" \
+    "  --call-timeout MS  a layer's expert calls may wait this long for a live holder\n"    \
+    "                     (a dead worker's replica or restart; default 120000)\n"
 
 /* Whether opt is one of the options above that takes a value. */
 bool dispatch_opt_takes_value(const char *opt);

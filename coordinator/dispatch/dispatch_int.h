@@ -1,6 +1,13 @@
 /* dispatch_int.h - inside the dispatch module: the registry of workers
- * (cluster.c: registration, spawning, the control thread) shared with the
- * expert backend (dispatch.c). */
+ * (cluster.c: registration and spawning; supervise.c: the control thread,
+ * heartbeats, failure detection and restarts) shared with the expert
+ * backend (dispatch.c).
+ *
+ * Threads: the control thread alone changes a worker's state and data
+ * peer after start-up; the model thread (dispatch.c) reads them through
+ * the atomics below and sleeps on `cond` (under `lock`) while a dead
+ * worker's experts wait for a holder; every state change bumps
+ * `state_gen` and broadcasts `cond`. */
 #ifndef ECS_DISPATCH_INT_H
 #define ECS_DISPATCH_INT_H
 
@@ -13,15 +20,50 @@
 #include "coordinator/dispatch/dispatch.h"
 #include "proto/mux.h"
 
+/* Heartbeats both ways (the Paranoid Pirate pattern: any control message
+ * counts as a sign of life). Sane ranges: interval 100-5000 ms (shorter
+ * floods the control socket, longer slows detection); liveness
+ * (WIRE_LIVENESS, shared with the worker) 3-10 intervals: a worker silent
+ * that long is dead. A call must not take longer than interval * liveness
+ * (the worker's control loop does not tick during a call). */
+#define DISPATCH_HEARTBEAT_MS 500
+#define DISPATCH_TICK_MS 50           /* control loop: liveness, exits, restarts */
+#define DISPATCH_RESTART_MIN_MS 100   /* first restart delay, doubled per failed start */
+#define DISPATCH_RESTART_MAX_MS 5000
+#define DISPATCH_CRASH_LIMIT 5        /* failed starts in a row before giving up */
+
+typedef enum {
+    DW_LOADING = 0, /* registered, assignment sent, not Ready yet */
+    DW_LIVE = 1,    /* takes calls */
+    DW_DEAD = 2,    /* declared dead: its calls go elsewhere or wait */
+    DW_FAILED = 3,  /* given up on (crash loop): its experts fail at once */
+} dispatch_wstate_t;
+
+typedef struct {
+    pid_t pid;                  /* 0: not running */
+    uint64_t started_ms, restart_at_ms;
+    unsigned backoff_ms;
+    int fails;                  /* exits before Ready, in a row */
+    int restarts;
+    bool ready;                 /* Ready since its last start */
+    bool given_up;
+} dispatch_child_t;
+
 typedef struct {
     char id[PLACEMENT_ID_MAX];
     char endpoint[256];
     mux_route_t route;          /* on the control socket */
     int pid, threads;
     uint64_t mem_budget, bytes_held;
-    int peer;                   /* mux data peer, -1: not connected */
+    atomic_int peer;            /* mux data peer, -1: not connected */
+    atomic_int state;           /* dispatch_wstate_t */
     bool ready;
     uint64_t calls, rows;
+    /* control thread only */
+    uint64_t last_seen_ms, last_hb_ms, died_ms;
+    int child;                  /* index in children, -1: not spawned here */
+    int deaths;
+    char why[256];              /* why it died (under lock) */
 } dispatch_worker_t;
 
 struct dispatch {
@@ -34,21 +76,27 @@ struct dispatch {
     placement_t *pl;
     int n_workers;
     dispatch_worker_t *w;       /* [n_workers] in placement order */
-    pid_t *spawned;             /* [spawn_workers] */
+    dispatch_child_t *children; /* [spawn_workers] */
     int n_spawned;
+    char bin[4096];             /* the worker program */
+    pthread_cond_t cond;        /* state changes, with lock */
+    uint64_t state_gen;         /* under lock */
+    uint64_t hb_seq;            /* heartbeats sent (the thread that owns control) */
     pthread_t ctl;              /* drains control messages while serving */
     bool ctl_started;
     atomic_bool stop;
     pthread_mutex_t lock;       /* stats read by other threads */
 
-    /* one layer call at a time (the model runs one step at a time) */
+    /* one layer call at a time (the model runs one step at a time); a
+     * call slot per expert at most (calls in flight hold disjoint experts) */
     int layer, n_tok, k;
-    const float *wts;
-    int n_calls;
-    mux_call_t **calls;         /* [n_workers] */
-    int *call_worker;           /* [n_workers] */
-    int *call_first;            /* [n_workers + 1] offsets into pair_of */
-    int32_t *pair_of;           /* [MODEL_MAX_BATCH * k] entry -> row * k + slot */
+    const float *x, *wts;       /* the model's, valid until wait() returns */
+    mux_call_t **calls;         /* [n_expert] slots, NULL: free */
+    int *call_worker, *call_nent;  /* [n_expert] */
+    int32_t *pair_call, *pair_pos; /* [MODEL_MAX_BATCH * k] pair -> slot, entry in it */
+    int *exp_slot;              /* [n_expert] slot holding the expert's call, -1 */
+    bool *todo;                 /* [n_expert] rows not sent (or to send again) */
+    int32_t *pairs_tmp;         /* [MODEL_MAX_BATCH * k] */
     int32_t *order, *start;     /* [MODEL_MAX_BATCH * k], [n_expert + 1]: pairs by expert */
     int *choice;                /* [n_expert] worker of each expert this call, -1 */
     int *rows_now;              /* [n_workers] rows given this call */
@@ -61,9 +109,24 @@ struct dispatch {
     double imbalance_sum;
 };
 
+void dispatch_log(const dispatch_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+uint64_t dispatch_now_ms(void);
+
 /* cluster.c */
 ecs_err_t dispatch_cluster_start(dispatch_t *d);
 void dispatch_cluster_stop(dispatch_t *d);
+ecs_err_t dispatch_spawn_one(dispatch_t *d, int i);
+ecs_err_t dispatch_send_assign(dispatch_t *d, int wi);
+int dispatch_find_worker(const dispatch_t *d, const char *id);
+/* Checks a Hello and records the worker (welcomed), or refuses it:
+ * the worker's index, -1 if refused. *renewed: a known id from another
+ * process (a restart). */
+int dispatch_on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t *h, int cap,
+                      bool *renewed);
+void dispatch_heartbeat_all(dispatch_t *d, uint64_t now);
+/* supervise.c: the control thread */
+void *dispatch_control_loop(void *arg);
+void dispatch_state_changed(dispatch_t *d);
 /* dispatch.c */
 ecs_err_t dispatch_buffers_new(dispatch_t *d);
 void dispatch_buffers_free(dispatch_t *d);

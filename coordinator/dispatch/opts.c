@@ -10,7 +10,7 @@
 
 static const char *const with_value[] = {"--control",    "--spawn-workers",  "--replication",
                                          "--placement",  "--min-workers",    "--worker-threads",
-                                         "--worker-mem-budget"};
+                                         "--worker-mem-budget", "--worker-bin", "--call-timeout"};
 
 bool dispatch_opt_takes_value(const char *opt)
 {
@@ -45,6 +45,11 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
             goto bad;
     } else if (!strcmp(opt, "--worker-threads")) {
         if (!ecs_parse_int(v, 1, 1024, &o->worker_threads))
+            goto bad;
+    } else if (!strcmp(opt, "--worker-bin")) {
+        o->worker_bin = v;
+    } else if (!strcmp(opt, "--call-timeout")) {
+        if (!parse_int(v, 1, 3600 * 1000, &o->call_timeout_ms))
             goto bad;
     } else if (!strcmp(opt, "--worker-mem-budget")) {
         o->worker_budget = v; /* the worker checks it */

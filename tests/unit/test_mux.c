@@ -307,3 +307,29 @@ Test(mux, shutdown_with_calls_in_flight)
     }
     rig_close(&g);
 }
+
+/* The worker's side of the connection goes away: the peer counts a drop
+ * (what the coordinator takes for a dead worker), a peer never connected
+ * none. */
+Test(mux, dropped_connection_is_counted)
+{
+    rig_t g;
+    rig_open(&g, "drop");
+    tcall_t t;
+    tcall_make(&t, 2, 1);
+    mux_call_t *c;
+    cr_assert_eq(mux_submit(g.m, g.peer, &t.c, &c), ECS_OK);
+    zmq_msg_t part;
+    zmq_msg_init(&part);
+    cr_assert_geq(zmq_msg_recv(&part, g.router, 0), 0); /* connected: the call arrived */
+    zmq_msg_close(&part);
+    cr_assert_eq(mux_peer_drops(g.m, g.peer), 0);
+    raw_router_close(g.router, g.ep);
+    for (int i = 0; i < 500 && !mux_peer_drops(g.m, g.peer); i++)
+        usleep(10000);
+    cr_assert_eq(mux_peer_drops(g.m, g.peer), 1);
+    cr_assert_eq(mux_peer_drops(g.m, 999), 0);
+    mux_call_release(c);
+    mux_free(g.m);
+    zmq_ctx_term(g.zctx);
+}
