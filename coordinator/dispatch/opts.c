@@ -49,7 +49,7 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
     } else if (!strcmp(opt, "--worker-bin")) {
         o->worker_bin = v;
     } else if (!strcmp(opt, "--call-timeout")) {
-        if (!parse_int(v, 1, 3600 * 1000, &o->call_timeout_ms))
+        if (!ecs_parse_int(v, 1, 3600 * 1000, &o->call_timeout_ms))
             goto bad;
     } else if (!strcmp(opt, "--worker-mem-budget")) {
         o->worker_budget = v; /* the worker checks it */
