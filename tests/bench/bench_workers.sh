@@ -29,8 +29,8 @@ for r in $(seq "$rounds"); do
         # shellcheck disable=SC2086
         "$run" -m "$model" --bench --pp 512 --tg 32 --threads "$(nproc)" ${layouts[$i]} \
             "${extra[@]}" >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
-        p=$(awk '$1 == "pp512" {for (f = 2; f <= NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$tmp/out")
-        t=$(awk '$1 == "tg32" && $2 != "@" {for (f = 2; f <= NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$tmp/out")
+        p=$(awk '$1 ~ /^pp[0-9]+$/ {for (f = 2; f <= NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$tmp/out")
+        t=$(awk '$1 ~ /^tg[0-9]+$/ && $2 != "@" {for (f = 2; f <= NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$tmp/out")
         pp[$r,$i]=$p
         tg[$r,$i]=$t
         printf "round %d  %-12s pp512 %8s tok/s   tg32 %8s tok/s\n" "$r" "${names[$i]}" "$p" "$t"
