@@ -17,3 +17,7 @@ echo "== bench_rtt: ExpertCall round trip through proto/mux vs raw libzmq =="
 "$build/bench/bench_rtt" "${quick[@]}"
 "$(dirname "$0")/bench_model.sh" "$build" "${quick[@]}"
 "$(dirname "$0")/bench_plan.sh" "$build" "${quick[@]}"
+# experts on 1 and 2 workers against one process, on the model bench_model.sh made
+if [ ${#quick[@]} -eq 0 ]; then
+    "$(dirname "$0")/bench_workers.sh" "$build" "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 3
+fi
