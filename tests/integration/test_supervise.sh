@@ -40,7 +40,7 @@ worker_pid() { # err-file id
 # (the log matches PATTERN) and the logits are the local backend's
 verdict() { # name rc err-file pattern out-json what
     if [ "$2" -ne 0 ]; then bad "$1: ecs-run failed (rc $2): $(tail -3 "$3")"
-    elif ! grep -q "$4" "$3"; then bad "$1: the failure was not seen (no '$4' in the log)"
+    elif ! grep -Eq "$4" "$3"; then bad "$1: the failure was not seen (no '$4' in the log)"
     elif cmp -s "$tmp/local.json" "$5"; then ok "$1: $6: logits identical to the local backend"
     else bad "$1: logits differ after: $6"; fi
     grep -E "declared dead|sent again|is back|reloaded" "$3" | sed "s/^/     [$1] /" | head -6
@@ -183,7 +183,10 @@ for _ in $(seq 100); do grep -q "h1 declared dead" "$out.err" && break; sleep 0.
     --listen 'tcp://127.0.0.1:*' 2>"$tmp/h1b.err" &
 pids+=($!)
 wait "$r"; rc=$?
-verdict hand $rc "$out.err" "h1 declared dead: its data connection dropped" "$out" \
+# the dropped connection usually tells first; on a loaded machine the
+# liveness check may get there before the monitor event is read: either
+# way the worker must be declared dead and its calls continued
+verdict hand $rc "$out.err" "h1 declared dead: (its data connection dropped|silent)" "$out" \
     "kill -9 of a tcp worker, restarted by hand with its id"
 
 # 7. the serving path: a streamed greedy completion while a worker is killed
