@@ -311,8 +311,10 @@ ecs_err_t mux_server_send(mux_server_t *s, int conn, const wire_msg_t *msg)
 void mux_server_stats(const mux_server_t *s_, wire_stats_t *o)
 {
     mux_server_t *s = (mux_server_t *)s_;
-    *o = (wire_stats_t){LOAD(s->calls), LOAD(s->rows), LOAD(s->bytes_in), LOAD(s->bytes_out),
-                        LOAD(s->compute_ns), LOAD(s->bad), LOAD(s->dropped)};
+    *o = (wire_stats_t){.calls = LOAD(s->calls), .rows = LOAD(s->rows),
+                        .bytes_in = LOAD(s->bytes_in), .bytes_out = LOAD(s->bytes_out),
+                        .compute_ns = LOAD(s->compute_ns), .bad_messages = LOAD(s->bad),
+                        .dropped = LOAD(s->dropped)};
 }
 
 void mux_server_free(mux_server_t *s)

@@ -111,6 +111,9 @@ static ecs_err_t check_hello(const wire_hello_t *h)
         (e = check_str("Hello", "device", h->device, false)) ||
         (e = check_str("Hello", "data_endpoint", h->data_endpoint, true)))
         return e;
+    if (h->rdma_ep_len > WIRE_MAX_RDMA_EP || (h->rdma_ep_len && !h->rdma_ep))
+        return ecs_error(ECS_ERR_FORMAT, "Hello: rdma endpoint of %zu bytes (at most %u)",
+                         h->rdma_ep_len, WIRE_MAX_RDMA_EP);
     return ECS_OK;
 }
 
@@ -129,6 +132,39 @@ static ecs_err_t check_assign(const wire_assign_t *a)
                              "strictly increasing)", i, a->layers[i], a->experts[i],
                              a->layers[i - 1], a->experts[i - 1]);
     }
+    return ECS_OK;
+}
+
+/* The data plane and exactly the parameters it needs. */
+static ecs_err_t check_welcome_plane(const wire_welcome_t *w)
+{
+    if ((unsigned)w->data_plane >= WIRE_PLANE_COUNT)
+        return ecs_error(ECS_ERR_FORMAT, "Welcome: data plane %u", (unsigned)w->data_plane);
+    const bool nccl = w->data_plane == WIRE_PLANE_NCCL, rdma = w->data_plane == WIRE_PLANE_RDMA;
+    if (w->nccl_id_len != (nccl ? WIRE_NCCL_ID_BYTES : 0) || (w->nccl_id_len && !w->nccl_id))
+        return ecs_error(ECS_ERR_FORMAT, "Welcome: nccl id of %zu bytes with data plane %u",
+                         w->nccl_id_len, (unsigned)w->data_plane);
+    if ((rdma ? w->rdma_ep_len < 1 || w->rdma_ep_len > WIRE_MAX_RDMA_EP : w->rdma_ep_len != 0) ||
+        (w->rdma_ep_len && !w->rdma_ep))
+        return ecs_error(ECS_ERR_FORMAT, "Welcome: rdma endpoint of %zu bytes with data plane %u",
+                         w->rdma_ep_len, (unsigned)w->data_plane);
+    return ECS_OK;
+}
+
+/* The optional prefetch hint of a call. */
+static ecs_err_t check_prefetch(const wire_call_t *c)
+{
+    const unsigned long long id = (unsigned long long)c->request_id;
+    if (!c->n_prefetch)
+        return ECS_OK;
+    if (c->prefetch_layer >= WIRE_MAX_LAYERS || c->n_prefetch > WIRE_MAX_EXPERTS || !c->prefetch)
+        return ecs_error(ECS_ERR_FORMAT, "ExpertCall %llu: prefetch of %zu experts of layer %u",
+                         id, c->n_prefetch, c->prefetch_layer);
+    for (size_t i = 0; i < c->n_prefetch; i++)
+        if (c->prefetch[i] >= WIRE_MAX_EXPERTS || (i && c->prefetch[i] <= c->prefetch[i - 1]))
+            return ecs_error(ECS_ERR_FORMAT,
+                             "ExpertCall %llu: prefetch expert %zu id %u (strictly increasing, "
+                             "< %u)", id, i, c->prefetch[i], WIRE_MAX_EXPERTS);
     return ECS_OK;
 }
 
@@ -199,7 +235,7 @@ static ecs_err_t check_call(const wire_call_t *c)
                          "ExpertCall %llu: payload of %zu bytes, %u rows of %u %s need %zu",
                          (unsigned long long)id, c->payload_bytes, c->n_rows, c->n_embd,
                          ecs_type_name((ecs_type_t)c->dtype), want);
-    return ECS_OK;
+    return check_prefetch(c);
 }
 
 static ecs_err_t check_result(const wire_result_t *r)
@@ -250,6 +286,8 @@ ecs_err_t wire_check(const wire_msg_t *m)
         if (m->welcome.heartbeat_ms > 3600000u)
             return ecs_error(ECS_ERR_FORMAT, "Welcome: heartbeat every %u ms",
                              m->welcome.heartbeat_ms);
+        if ((e = check_welcome_plane(&m->welcome)) != ECS_OK)
+            return e;
         return check_str("Welcome", "coordinator_id", m->welcome.coordinator_id, false);
     case WIRE_ASSIGN:
         return check_assign(&m->assign);
@@ -299,6 +337,9 @@ static void to_pb(const wire_msg_t *m, pb_any_t *pb)
         pb->hello.device = s_or_empty(h->device);
         pb->hello.capabilities = h->capabilities;
         pb->hello.data_endpoint = s_or_empty(h->data_endpoint);
+        pb->hello.rdma_endpoint.data = (uint8_t *)h->rdma_ep;
+        pb->hello.rdma_endpoint.len = h->rdma_ep_len;
+        pb->hello.vram_budget = h->vram_budget;
         break;
     }
     case WIRE_WELCOME:
@@ -306,6 +347,11 @@ static void to_pb(const wire_msg_t *m, pb_any_t *pb)
         pb->welcome.version = m->welcome.version;
         pb->welcome.coordinator_id = s_or_empty(m->welcome.coordinator_id);
         pb->welcome.heartbeat_ms = m->welcome.heartbeat_ms;
+        pb->welcome.data_plane = (Ecs__DataPlane)m->welcome.data_plane;
+        pb->welcome.nccl_id.data = (uint8_t *)m->welcome.nccl_id;
+        pb->welcome.nccl_id.len = m->welcome.nccl_id_len;
+        pb->welcome.rdma_endpoint.data = (uint8_t *)m->welcome.rdma_ep;
+        pb->welcome.rdma_endpoint.len = m->welcome.rdma_ep_len;
         break;
     case WIRE_ASSIGN:
         ecs__assign__init(&pb->assign);
@@ -348,6 +394,13 @@ static void to_pb(const wire_msg_t *m, pb_any_t *pb)
         pb->stats.compute_ns = s->compute_ns;
         pb->stats.bad_messages = s->bad_messages;
         pb->stats.dropped = s->dropped;
+        pb->stats.tier_uses = s->tier_uses;
+        pb->stats.tier_hits = s->tier_hits;
+        pb->stats.tier_streamed = s->tier_streamed;
+        pb->stats.tier_cpu = s->tier_cpu;
+        pb->stats.tier_prefetched = s->tier_prefetched;
+        pb->stats.tier_prefetch_used = s->tier_prefetch_used;
+        pb->stats.tier_slots = s->tier_slots;
         break;
     }
     case WIRE_CALL: {
@@ -370,6 +423,9 @@ static void to_pb(const wire_msg_t *m, pb_any_t *pb)
         p->weight = (float *)c->weight;
         p->payload_bytes = c->payload_bytes;
         p->result_dtype = c->result_dtype;
+        p->prefetch_layer = c->prefetch_layer;
+        p->n_prefetch_experts = c->n_prefetch;
+        p->prefetch_experts = (uint32_t *)c->prefetch;
         break;
     }
     case WIRE_RESULT: {
@@ -403,12 +459,17 @@ static ecs_err_t from_pb(wire_msg_t *m, const ProtobufCMessage *any)
             .fingerprint_len = p->model_fingerprint.len, .worker_id = p->worker_id,
             .host = p->host, .pid = p->pid, .threads = p->threads,
             .mem_budget = p->mem_budget, .device = p->device,
-            .capabilities = p->capabilities, .data_endpoint = p->data_endpoint};
+            .capabilities = p->capabilities, .data_endpoint = p->data_endpoint,
+            .rdma_ep = p->rdma_endpoint.data, .rdma_ep_len = p->rdma_endpoint.len,
+            .vram_budget = p->vram_budget};
         break;
     }
     case WIRE_WELCOME: {
         const Ecs__Welcome *p = (const Ecs__Welcome *)any;
-        m->welcome = (wire_welcome_t){p->version, p->coordinator_id, p->heartbeat_ms};
+        m->welcome = (wire_welcome_t){p->version, p->coordinator_id, p->heartbeat_ms,
+                                      (wire_plane_t)p->data_plane, p->nccl_id.data,
+                                      p->nccl_id.len, p->rdma_endpoint.data,
+                                      p->rdma_endpoint.len};
         break;
     }
     case WIRE_ASSIGN: {
@@ -443,7 +504,9 @@ static ecs_err_t from_pb(wire_msg_t *m, const ProtobufCMessage *any)
     case WIRE_STATS: {
         const Ecs__Stats *p = (const Ecs__Stats *)any;
         m->stats = (wire_stats_t){p->calls, p->rows, p->bytes_in, p->bytes_out,
-                                  p->compute_ns, p->bad_messages, p->dropped};
+                                  p->compute_ns, p->bad_messages, p->dropped,
+                                  p->tier_uses, p->tier_hits, p->tier_streamed, p->tier_cpu,
+                                  p->tier_prefetched, p->tier_prefetch_used, p->tier_slots};
         break;
     }
     case WIRE_CALL: {
@@ -472,6 +535,9 @@ static ecs_err_t from_pb(wire_msg_t *m, const ProtobufCMessage *any)
         c->slot = p->slot;
         c->weight = p->n_weight ? p->weight : NULL;
         c->result_dtype = p->result_dtype;
+        c->prefetch_layer = p->prefetch_layer;
+        c->n_prefetch = p->n_prefetch_experts;
+        c->prefetch = p->prefetch_experts;
         /* the frame's real size; the field must agree (checked after) */
         if (p->payload_bytes != c->payload_bytes)
             return ecs_error(ECS_ERR_FORMAT,

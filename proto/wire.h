@@ -111,6 +111,14 @@ typedef enum {
 /* Hello.capabilities bits (== 1 << ecs.Capability). */
 #define WIRE_CAP_RESULT_BF16 (1u << 1)
 #define WIRE_CAP_INPUT_Q8 (1u << 2)
+/* Data planes (GPU work): payloads beside ZeroMQ (proto/dplane). */
+#define WIRE_CAP_NCCL (1ull << 16)
+#define WIRE_CAP_RDMA (1ull << 17)
+
+/* Welcome.data_plane (== ecs.DataPlane). */
+typedef enum { WIRE_PLANE_ZMQ = 0, WIRE_PLANE_NCCL = 1, WIRE_PLANE_RDMA = 2, WIRE_PLANE_COUNT } wire_plane_t;
+#define WIRE_NCCL_ID_BYTES 128u   /* sizeof(ncclUniqueId) */
+#define WIRE_MAX_RDMA_EP 64u      /* bytes of a queue pair's address */
 
 typedef struct {
     uint32_t magic;
@@ -134,12 +142,20 @@ typedef struct {
     const char *device;
     uint64_t capabilities;      /* WIRE_CAP_* */
     const char *data_endpoint;  /* non-empty: where the worker's ROUTER listens */
+    const uint8_t *rdma_ep;     /* CAP_RDMA: 0..WIRE_MAX_RDMA_EP bytes (proto/dplane) */
+    size_t rdma_ep_len;
+    uint64_t vram_budget;       /* bytes of device memory for experts, 0: none */
 } wire_hello_t;
 
 typedef struct {
     uint32_t version;           /* negotiated, WIRE_VERSION_MIN..WIRE_VERSION */
     const char *coordinator_id;
     uint32_t heartbeat_ms;      /* <= 3600000 */
+    wire_plane_t data_plane;    /* < WIRE_PLANE_COUNT */
+    const uint8_t *nccl_id;     /* NCCL: exactly WIRE_NCCL_ID_BYTES; otherwise none */
+    size_t nccl_id_len;
+    const uint8_t *rdma_ep;     /* RDMA: 1..WIRE_MAX_RDMA_EP bytes; otherwise none */
+    size_t rdma_ep_len;
 } wire_welcome_t;
 
 /* Pairs (layers[i], experts[i]) strictly increasing by (layer, expert). */
@@ -173,6 +189,10 @@ typedef struct {
 
 typedef struct {
     uint64_t calls, rows, bytes_in, bytes_out, compute_ns, bad_messages, dropped;
+    /* a worker on a device: its expert cache (kernels/tier), 0 elsewhere */
+    uint64_t tier_uses, tier_hits, tier_streamed, tier_cpu, tier_prefetched,
+        tier_prefetch_used;
+    uint32_t tier_slots;
 } wire_stats_t;
 
 /* One layer's rows for one worker. The payload holds n_rows rows of n_embd
@@ -198,6 +218,12 @@ typedef struct {
     uint32_t result_dtype;
     const void *payload;
     size_t payload_bytes;
+    /* Prefetch hint (optional): experts predicted for prefetch_layer
+     * (< WIRE_MAX_LAYERS), n_prefetch <= WIRE_MAX_EXPERTS ids < WIRE_MAX_EXPERTS,
+     * strictly increasing. n_prefetch 0: no hint. */
+    uint32_t prefetch_layer;
+    size_t n_prefetch;
+    const uint32_t *prefetch;
 } wire_call_t;
 
 /* status OK: n_entries rows of n_embd values of dtype (F32 or BF16),

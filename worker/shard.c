@@ -232,6 +232,14 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
             s->row[p] = (int32_t)c->row_index[p];
         }
     }
+    if (s->dev) {
+        shard_dev_call(s->dev, c, r);
+        if (r->status == WIRE_ST_OK) {
+            s->calls++;
+            s->rows += c->n_rows;
+        }
+        return;
+    }
     if (kmoe_prepare(s->moe, l, (int)c->n_rows, c->payload, (int)p, s->row, s->expert) !=
         ECS_OK)
         REFUSE(WIRE_ST_BAD_MESSAGE, "%s", ecs_errmsg());

@@ -27,6 +27,7 @@
 #define WORKER_HELLO_MS 500
 #define WORKER_HELLO_MAX_MS 8000
 #define WORKER_TICK_MS 100
+#define WORKER_STATS_MS 5000 /* Stats of a worker on a device (its hit rate) */
 
 struct worker {
     worker_opts_t o;
@@ -41,7 +42,8 @@ struct worker {
     bool welcomed;
     uint32_t heartbeat_ms;
     uint64_t hb_seq, last_sent_ns, last_recv_ns;
-    uint64_t hello_gap_ms;
+    uint64_t hello_gap_ms, last_stats_ns;
+    shard_dev_t *dev;
     ecs_err_t fatal;
     char fatal_msg[512];
 };
@@ -90,7 +92,8 @@ static void send_hello(worker_t *w)
                               .threads = (uint32_t)w->o.threads,
                               .mem_budget = w->o.mem_budget,
                               .device = w->device,
-                              .data_endpoint = w->listen}};
+                              .data_endpoint = w->listen,
+                              .vram_budget = w->dev ? shard_dev_budget(w->dev) : 0}};
     send_msg(w, &m);
     w->hello_gap_ms = w->hello_gap_ms ? w->hello_gap_ms * 2 : WORKER_HELLO_MS;
     if (w->hello_gap_ms > WORKER_HELLO_MAX_MS)
@@ -101,6 +104,27 @@ static void send_error(worker_t *w, wire_status_t code, wire_kind_t about, const
 {
     wire_msg_t m = {.kind = WIRE_ERROR, .error = {.code = code, .message = msg, .about = about}};
     send_msg(w, &m);
+}
+
+static void send_stats(worker_t *w);
+
+/* The expert cache's counters and the device allocations so far (which
+ * calls never add to: tests/integration/test_gpu_worker.sh reads this). */
+static void log_cache(const worker_t *w)
+{
+    wire_stats_t st = {0};
+    uint64_t dev_bytes;
+    size_t n_allocs;
+    shard_dev_stats(w->dev, &st);
+    shard_dev_usage(w->dev, &dev_bytes, &n_allocs);
+    logf_(w, false, "expert cache: hit rate %.1f%% (%llu hits of %llu uses; misses: %llu "
+          "streamed, %llu on the host; %llu prefetched, %llu of them used), %u slots, "
+          "%.1f MiB of VRAM, %zu device allocations",
+          st.tier_uses ? 100.0 * (double)st.tier_hits / (double)st.tier_uses : 0.0,
+          (unsigned long long)st.tier_hits, (unsigned long long)st.tier_uses,
+          (unsigned long long)st.tier_streamed, (unsigned long long)st.tier_cpu,
+          (unsigned long long)st.tier_prefetched, (unsigned long long)st.tier_prefetch_used,
+          st.tier_slots, dev_bytes / 1048576.0, n_allocs);
 }
 
 static void on_assign(worker_t *w, const wire_assign_t *a)
@@ -114,6 +138,24 @@ static void on_assign(worker_t *w, const wire_assign_t *a)
         send_error(w, rc == ECS_ERR_NOMEM ? WIRE_ST_OVER_BUDGET : WIRE_ST_BAD_MESSAGE,
                    WIRE_ASSIGN, ecs_errmsg());
         return;
+    }
+    if (w->dev) {
+        char info[512];
+        const uint64_t t0 = now_ns();
+        if ((rc = shard_dev_assign(w->dev, &w->shard, info, sizeof info)) != ECS_OK) {
+            logf_(w, true, "refusing assignment %llu on %s: %s",
+                  (unsigned long long)a->generation, w->device, ecs_errmsg());
+            w->shard.n_held = 0; /* shard_call refuses until a good assignment */
+            send_error(w, rc == ECS_ERR_NOMEM ? WIRE_ST_OVER_BUDGET : WIRE_ST_INTERNAL,
+                       WIRE_ASSIGN, ecs_errmsg());
+            kmoe_free(w->shard.moe);
+            w->shard.moe = NULL;
+            return;
+        }
+        load_ns += now_ns() - t0;
+        logf_(w, false, "%s", info);
+        log_cache(w);
+        w->last_stats_ns = now_ns();
     }
     logf_(w, false, "holds %zu experts (%.1f MiB), loaded in %.0f ms", a->n, bytes / 1048576.0,
           load_ns / 1e6);
@@ -152,6 +194,8 @@ static void on_ctrl(void *ctx, int conn, const wire_msg_t *m)
         }
         break;
     case WIRE_DRAIN:
+        if (w->dev)
+            send_stats(w);
         logf_(w, false, "drained (%s): stopping", m->drain.reason);
         mux_server_stop(w->srv);
         break;
@@ -160,10 +204,22 @@ static void on_ctrl(void *ctx, int conn, const wire_msg_t *m)
     }
 }
 
+static void send_stats(worker_t *w)
+{
+    wire_msg_t m = {.kind = WIRE_STATS};
+    mux_server_stats(w->srv, &m.stats);
+    shard_dev_stats(w->dev, &m.stats);
+    send_msg(w, &m);
+    w->last_stats_ns = now_ns();
+    log_cache(w);
+}
+
 static void on_tick(void *ctx)
 {
     worker_t *w = ctx;
     const uint64_t t = now_ns();
+    if (w->dev && w->welcomed && t - w->last_stats_ns >= WORKER_STATS_MS * 1000000ull)
+        send_stats(w);
     if (w->welcomed && w->heartbeat_ms &&
         t - w->last_recv_ns > (uint64_t)w->heartbeat_ms * WIRE_LIVENESS * 1000000u) {
         logf_(w, true, "the coordinator has been silent for %llu ms: registering again",
@@ -214,10 +270,6 @@ ecs_err_t worker_new(const worker_opts_t *o, worker_t **out)
         return ecs_error(ECS_ERR_INVAL, "worker: a model and a coordinator address are needed");
     if (o->threads < 1 || o->threads > 1024)
         return ecs_error(ECS_ERR_RANGE, "worker: --threads %d (1 to 1024)", o->threads);
-    if (o->device && strcmp(o->device, "cpu"))
-        return ecs_error(ECS_ERR_UNSUPPORTED,
-                         "worker: --device %s: this build runs experts on the CPU only "
-                         "(use --device cpu)", o->device);
     worker_t *w = calloc(1, sizeof *w);
     if (!w)
         return ecs_error(ECS_ERR_NOMEM, "worker: out of memory");
@@ -229,12 +281,19 @@ ecs_err_t worker_new(const worker_opts_t *o, worker_t **out)
         snprintf(w->id, sizeof w->id, "%s", o->id);
     else
         snprintf(w->id, sizeof w->id, "%.40s-%d", w->host, (int)getpid());
-    snprintf(w->device, sizeof w->device, "cpu");
+    snprintf(w->device, sizeof w->device, "%s", o->device ? o->device : "cpu");
     pick_listen(w);
     ecs_err_t rc;
     if ((rc = gguf_open(o->model, &w->f)) != ECS_OK || (rc = arch_read_hparams(w->f, &w->hp)) ||
         (rc = shard_open(&w->shard, w->f, &w->hp)) != ECS_OK)
         goto fail;
+    if (strcmp(w->device, "cpu")) {
+        if ((rc = shard_dev_open(w->device, o->vram_budget, w->hp.n_expert, &w->dev)) != ECS_OK)
+            goto fail;
+        w->shard.dev = w->dev;
+        logf_(w, false, "device %s: %s, VRAM budget %.1f MiB", w->device,
+              shard_dev_name(w->dev), shard_dev_budget(w->dev) / 1048576.0);
+    }
     gguf_fingerprint(w->f, w->fp);
     if ((rc = ecs_threadpool_create(o->threads, &w->tp)) != ECS_OK)
         goto fail;
@@ -260,6 +319,8 @@ ecs_err_t worker_run(worker_t *w)
           w->o.model, fp, w->o.threads, w->listen, w->o.coordinator);
     send_hello(w);
     ecs_err_t rc = mux_server_run(w->srv);
+    if (w->dev)
+        log_cache(w);
     if (rc != ECS_OK)
         return rc;
     if (w->fatal != ECS_OK)
@@ -278,6 +339,7 @@ void worker_free(worker_t *w)
     if (!w)
         return;
     mux_server_free(w->srv);
+    shard_dev_close(w->dev); /* before the shard: its callbacks read it */
     shard_close(&w->shard);
     ecs_threadpool_destroy(w->tp);
     gguf_close(w->f);

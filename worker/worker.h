@@ -13,7 +13,10 @@
  * (kernels/moe, the same code as the coordinator's local backend, so the
  * bits are the same) and is answered with one f32 row per entry. The worker
  * holds no request state. A bad message is answered or dropped and
- * counted; it never stops the worker.
+ * counted; it never stops the worker. With --device cuda:N the experts
+ * that fit the VRAM budget are resident on the GPU and the rest streamed
+ * or computed on the host (kernels/tier); such a worker sends Stats with
+ * its cache's hit counts every WORKER_STATS_MS.
  *
  *     worker_opts_t o = {.model = "m.gguf", .coordinator = "ipc:///tmp/c.ctl",
  *                        .id = "w0", .threads = 2};
@@ -38,7 +41,10 @@ typedef struct {
     const char *coordinator; /* control endpoint, tcp://HOST:PORT or ipc://PATH */
     const char *listen;      /* data endpoint to bind; NULL: chosen (see worker.c) */
     const char *id;          /* unique per coordinator; NULL: host-pid */
-    const char *device;      /* "cpu" (NULL); "cuda:N" once the GPU backend exists */
+    const char *device;      /* "cpu" (NULL), "cuda:N" (a GPU: experts tiered between its
+                              * VRAM and the host, worker/device.c) or "emu" (the same
+                              * path on kgpu's host emulation, for tests) */
+    uint64_t vram_budget;    /* device bytes for experts and buffers; 0: 90% of free */
     int threads;             /* compute threads, >= 1 */
     uint64_t mem_budget;     /* bytes of expert weights it may hold; 0: unlimited */
     const char *repack_dir;  /* where the interleaved copy of its experts is cached; NULL: none */

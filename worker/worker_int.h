@@ -11,8 +11,11 @@
 #include "common/threadpool.h"
 #include "kernels/moe/moe.h"
 #include "kernels/repack/repack.h"
+#include "kernels/tier/tier.h"
 #include "proto/mux.h"
 #include "proto/wire.h"
+
+typedef struct shard_dev shard_dev_t;
 
 typedef struct {
     arch_hparams_t hp;
@@ -26,6 +29,7 @@ typedef struct {
     size_t n_held;
     uint64_t bytes;
     uint64_t calls, rows;
+    shard_dev_t *dev;              /* --device cuda:N / emu: calls run there (device.c) */
 } shard_t;
 
 ecs_err_t shard_open(shard_t *s, const gguf_file_t *f, const arch_hparams_t *hp);
@@ -36,5 +40,23 @@ size_t shard_expert_bytes(const kmoe_expert_t *e);
 ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_threadpool_t *tp,
                        const char *repack_dir, uint64_t *bytes, uint64_t *load_ns);
 void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r);
+
+/* device.c: the experts on a GPU (or kgpu's host emulation, "emu"), tiered
+ * by kernels/tier. Open at start-up (budget 0: 90% of the free VRAM);
+ * shard_dev_assign after every shard_assign sizes and allocates all device
+ * memory and uploads what fits (info: a line for the log); shard_dev_call
+ * allocates nothing. */
+ecs_err_t shard_dev_open(const char *device, uint64_t vram_budget, int n_expert,
+                         shard_dev_t **out);
+void shard_dev_close(shard_dev_t *d);
+const char *shard_dev_name(const shard_dev_t *d);
+uint64_t shard_dev_budget(const shard_dev_t *d);
+ecs_err_t shard_dev_assign(shard_dev_t *d, shard_t *s, char *info, size_t info_n);
+void shard_dev_call(shard_dev_t *d, const wire_call_t *c, mux_reply_t *r);
+/* Adds the expert cache's counters to w. */
+void shard_dev_stats(const shard_dev_t *d, wire_stats_t *w);
+/* Device bytes the current tiers hold, and allocations made through the
+ * device since it was opened (the request path adds none). */
+void shard_dev_usage(const shard_dev_t *d, uint64_t *dev_bytes, size_t *n_allocs);
 
 #endif

@@ -33,7 +33,11 @@ static void usage(FILE *f)
             "  --mem-budget SIZE   most bytes of expert weights to hold (e.g. 12G, 512M);\n"
             "                      a larger assignment is refused (default: no limit)\n"
             "  --id NAME           this worker's id, unique per coordinator (default HOST-PID)\n"
-            "  --device DEV        cpu (default)\n"
+            "  --device DEV        cpu (default); cuda:N: experts that fit --vram-budget stay\n"
+            "                      in the GPU's memory, the rest are streamed or run on the\n"
+            "                      CPU (needs libecs_cuda.so and a GPU); emu: the same path\n"
+            "                      on a host emulation of the device (tests)\n"
+            "  --vram-budget SIZE  device memory for experts and buffers (default: 90%% of free)\n"
             "  --repack DIR        cache of the interleaved copy of its experts (default:\n"
             "                      $ECS_CACHE_DIR, $XDG_CACHE_HOME/ecs or ~/.cache/ecs)\n"
             "  --no-repack         compute from the GGUF alone (same results, slower decode)\n"
@@ -74,7 +78,7 @@ int main(int argc, char **argv)
         }
         static const char *const with_value[] = {"-m", "--coordinator", "--listen", "--threads",
                                                  "--mem-budget", "--id", "--device",
-                                                 "--repack"};
+                                                 "--repack", "--vram-budget"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
             known |= !strcmp(a, with_value[k]);
@@ -100,6 +104,9 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--mem-budget")) {
             if (!ecs_parse_size(v, &o.mem_budget))
                 return fail("--mem-budget: bad size '%s' (e.g. 12G, 512M)", v);
+        } else if (!strcmp(a, "--vram-budget")) {
+            if (!ecs_parse_size(v, &o.vram_budget) || !o.vram_budget)
+                return fail("--vram-budget: bad size '%s' (e.g. 40G, 512M)", v);
         }
     }
     if (!o.model)
