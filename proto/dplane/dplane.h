@@ -1,0 +1,152 @@
+/* dplane.h - data planes beside ZeroMQ: the payload bytes of expert calls
+ * and results over NCCL (GPU to GPU) or RDMA (CPU hosts), while request
+ * ids and headers stay on ZeroMQ (proto/wire.h, proto/mux.h).
+ *
+ * Contract
+ * - Negotiation: each side states what it could carry (dplane_local_caps:
+ *   WIRE_CAP_NCCL when it computes on a GPU and libnccl loads, WIRE_CAP_RDMA
+ *   when libibverbs finds a device); the worker sends its bits in Hello, the
+ *   coordinator picks with dplane_choose (NCCL, then RDMA, else ZeroMQ) and
+ *   says so in Welcome. ZeroMQ is always the fallback: a failure to set a
+ *   plane up is logged and the pair stays on ZeroMQ.
+ * - A channel carries one direction of one pair (calls coordinator ->
+ *   worker, results worker -> coordinator), over its own communicator or
+ *   queue pair, driven by exactly one thread. Two one-way channels per pair
+ *   rather than one two-way: a communicator needs both ranks to issue
+ *   matching operations in one order, and no side knows in advance how
+ *   results (finished out of order) interleave with calls; each one-way
+ *   order is fixed by its sender's headers on ZeroMQ, which keep their
+ *   order per connection, and the two directions cannot block each other.
+ * - Ordering: the sender numbers its payloads 0, 1, 2, ... in the order it
+ *   sends their headers and puts the number in the header; the receiver
+ *   submits the receive with the number from the header. Any thread may
+ *   submit, in any order; the channel's thread runs operation n only after
+ *   n - 1, so both ends issue sends and receives in the same order.
+ * - Bounded: a channel holds `depth` operations (allocated at creation);
+ *   dplane_chan_submit never allocates and refuses a number more than
+ *   depth ahead of the next one to run (ECS_ERR_RANGE: the caller keeps at
+ *   most depth payloads in flight, which its call window already does).
+ * - Teardown: dplane_chan_abort (the peer died, or shutdown) aborts the
+ *   transport (ncclCommAbort, QP to error), completes every queued and
+ *   later operation with ECS_ERR_IO and leaves the thread idle;
+ *   dplane_chan_free joins it. A replacement worker gets new channels and a
+ *   new communicator; calls of the dead one are re-sent by the supervisor
+ *   as before.
+ * - Transports are a vtable; NCCL and verbs are loaded with dlopen, so a
+ *   CPU-only build and user never need either library.
+ *
+ * Usage (the receiving side of a pair on NCCL)
+ *   dplane_transport_t t;
+ *   dplane_nccl_open(id, 1, device, &t);             // id from Welcome, rank 1
+ *   dplane_chan_t *c;
+ *   dplane_chan_new(&t, DPLANE_RECV, 64, on_done, ctx, &c);
+ *   on a call header with payload number n:  dplane_chan_submit(c, n, dev_buf, bytes);
+ *   on_done(ctx, n, rc) runs on the channel's thread when the bytes are in.
+ *   dplane_chan_abort(c, "worker gone"); dplane_chan_free(c);
+ */
+#ifndef ECS_DPLANE_H
+#define ECS_DPLANE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "proto/wire.h"
+
+/* ---- negotiation ---- */
+
+typedef struct {
+    bool gpu;       /* this side computes on a GPU (its payloads live in VRAM) */
+    bool want_nccl; /* allowed to offer NCCL */
+    bool want_rdma; /* allowed to offer RDMA */
+} dplane_env_t;
+
+/* The WIRE_CAP_NCCL / WIRE_CAP_RDMA bits this process can honour (probes
+ * libnccl / libibverbs with dlopen; never fails). */
+uint64_t dplane_local_caps(const dplane_env_t *e);
+/* The plane for a pair: NCCL if both have it, else RDMA if both, else ZeroMQ. */
+wire_plane_t dplane_choose(uint64_t worker_caps, uint64_t coordinator_caps);
+const char *dplane_plane_name(wire_plane_t p);
+
+/* ---- transports ---- */
+
+/* Blocking one-way byte moves; abort (any thread) makes a blocked or later
+ * send / recv fail. */
+typedef struct {
+    const char *name;
+    ecs_err_t (*send)(void *ctx, const void *buf, size_t n);
+    ecs_err_t (*recv)(void *ctx, void *buf, size_t n);
+    void (*abort)(void *ctx);
+    void (*close)(void *ctx); /* after the channel's thread has stopped */
+    void *ctx;
+} dplane_transport_t;
+
+/* NCCL (libnccl.so.2 and libcudart loaded with dlopen): a 2-rank
+ * communicator on `device`; rank 0 is the coordinator. Buffers given to
+ * the channel are device memory. */
+#define DPLANE_NCCL_ID_BYTES 128
+ecs_err_t dplane_nccl_unique_id(uint8_t id[DPLANE_NCCL_ID_BYTES]);
+ecs_err_t dplane_nccl_open(const uint8_t id[DPLANE_NCCL_ID_BYTES], int rank, int device,
+                           dplane_transport_t *out);
+
+/* ---- the ordered channel ---- */
+
+typedef enum { DPLANE_SEND = 0, DPLANE_RECV = 1 } dplane_dir_t;
+typedef void (*dplane_done_fn)(void *arg, uint64_t seq, ecs_err_t rc);
+typedef struct dplane_chan dplane_chan_t;
+
+/* Starts the channel's thread. t is copied; the channel owns it from now
+ * on (closed by dplane_chan_free, also when this fails). */
+ecs_err_t dplane_chan_new(const dplane_transport_t *t, dplane_dir_t dir, int depth,
+                          dplane_done_fn done, void *arg, dplane_chan_t **out);
+/* Queues payload number seq (buf, n bytes: kept until done(seq) ran). */
+ecs_err_t dplane_chan_submit(dplane_chan_t *c, uint64_t seq, void *buf, size_t n);
+/* The next number the thread will run (all below it are done). */
+uint64_t dplane_chan_next(dplane_chan_t *c);
+void dplane_chan_abort(dplane_chan_t *c, const char *why);
+bool dplane_chan_aborted(dplane_chan_t *c);
+/* Aborts if needed, joins the thread, closes the transport. */
+void dplane_chan_free(dplane_chan_t *c);
+
+/* ---- RDMA: registered buffers and send credits (rdma.c) ----
+ * The pure bookkeeping of the verbs plane, tested without a device: a
+ * region registered once at start-up is cut into n fixed-size buffers
+ * handed out and returned without allocation; a sender spends one credit
+ * per message and regains the credits the receiver returns after it has
+ * re-posted its buffers, so a send never finds the peer without a posted
+ * receive (an RC queue pair would fail with RNR otherwise). */
+typedef struct {
+    uint8_t *base;
+    size_t buf_bytes;
+    int n;
+    int32_t *free_list; /* a stack of free buffer indices */
+    int n_free;
+} dplane_pool_t;
+
+ecs_err_t dplane_pool_init(dplane_pool_t *p, void *base, size_t bytes, size_t buf_bytes,
+                           int32_t *free_list, int max_bufs);
+/* A free buffer's index (its memory: dplane_pool_buf), or -1 when none. */
+int dplane_pool_get(dplane_pool_t *p);
+void *dplane_pool_buf(const dplane_pool_t *p, int i);
+/* Returns buffer i; ECS_ERR_INVAL for an index out of range or already free. */
+ecs_err_t dplane_pool_put(dplane_pool_t *p, int i);
+
+typedef struct {
+    uint32_t credits;  /* sends allowed now */
+    uint32_t window;   /* receives the peer keeps posted */
+    uint64_t sent, returned;
+} dplane_credits_t;
+
+void dplane_credits_init(dplane_credits_t *c, uint32_t window);
+/* Takes a credit for one send; false when none is left (wait for a return). */
+bool dplane_credits_take(dplane_credits_t *c);
+/* The peer says it re-posted n receives; ECS_ERR_RANGE if that would
+ * exceed what was sent (a confused or hostile peer). */
+ecs_err_t dplane_credits_return(dplane_credits_t *c, uint32_t n);
+
+/* The verbs plane (built where <infiniband/verbs.h> exists; libibverbs is
+ * loaded with dlopen): true when a device is present. */
+bool dplane_rdma_available(void);
+
+#endif
