@@ -103,10 +103,12 @@ static void *chan_main(void *arg)
         pthread_mutex_unlock(&c->mu);
         const ecs_err_t rc = c->dir == DPLANE_SEND ? c->t.send(c->t.ctx, op.buf, op.n)
                                                    : c->t.recv(c->t.ctx, op.buf, op.n);
-        c->done(c->arg, op.seq, rc);
         pthread_mutex_lock(&c->mu);
         o->full = false;
         c->next++;
+        pthread_mutex_unlock(&c->mu);
+        c->done(c->arg, op.seq, rc); /* unlocked: it may submit the next one */
+        pthread_mutex_lock(&c->mu);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;

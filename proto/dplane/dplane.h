@@ -102,7 +102,8 @@ ecs_err_t dplane_chan_new(const dplane_transport_t *t, dplane_dir_t dir, int dep
                           dplane_done_fn done, void *arg, dplane_chan_t **out);
 /* Queues payload number seq (buf, n bytes: kept until done(seq) ran). */
 ecs_err_t dplane_chan_submit(dplane_chan_t *c, uint64_t seq, void *buf, size_t n);
-/* The next number the thread will run (all below it are done). */
+/* The next number the thread will run (all below it have run; the
+ * last one's done() may still be running). */
 uint64_t dplane_chan_next(dplane_chan_t *c);
 void dplane_chan_abort(dplane_chan_t *c, const char *why);
 bool dplane_chan_aborted(dplane_chan_t *c);
