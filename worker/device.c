@@ -228,9 +228,11 @@ ecs_err_t shard_dev_assign(shard_dev_t *d, shard_t *s, char *info, size_t info_n
         for (int e = 0; s->layers[l] && e < hp->n_expert; e++)
             d->n_resident += s->layers[l][e].gate.nrows && ktier_slot_of(d->pol, l, e) >= 0;
     snprintf(info, info_n,
-             "%s: %d of %zu experts resident in %.1f MiB of VRAM (budget %.1f MiB); the rest "
-             "%s (cost: cpu %.0f+%.1f/row us, gpu %.0f+%.1f/row us, upload %.0f us)",
+             "%s: %d of %zu experts resident in %.1f MiB of VRAM (budget %.1f MiB: buffers "
+             "%zu bytes, %zu per expert); the rest %s (cost: cpu %.0f+%.1f/row us, gpu "
+             "%.0f+%.1f/row us, upload %.0f us)",
              d->name, d->n_resident, s->n_held, d->dev_bytes / 1048576.0, d->budget / 1048576.0,
+             fixed, slot_bytes,
              slots ? "streamed or on the host" : "on the host", cost.cpu_us0, cost.cpu_us_row,
              cost.gpu_us0, cost.gpu_us_row, cost.upload_us);
     return ECS_OK;

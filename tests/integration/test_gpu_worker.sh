@@ -57,26 +57,11 @@ export DEV_ARGS="--device emu --vram-budget 7M"
 if ! dump "$tmp/tier.json" --spawn-workers 1 --worker-bin "$tmp/worker.sh"; then
     bad "emu, 7M: ecs-run failed: $(tail -3 "$tmp/tier.json.err")"
 else
-    if /usr/bin/python3 - "$tmp/local.json" "$tmp/tier.json" <<'EOF'; then
-import json, sys
-a, b = (json.load(open(p))["positions"] for p in sys.argv[1:3])
-assert len(a) == len(b) == 48, (len(a), len(b))
-worst = 0.0
-for i, (pa, pb) in enumerate(zip(a, b)):
-    da = dict((t, v) for t, v in pa)
-    for t, v in pb:
-        if t in da:
-            worst = max(worst, abs(da[t] - v))
-    # the top token must agree unless the local top two are within the tolerance
-    if pa[0][0] != pb[0][0] and pa[0][1] - pa[1][1] > 0.05:
-        sys.exit("position %d: top token %d, local %d (margin %.3f)"
-                 % (i, pb[0][0], pa[0][0], pa[0][1] - pa[1][1]))
-print("largest logit difference %.4f" % worst)
-sys.exit(0 if worst <= 0.05 else 1)
-EOF
-        ok "emu, 7M: logits within 0.05 of the local backend"
+    if close=$(/usr/bin/python3 tests/integration/logits_close.py "$tmp/local.json" \
+            "$tmp/tier.json" 0.05); then
+        ok "emu, 7M: $close"
     else
-        bad "emu, 7M: logits outside the tolerance"
+        bad "emu, 7M: $close"
     fi
     lines=$(grep -a "expert cache:" "$tmp/tier.json.err")
     first=$(head -n 1 <<<"$lines"); last=$(tail -n 1 <<<"$lines")

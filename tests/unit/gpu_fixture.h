@@ -94,7 +94,7 @@ static void fx_shard_free(fx_shard_t *s)
     free(s->down);
 }
 
-static kgpu_seg_t fx_seg(const fx_shard_t *s, int e, int row0, int n)
+__attribute__((unused)) static kgpu_seg_t fx_seg(const fx_shard_t *s, int e, int row0, int n)
 {
     return (kgpu_seg_t){s->gate + s->bg * e, s->up + s->bu * e, s->down + s->bd * e, row0, n};
 }
@@ -109,7 +109,7 @@ static float *fx_acts(int rows, int E, uint64_t seed)
 }
 
 /* max |a - b| / max |b| over n values (infinite if a has a NaN or inf). */
-static double fx_rel_err(const float *a, const float *b, size_t n)
+__attribute__((unused)) static double fx_rel_err(const float *a, const float *b, size_t n)
 {
     double m = 0, d = 0;
     for (size_t i = 0; i < n; i++) {
