@@ -492,3 +492,100 @@ Test(wire, seeds)
             write_seed(dir, wire_kind_name(ctl[i].kind), frame, n, NULL, 0, false);
     }
 }
+
+/* The GPU work's appended fields: the prefetch hint of a call, the data
+ * plane of a Welcome, a Hello's RDMA endpoint and VRAM budget, the tier
+ * counters of Stats; round trips and the checks on them. */
+Test(wire, gpu_fields)
+{
+    call_store_t s;
+    wire_msg_t m = make_call(&s);
+    const uint32_t pf[3] = {1, 4, 60};
+    m.call.prefetch_layer = 8;
+    m.call.n_prefetch = 3;
+    m.call.prefetch = pf;
+    size_t n = enc(&m);
+    wire_msg_t d;
+    cr_assert_eq(wire_decode(frame, n, s.x, sizeof s.x, true, &d), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(d.call.prefetch_layer, 8);
+    cr_assert_eq(d.call.n_prefetch, 3);
+    cr_assert_arr_eq(d.call.prefetch, pf, sizeof pf);
+    wire_msg_clear(&d);
+    const uint32_t unordered[2] = {4, 4};
+    m.call.n_prefetch = 2;
+    m.call.prefetch = unordered;
+    expect_bad_call(&m, "prefetch expert 1");
+    m.call.prefetch_layer = WIRE_MAX_LAYERS;
+    m.call.prefetch = pf;
+    expect_bad_call(&m, "prefetch of 2 experts of layer");
+    m.call.n_prefetch = 0; /* no hint: the layer is not looked at */
+    n = enc(&m);
+    cr_assert_eq(wire_decode(frame, n, s.x, sizeof s.x, true, &d), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(d.call.n_prefetch, 0);
+    wire_msg_clear(&d);
+
+    uint8_t id[WIRE_NCCL_ID_BYTES], ep[WIRE_MAX_RDMA_EP + 1];
+    for (size_t i = 0; i < sizeof id; i++)
+        id[i] = (uint8_t)(i * 7 + 1);
+    memset(ep, 0xab, sizeof ep);
+    wire_msg_t w = {.kind = WIRE_WELCOME,
+                    .welcome = {.version = 1, .coordinator_id = "c", .heartbeat_ms = 100,
+                                .data_plane = WIRE_PLANE_NCCL, .nccl_id = id,
+                                .nccl_id_len = sizeof id}};
+    n = enc(&w);
+    cr_assert_eq(wire_decode(frame, n, NULL, 0, false, &d), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(d.welcome.data_plane, WIRE_PLANE_NCCL);
+    cr_assert_eq(d.welcome.nccl_id_len, sizeof id);
+    cr_assert_arr_eq(d.welcome.nccl_id, id, sizeof id);
+    wire_msg_clear(&d);
+    wire_msg_t b = w;
+    b.welcome.nccl_id_len = 16;
+    expect_bad_call(&b, "nccl id of 16 bytes");
+    b = w;
+    b.welcome.data_plane = WIRE_PLANE_ZMQ; /* an id without NCCL */
+    expect_bad_call(&b, "nccl id");
+    b = w;
+    b.welcome.data_plane = WIRE_PLANE_RDMA;
+    b.welcome.nccl_id_len = 0;
+    expect_bad_call(&b, "rdma endpoint of 0 bytes");
+    b.welcome.rdma_ep = ep;
+    b.welcome.rdma_ep_len = WIRE_MAX_RDMA_EP;
+    n = enc(&b);
+    cr_assert_eq(wire_decode(frame, n, NULL, 0, false, &d), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(d.welcome.rdma_ep_len, WIRE_MAX_RDMA_EP);
+    wire_msg_clear(&d);
+    b.welcome.data_plane = (wire_plane_t)7;
+    expect_bad_call(&b, "data plane 7");
+
+    const uint8_t fp[4] = {1, 2, 3, 4};
+    wire_msg_t h = {.kind = WIRE_HELLO,
+                    .hello = {.min_version = 1, .max_version = 1, .fingerprint = fp,
+                              .fingerprint_len = 4, .worker_id = "w", .threads = 1,
+                              .data_endpoint = "tcp://127.0.0.1:1", .device = "cuda:0",
+                              .capabilities = WIRE_CAP_NCCL | WIRE_CAP_RDMA, .rdma_ep = ep,
+                              .rdma_ep_len = 20, .vram_budget = 40ull << 30}};
+    n = enc(&h);
+    cr_assert_eq(wire_decode(frame, n, NULL, 0, false, &d), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(d.hello.capabilities, WIRE_CAP_NCCL | WIRE_CAP_RDMA);
+    cr_assert_eq(d.hello.rdma_ep_len, 20);
+    cr_assert_eq(d.hello.vram_budget, 40ull << 30);
+    wire_msg_clear(&d);
+    h.hello.rdma_ep_len = WIRE_MAX_RDMA_EP + 1;
+    expect_bad_call(&h, "rdma endpoint");
+
+    wire_msg_t st = {.kind = WIRE_STATS,
+                     .stats = {.calls = 5, .tier_uses = 100, .tier_hits = 60, .tier_streamed = 30,
+                               .tier_cpu = 10, .tier_prefetched = 7, .tier_prefetch_used = 6,
+                               .tier_slots = 24}};
+    n = enc(&st);
+    cr_assert_eq(wire_decode(frame, n, NULL, 0, false, &d), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(d.stats.calls, 5);
+    cr_assert_eq(d.stats.tier_uses, 100);
+    cr_assert_eq(d.stats.tier_hits, 60);
+    cr_assert_eq(d.stats.tier_streamed, 30);
+    cr_assert_eq(d.stats.tier_cpu, 10);
+    cr_assert_eq(d.stats.tier_prefetched, 7);
+    cr_assert_eq(d.stats.tier_prefetch_used, 6);
+    cr_assert_eq(d.stats.tier_slots, 24);
+    wire_msg_clear(&d);
+}
