@@ -132,12 +132,8 @@ ecs_err_t dplane_chan_new(const dplane_transport_t *t, dplane_dir_t dir, int dep
             t->close(t->ctx);
         return ecs_error(ECS_ERR_NOMEM, "data plane: no memory for a channel of %d", depth);
     }
-    c->t = *t;
-    c->dir = dir;
-    c->depth = depth;
-    c->done = done;
-    c->arg = arg;
-    c->ring = ring;
+    *c = (dplane_chan_t){.t = *t, .dir = dir, .depth = depth, .done = done, .arg = arg,
+                         .ring = ring};
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     if (pthread_create(&c->thread, NULL, chan_main, c) != 0) {

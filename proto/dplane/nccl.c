@@ -63,15 +63,6 @@ static void *open_first(const char *env, const char *const *names, char *why, si
     return NULL;
 }
 
-#define SYM(lib, field, name)                                                \
-    do {                                                                     \
-        *(void **)&api.field = dlsym(api.lib, name);                         \
-        if (!api.field) {                                                    \
-            snprintf(api_why, sizeof api_why, "%s has no %s", #lib, name);   \
-            return false;                                                    \
-        }                                                                    \
-    } while (0)
-
 static bool load_syms(void)
 {
     static const char *const nccl_names[] = {"libnccl.so.2", "libnccl.so",
@@ -88,19 +79,32 @@ static bool load_syms(void)
         snprintf(api_why, sizeof api_why, "no libnccl: %s", why);
         return false;
     }
-    SYM(nccl, get_unique_id, "ncclGetUniqueId");
-    SYM(nccl, comm_init_rank, "ncclCommInitRank");
-    SYM(nccl, send, "ncclSend");
-    SYM(nccl, recv, "ncclRecv");
-    SYM(nccl, comm_abort, "ncclCommAbort");
-    SYM(nccl, comm_destroy, "ncclCommDestroy");
-    SYM(nccl, async_error, "ncclCommGetAsyncError");
-    SYM(nccl, nccl_str, "ncclGetErrorString");
-    SYM(cudart, set_device, "cudaSetDevice");
-    SYM(cudart, stream_create, "cudaStreamCreateWithFlags");
-    SYM(cudart, stream_query, "cudaStreamQuery");
-    SYM(cudart, stream_destroy, "cudaStreamDestroy");
-    SYM(cudart, cuda_str, "cudaGetErrorString");
+    /* the POSIX idiom: a function pointer's storage written through void ** */
+    const struct {
+        void **slot;
+        bool cuda;
+        const char *name;
+    } syms[] = {
+        {(void **)&api.get_unique_id, false, "ncclGetUniqueId"},
+        {(void **)&api.comm_init_rank, false, "ncclCommInitRank"},
+        {(void **)&api.send, false, "ncclSend"},
+        {(void **)&api.recv, false, "ncclRecv"},
+        {(void **)&api.comm_abort, false, "ncclCommAbort"},
+        {(void **)&api.comm_destroy, false, "ncclCommDestroy"},
+        {(void **)&api.async_error, false, "ncclCommGetAsyncError"},
+        {(void **)&api.nccl_str, false, "ncclGetErrorString"},
+        {(void **)&api.set_device, true, "cudaSetDevice"},
+        {(void **)&api.stream_create, true, "cudaStreamCreateWithFlags"},
+        {(void **)&api.stream_query, true, "cudaStreamQuery"},
+        {(void **)&api.stream_destroy, true, "cudaStreamDestroy"},
+        {(void **)&api.cuda_str, true, "cudaGetErrorString"},
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof *syms; i++)
+        if (!(*syms[i].slot = dlsym(syms[i].cuda ? api.cudart : api.nccl, syms[i].name))) {
+            snprintf(api_why, sizeof api_why, "%s has no %s",
+                     syms[i].cuda ? "libcudart" : "libnccl", syms[i].name);
+            return false;
+        }
     return true;
 }
 
