@@ -146,8 +146,39 @@ bool dplane_credits_take(dplane_credits_t *c);
  * exceed what was sent (a confused or hostile peer). */
 ecs_err_t dplane_credits_return(dplane_credits_t *c, uint32_t n);
 
-/* The verbs plane (built where <infiniband/verbs.h> exists; libibverbs is
- * loaded with dlopen): true when a device is present. */
+/* The verbs plane (verbs.c; built where <infiniband/verbs.h> exists,
+ * libibverbs loaded with dlopen): true when a device is present. */
 bool dplane_rdma_available(void);
+
+/* A queue pair's address as Hello / Welcome carry it (rdma_endpoint):
+ * little-endian qpn, psn, lid, port | mtu << 8, then the 16-byte GID. */
+#define DPLANE_RDMA_EP_BYTES 32
+typedef struct {
+    uint32_t qpn, psn; /* 24-bit */
+    uint16_t lid;      /* 0 on RoCE: routed by gid */
+    uint8_t port, mtu; /* mtu: enum ibv_mtu, 1..5 */
+    uint8_t gid[16];
+} dplane_rdma_ep_t;
+void dplane_rdma_ep_encode(const dplane_rdma_ep_t *e, uint8_t out[DPLANE_RDMA_EP_BYTES]);
+ecs_err_t dplane_rdma_ep_decode(const uint8_t *b, size_t n, dplane_rdma_ep_t *e);
+
+typedef struct {
+    const char *device; /* ibv device name; NULL: the first */
+    size_t buf_bytes;   /* one registered buffer: a payload moves in chunks of this */
+    int n_bufs;         /* registered buffers: half stay posted for receives */
+    int gid_index;      /* RoCE GID table index (0 usually) */
+} dplane_rdma_opts_t;
+typedef struct dplane_rdma dplane_rdma_t;
+
+/* Opens the device, registers the buffers once, creates an RC queue pair
+ * (INIT) with its receives posted; *local is what to send the peer. */
+ecs_err_t dplane_rdma_open(const dplane_rdma_opts_t *o, dplane_rdma_t **out,
+                           dplane_rdma_ep_t *local);
+/* Moves the queue pair to RTR / RTS against the peer's address and hands
+ * out the transport (which owns r from then: its close frees it). */
+ecs_err_t dplane_rdma_connect(dplane_rdma_t *r, const dplane_rdma_ep_t *peer,
+                              dplane_transport_t *out);
+/* Frees an r that was never connected. */
+void dplane_rdma_close(dplane_rdma_t *r);
 
 #endif

@@ -1,11 +1,6 @@
-/* rdma.c - the RDMA data plane's bookkeeping (registered buffer pool, send
- * credits) and the probe for a verbs device. The verbs calls are made
- * through libibverbs loaded with dlopen, compiled only where its header
- * exists (libibverbs-dev), so a machine without it builds and runs the
- * rest. Soft-RoCE cannot run here (no rxe module): the pool and the
- * credits are what make test checks; the queue pairs run where an RDMA
- * device is. */
-#include <dlfcn.h>
+/* rdma.c - the RDMA data plane's bookkeeping: the registered buffer pool
+ * and the send credits, plain C that make test checks without a device
+ * (the queue pairs that use them: verbs.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,36 +75,3 @@ ecs_err_t dplane_credits_return(dplane_credits_t *c, uint32_t n)
     c->credits += n;
     return ECS_OK;
 }
-
-#if defined(__has_include)
-#if __has_include(<infiniband/verbs.h>)
-#define DPLANE_HAVE_VERBS 1
-#endif
-#endif
-
-#ifdef DPLANE_HAVE_VERBS
-#include <infiniband/verbs.h>
-
-bool dplane_rdma_available(void)
-{
-    void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        return false;
-    struct ibv_device **(*get_list)(int *) = NULL;
-    void (*free_list)(struct ibv_device **) = NULL;
-    *(void **)&get_list = dlsym(h, "ibv_get_device_list");
-    *(void **)&free_list = dlsym(h, "ibv_free_device_list");
-    int n = 0;
-    if (get_list && free_list) {
-        struct ibv_device **l = get_list(&n);
-        if (l)
-            free_list(l);
-        else
-            n = 0;
-    }
-    /* libibverbs stays loaded: its providers register themselves once */
-    return n > 0;
-}
-#else
-bool dplane_rdma_available(void) { return false; }
-#endif

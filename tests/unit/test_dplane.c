@@ -316,6 +316,45 @@ Test(dplane, rdma_credits)
     cr_assert_eq(c.returned, 4);
 }
 
+Test(dplane, rdma_endpoint_and_open)
+{
+    dplane_rdma_ep_t e = {.qpn = 0x123456, .psn = 0xabcdef, .lid = 7, .port = 1, .mtu = 3};
+    for (int i = 0; i < 16; i++)
+        e.gid[i] = (uint8_t)(0xf0 + i);
+    uint8_t b[DPLANE_RDMA_EP_BYTES], c[DPLANE_RDMA_EP_BYTES];
+    dplane_rdma_ep_encode(&e, b);
+    cr_assert_leq(DPLANE_RDMA_EP_BYTES, WIRE_MAX_RDMA_EP, "it must fit Hello's field");
+    dplane_rdma_ep_t d;
+    cr_assert_eq(dplane_rdma_ep_decode(b, sizeof b, &d), ECS_OK, "%s", ecs_errmsg());
+    dplane_rdma_ep_encode(&d, c);
+    cr_assert_arr_eq(b, c, sizeof b);
+    cr_assert_eq(d.qpn, e.qpn);
+    cr_assert_eq(d.psn, e.psn);
+    cr_assert_eq(d.lid, 7);
+    cr_assert_eq(d.mtu, 3);
+    cr_assert_eq(dplane_rdma_ep_decode(b, sizeof b - 1, &d), ECS_ERR_FORMAT);
+    b[3] = 1; /* a qpn of 25 bits */
+    cr_assert_eq(dplane_rdma_ep_decode(b, sizeof b, &d), ECS_ERR_FORMAT);
+    dplane_rdma_ep_encode(&e, b);
+    b[13] = 9; /* mtu 9 */
+    cr_assert_eq(dplane_rdma_ep_decode(b, sizeof b, &d), ECS_ERR_FORMAT);
+    /* without a device (no rxe here) opening says so; with one it works */
+    dplane_rdma_opts_t o = {.buf_bytes = 4096, .n_bufs = 8};
+    dplane_rdma_t *r;
+    dplane_rdma_ep_t local;
+    const ecs_err_t rc = dplane_rdma_open(&o, &r, &local);
+    if (!dplane_rdma_available()) {
+        cr_assert_eq(rc, ECS_ERR_UNSUPPORTED);
+        cr_assert(strstr(ecs_errmsg(), "rdma"), "%s", ecs_errmsg());
+    } else {
+        cr_assert_eq(rc, ECS_OK, "%s", ecs_errmsg());
+        cr_assert_gt(local.qpn, 0);
+        dplane_rdma_close(r);
+    }
+    o.n_bufs = 1;
+    cr_assert_neq(dplane_rdma_open(&o, &r, &local), ECS_OK, "one buffer cannot send and receive");
+}
+
 /* ---- the NCCL transport, two ranks of one process (GPU only) ---- */
 
 typedef struct {
