@@ -177,6 +177,9 @@ static void on_ctrl(void *ctx, int conn, const wire_msg_t *m)
         w->heartbeat_ms = m->welcome.heartbeat_ms;
         logf_(w, false, "registered with %s (protocol %u)", m->welcome.coordinator_id,
               m->welcome.version);
+        if (m->welcome.data_plane != WIRE_PLANE_ZMQ) /* it offered none (proto/dplane) */
+            logf_(w, true, "the coordinator chose data plane %u, which this worker did not "
+                  "offer: payloads stay on ZeroMQ", (unsigned)m->welcome.data_plane);
         break;
     case WIRE_ASSIGN:
         on_assign(w, &m->assign);
