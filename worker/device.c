@@ -246,17 +246,6 @@ void shard_dev_call(shard_dev_t *d, const wire_call_t *c, mux_reply_t *r)
     shard_t *s = d->s;
     const size_t E = (size_t)s->hp.n_embd, row = E * sizeof(float);
     const int l = (int)c->layer;
-    /* the hint first: its uploads overlap this call's compute */
-    if (c->n_prefetch && c->prefetch_layer < (uint32_t)s->hp.n_layer &&
-        s->layers[c->prefetch_layer]) {
-        int n = 0;
-        for (size_t i = 0; i < c->n_prefetch; i++)
-            if (c->prefetch[i] < (uint32_t)s->hp.n_expert &&
-                s->layers[c->prefetch_layer][c->prefetch[i]].gate.nrows)
-                d->pf[n++] = (int32_t)c->prefetch[i];
-        if (n && ktier_exec_prefetch(d->ex, (int)c->prefetch_layer, n, d->pf) != ECS_OK)
-            fprintf(stderr, "ecs-worker: prefetch ignored: %s\n", ecs_errmsg());
-    }
     size_t p = 0;
     for (size_t i = 0; i < c->n_experts; i++) {
         d->experts[i] = (int32_t)c->experts[i];
@@ -273,6 +262,20 @@ void shard_dev_call(shard_dev_t *d, const wire_call_t *c, mux_reply_t *r)
     if (rc != ECS_OK) {
         r->status = WIRE_ST_INTERNAL;
         snprintf(r->message, sizeof r->message, "device: %s", ecs_errmsg());
+        return;
+    }
+    /* the hint after the call: its plan pinned the slots it used, so the
+     * uploads cannot evict them, and they run on the upload stream while
+     * the reply travels and the coordinator gets to the next layer */
+    if (c->n_prefetch && c->prefetch_layer < (uint32_t)s->hp.n_layer &&
+        s->layers[c->prefetch_layer]) {
+        int n = 0;
+        for (size_t i = 0; i < c->n_prefetch; i++)
+            if (c->prefetch[i] < (uint32_t)s->hp.n_expert &&
+                s->layers[c->prefetch_layer][c->prefetch[i]].gate.nrows)
+                d->pf[n++] = (int32_t)c->prefetch[i];
+        if (n && ktier_exec_prefetch(d->ex, (int)c->prefetch_layer, n, d->pf) != ECS_OK)
+            fprintf(stderr, "ecs-worker: prefetch ignored: %s\n", ecs_errmsg());
     }
 }
 
