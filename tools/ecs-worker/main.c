@@ -113,6 +113,8 @@ int main(int argc, char **argv)
         return fail("-m MODEL.gguf is required (see --help)");
     if (!o.coordinator)
         return fail("--coordinator ADDR is required (see --help)");
+    if (o.vram_budget && (!o.device || !strcmp(o.device, "cpu")))
+        return fail("--vram-budget needs --device cuda:N (or emu)");
     if (no_repack)
         o.repack_dir = NULL;
     else if (!o.repack_dir)
