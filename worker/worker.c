@@ -162,6 +162,9 @@ static void on_assign(worker_t *w, int ci, const wire_assign_t *a)
         ecs_err_t rc = shard_assign(&w->shard, a, w->o.mem_budget, w->tp, w->o.repack_dir,
                                     &bytes, &load_ns);
         if (rc != ECS_OK) {
+            if (!w->shard.n_held) /* failed after letting the old shard go */
+                for (int i = 0; i < w->n_co; i++)
+                    w->co[i].uses_shard = false;
             logf_(w, true, "refusing assignment %llu: %s", (unsigned long long)a->generation,
                   ecs_errmsg());
             send_error(w, c, rc == ECS_ERR_NOMEM ? WIRE_ST_OVER_BUDGET : WIRE_ST_BAD_MESSAGE,
