@@ -140,7 +140,7 @@ try:
     text = open(log).read()
     if rc == 0:
         bad("conflict: a coordinator with another placement was not refused")
-    elif "placement differs" in text and "assigned" in text:
+    elif "placement differs" in text and "calls; this coordinator" in text:
         line = [l for l in text.splitlines() if "placement differs" in l][0]
         ok("conflict: a coordinator with another placement is refused: %s" % line[:200])
     else:
