@@ -132,7 +132,7 @@ $(BUILD)/deps/%: $(BUILD)/obj/tests/deps/%.o $(LIB_KERNELS) $(LIB_COMMON)
 # ---- installing what the project needs (Debian, as root; idempotent) ----
 DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy \
            protobuf-c-compiler libprotobuf-c-dev libzmq3-dev python3-zmq \
-           libev-dev libhttp-parser-dev libjansson-dev nodejs curl
+           libev-dev libhttp-parser-dev libjansson-dev nodejs curl haproxy prometheus
 # the RDMA data plane (proto/dplane/rdma.c) compiles its verbs code where the
 # header is, and loads libibverbs with dlopen: nothing links it
 DEB_PKGS += libibverbs-dev

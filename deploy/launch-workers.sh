@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # launch-workers.sh - start the expert workers of one host.
 #
-#   launch-workers.sh -m MODEL --coordinator ADDR [--cpu N] [--bin DIR]
-#                     [--run-dir DIR] [-- EXTRA WORKER ARGS]
+#   launch-workers.sh -m MODEL --coordinator ADDR [--coordinator ADDR2 ...]
+#                     [--cpu N] [--bin DIR] [--run-dir DIR] [-- EXTRA WORKER ARGS]
 #   launch-workers.sh stop [--run-dir DIR]
 #
 # With GPUs (nvidia-smi -L lists them) it starts one worker per GPU, each
@@ -10,26 +10,27 @@
 # Without GPUs, or with --cpu N, it starts N CPU workers and splits the
 # host's cores between them (--threads), so that they do not fight over
 # cores. Workers get ids HOST-gpuI / HOST-cpuI, write logs and pid files to
-# the run directory, and are stopped by pid with `stop`. Under systemd use
-# deploy/systemd/ecs-worker@.service instead.
+# the run directory, and are stopped by pid with `stop`. Several
+# --coordinator: every worker registers with each and serves them all (M:N,
+# docs/operations.md). Under systemd use deploy/systemd/ecs-worker@.service.
 set -euo pipefail
 
 die() { echo "launch-workers.sh: $*" >&2; exit 2; }
 
 run_dir=${ECS_RUN_DIR:-/tmp/ecs-workers}
 bin=$(cd "$(dirname "$0")/.." && pwd)/build/bin
-model="" coord="" ncpu="" cmd=start extra=()
+model="" ncpu="" cmd=start extra=() coords=()
 
 [ "${1:-}" = stop ] && { cmd=stop; shift; }
 while [ $# -gt 0 ]; do
     case "$1" in
     -m) model=${2:?-m needs a model}; shift 2 ;;
-    --coordinator) coord=${2:?--coordinator needs an address}; shift 2 ;;
+    --coordinator) coords+=(--coordinator "${2:?--coordinator needs an address}"); shift 2 ;;
     --cpu) ncpu=${2:?--cpu needs a count}; shift 2 ;;
     --bin) bin=${2:?--bin needs a directory}; shift 2 ;;
     --run-dir) run_dir=${2:?--run-dir needs a directory}; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
     esac
 done
@@ -53,7 +54,7 @@ if [ "$cmd" = stop ]; then
 fi
 
 [ -n "$model" ] || die "-m MODEL is required"
-[ -n "$coord" ] || die "--coordinator ADDR is required"
+[ ${#coords[@]} -gt 0 ] || die "--coordinator ADDR is required"
 [ -r "$model" ] || die "cannot read model '$model'"
 [ -x "$bin/ecs-worker" ] || die "no ecs-worker in $bin (build with make, or give --bin)"
 mkdir -p "$run_dir"
@@ -69,7 +70,7 @@ start_one() { # id, env..., then -- worker args
     local envs=()
     while [ "$1" != -- ]; do envs+=("$1"); shift; done
     shift
-    env "${envs[@]}" "$bin/ecs-worker" -m "$model" --coordinator "$coord" --id "$id" \
+    env "${envs[@]}" "$bin/ecs-worker" -m "$model" "${coords[@]}" --id "$id" \
         "$@" "${extra[@]}" >"$run_dir/$id.log" 2>&1 &
     echo $! >"$run_dir/$id.pid"
     echo "started $id (pid $!, log $run_dir/$id.log)"

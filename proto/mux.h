@@ -50,7 +50,8 @@
  * calling thread, which owns the worker's data ROUTER (bound at data_bind,
  * any number of coordinators connect to it) and its control DEALERs (one
  * per coordinator, mux_server_connect). Each valid ExpertCall is handed to
- * ops.on_call on that thread, one at a time in arrival order; its reply
+ * ops.on_call on that thread, one at a time: each coordinator's calls in
+ * arrival order, round robin between coordinators (server.c); its reply
  * goes back to the coordinator that sent it. A bad message never stops the
  * loop: a call whose request id could be read gets an ExpertResult with
  * status BAD_MESSAGE (or VERSION), anything else an Error, and every one is

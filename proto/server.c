@@ -1,7 +1,14 @@
 /* server.c - the worker's side of the transport: one thread (the caller of
  * mux_server_run) owns the data ROUTER and the control DEALERs, hands each
  * valid call to on_call and sends the reply to whoever asked. Bad input is
- * answered or dropped and counted; nothing a peer sends ends the loop. */
+ * answered or dropped and counted; nothing a peer sends ends the loop.
+ *
+ * Several coordinators may call one worker (M:N). Calls are read off the
+ * data socket into a queue, one lane per coordinator (fairq.h), and served
+ * one at a time round robin between the lanes, reading again between two
+ * calls: a coordinator with a backlog cannot starve another. While the
+ * queue is full the rest waits in ZeroMQ's buffers (its high-water mark
+ * pushes back on the senders). */
 #include "mux.h"
 
 #include <errno.h>
@@ -12,10 +19,17 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "fairq.h"
 #include "zutil.h"
 
 #define SERVER_MAX_CONNS 16
-#define SERVER_BATCH 64 /* calls served before the control sockets get a look */
+#define SERVER_BATCH 64   /* control messages read before the others get a look */
+#define SERVER_QUEUE 256  /* calls read off the data socket, not served yet */
+
+typedef struct {
+    zmq_msg_t parts[ZU_MAX_PARTS];
+    int n; /* the message's frame count (parts holds the first ZU_MAX_PARTS) */
+} server_slot_t;
 
 struct mux_server {
     void *zctx, *data;
@@ -26,6 +40,9 @@ struct mux_server {
     int tick_ms, hwm;
     mux_server_ops_t ops;
     void *ctx;
+    fairq_t *q;
+    server_slot_t slot[SERVER_QUEUE];
+    uint32_t free_slot[SERVER_QUEUE], n_free;
     atomic_bool stop;
     _Atomic uint64_t calls, rows, bytes_in, bytes_out, compute_ns, bad, dropped;
 };
@@ -170,21 +187,52 @@ static void ctrl_msg(mux_server_t *s, int conn, zmq_msg_t *parts, int n)
     wire_msg_clear(&w);
 }
 
-static void drain(mux_server_t *s, void *sock, int conn)
+/* Control messages of coordinator conn. */
+static void drain_ctrl(mux_server_t *s, int conn)
 {
     zmq_msg_t parts[ZU_MAX_PARTS];
     int n;
     size_t bytes;
     for (int i = 0; i < SERVER_BATCH && !atomic_load(&s->stop); i++) {
-        if (zu_recv(sock, parts, &n, &bytes) <= 0)
+        if (zu_recv(s->ctl[conn], parts, &n, &bytes) <= 0)
             return;
         ADD(s->bytes_in, bytes);
-        if (conn < 0)
-            data_msg(s, parts, n);
-        else
-            ctrl_msg(s, conn, parts, n);
+        ctrl_msg(s, conn, parts, n);
         zu_close_parts(parts, n);
     }
+}
+
+/* Whatever waits on the data socket, into its sender's lane while there is
+ * room (checked when served: a bad message is answered in its turn). */
+static void enqueue_calls(mux_server_t *s)
+{
+    size_t bytes;
+    while (s->n_free > 0) {
+        const uint32_t i = s->free_slot[s->n_free - 1];
+        server_slot_t *sl = &s->slot[i];
+        if (zu_recv(s->data, sl->parts, &sl->n, &bytes) <= 0)
+            return;
+        ADD(s->bytes_in, bytes);
+        /* a ROUTER message starts with the sender's routing id */
+        if (fairq_push(s->q, zmq_msg_data(&sl->parts[0]), zmq_msg_size(&sl->parts[0]), i)) {
+            ADD(s->bad, 1); /* a routing id over 255 bytes: ZeroMQ makes none */
+            zu_close_parts(sl->parts, sl->n);
+            continue;
+        }
+        s->n_free--;
+    }
+}
+
+/* The next call in the round, if any. */
+static void serve_next(mux_server_t *s)
+{
+    uint32_t i;
+    if (!fairq_pop(s->q, &i))
+        return;
+    server_slot_t *sl = &s->slot[i];
+    data_msg(s, sl->parts, sl->n);
+    zu_close_parts(sl->parts, sl->n);
+    s->free_slot[s->n_free++] = i;
 }
 
 ecs_err_t mux_server_run(mux_server_t *s)
@@ -198,7 +246,8 @@ ecs_err_t mux_server_run(mux_server_t *s)
         for (int i = 0; i < s->n_ctl; i++)
             items[n++] = (zmq_pollitem_t){.socket = s->ctl[i], .events = ZMQ_POLLIN};
         const uint64_t now = zu_now_ns();
-        const long wait_ms = now >= next_tick ? 0 : (long)((next_tick - now) / 1000000ull) + 1;
+        const long wait_ms = now >= next_tick || fairq_len(s->q) ? 0
+                             : (long)((next_tick - now) / 1000000ull) + 1;
         if (zmq_poll(items, n, wait_ms) < 0) {
             if (zmq_errno() == EINTR)
                 continue;
@@ -209,11 +258,13 @@ ecs_err_t mux_server_run(mux_server_t *s)
             if (read(s->efd, &v, sizeof v) < 0) { /* nothing to reset */ }
         }
         if (items[1].revents)
-            drain(s, s->data, -1);
+            enqueue_calls(s);
         const int n_ctl = s->n_ctl; /* a callback may connect another */
         for (int i = 0; i < n_ctl && 2 + i < n; i++)
             if (items[2 + i].revents)
-                drain(s, s->ctl[i], i);
+                drain_ctrl(s, i);
+        if (!atomic_load(&s->stop))
+            serve_next(s);
         if (zu_now_ns() >= next_tick) {
             if (s->ops.on_tick)
                 s->ops.on_tick(s->ctx);
@@ -250,6 +301,11 @@ ecs_err_t mux_server_new(const mux_server_opts_t *opts, const mux_server_ops_t *
         e = ecs_error(ECS_ERR_IO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
+    if ((e = fairq_new(SERVER_QUEUE, &s->q)))
+        goto fail;
+    for (uint32_t i = 0; i < SERVER_QUEUE; i++)
+        s->free_slot[i] = SERVER_QUEUE - 1 - i;
+    s->n_free = SERVER_QUEUE;
     if ((s->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
         e = ecs_error(ECS_ERR_IO, "eventfd: %s", strerror(errno));
         goto fail;
@@ -321,8 +377,12 @@ void mux_server_free(mux_server_t *s)
 {
     if (!s)
         return;
-    for (int i = 0; i < s->n_ctl; i++)
-        zmq_close(s->ctl[i]);
+    uint32_t i;
+    while (s->q && fairq_pop(s->q, &i)) /* calls never served */
+        zu_close_parts(s->slot[i].parts, s->slot[i].n);
+    fairq_free(s->q);
+    for (int c = 0; c < s->n_ctl; c++)
+        zmq_close(s->ctl[c]);
     if (s->data) {
         zu_unbind(s->data, s->data_ep);
         zmq_close(s->data);

@@ -198,6 +198,20 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
     return ECS_OK;
 }
 
+bool shard_holds_exactly(const shard_t *s, const wire_assign_t *a)
+{
+    const arch_hparams_t *hp = &s->hp;
+    if (!s->moe || a->n != s->n_held)
+        return false;
+    for (size_t i = 0; i < a->n; i++) {
+        const uint32_t l = a->layers[i], e = a->experts[i];
+        if (l >= (uint32_t)hp->n_layer || e >= (uint32_t)hp->n_expert ||
+            !s->held[(size_t)l * (size_t)hp->n_expert + e].gate.nrows)
+            return false;
+    }
+    return true;
+}
+
 /* Fills reply with the call's result rows, or an error status. */
 void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
 {

@@ -11,7 +11,22 @@
  * it is taken for gone and the worker registers again, keeping the experts
  * it holds and serving calls meanwhile. A refusal
  * for good (another model, no common version) ends worker_run with the
- * coordinator's reason; any other Error is logged and serving goes on. */
+ * coordinator's reason; any other Error is logged and serving goes on.
+ *
+ * Several coordinators (M:N, --coordinator repeated): the worker registers
+ * with each on its own control DEALER, with its own Hello backoff,
+ * heartbeats and liveness, and serves the calls of all (fairly: the
+ * server's queue takes them round robin per coordinator). It holds one
+ * shard: the coordinators compute the same placement from the same worker
+ * set (placement is deterministic: docs/operations.md), so the second
+ * coordinator's Assign equals the first's and is answered Ready without
+ * loading anything. An Assign that differs from what the worker holds is
+ * taken only when no other live coordinator calls the experts held now
+ * (was answered Ready for them); otherwise it is refused with an Error
+ * naming that coordinator, so a coordinator that disagrees never makes a
+ * worker drop experts another one calls. A refusal
+ * for good from one coordinator ends the talk with that one; the worker
+ * ends when every coordinator refused it. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,6 +44,17 @@
 #define WORKER_TICK_MS 100
 #define WORKER_STATS_MS 5000 /* Stats of a worker on a device (its hit rate) */
 
+/* One coordinator this worker registers with. */
+typedef struct {
+    const char *addr;
+    int conn;                   /* mux server control connection */
+    bool welcomed, refused;     /* refused: for good (another model, version) */
+    bool uses_shard;            /* answered Ready for the experts held now */
+    uint32_t heartbeat_ms;
+    uint64_t hb_seq, last_sent_ns, last_recv_ns;
+    uint64_t hello_gap_ms;
+} worker_coord_t;
+
 struct worker {
     worker_opts_t o;
     char id[64], host[64], device[32], listen[512];
@@ -37,13 +63,11 @@ struct worker {
     uint8_t fp[GGUF_FINGERPRINT_BYTES];
     ecs_threadpool_t *tp;
     mux_server_t *srv;
-    int conn;
+    worker_coord_t co[WORKER_MAX_COORDINATORS];
+    int n_co;
     shard_t shard;
-    bool welcomed;
-    uint32_t heartbeat_ms;
-    uint64_t hb_seq, last_sent_ns, last_recv_ns;
-    uint64_t hello_gap_ms, last_stats_ns;
     shard_dev_t *dev;
+    uint64_t last_stats_ns;
     ecs_err_t fatal;
     char fatal_msg[512];
 };
@@ -69,17 +93,18 @@ static void logf_(const worker_t *w, bool err, const char *fmt, ...)
     va_end(ap);
 }
 
-static ecs_err_t send_msg(worker_t *w, const wire_msg_t *m)
+static ecs_err_t send_msg(worker_t *w, worker_coord_t *c, const wire_msg_t *m)
 {
-    ecs_err_t rc = mux_server_send(w->srv, w->conn, m);
+    ecs_err_t rc = mux_server_send(w->srv, c->conn, m);
     if (rc != ECS_OK)
-        logf_(w, true, "cannot send %s: %s", wire_kind_name(m->kind), ecs_errmsg());
+        logf_(w, true, "cannot send %s to %s: %s", wire_kind_name(m->kind), c->addr,
+              ecs_errmsg());
     else
-        w->last_sent_ns = now_ns();
+        c->last_sent_ns = now_ns();
     return rc;
 }
 
-static void send_hello(worker_t *w)
+static void send_hello(worker_t *w, worker_coord_t *c)
 {
     wire_msg_t m = {.kind = WIRE_HELLO,
                     .hello = {.min_version = WIRE_VERSION_MIN,
@@ -94,19 +119,18 @@ static void send_hello(worker_t *w)
                               .device = w->device,
                               .data_endpoint = w->listen,
                               .vram_budget = w->dev ? shard_dev_budget(w->dev) : 0}};
-    send_msg(w, &m);
-    w->hello_gap_ms = w->hello_gap_ms ? w->hello_gap_ms * 2 : WORKER_HELLO_MS;
-    if (w->hello_gap_ms > WORKER_HELLO_MAX_MS)
-        w->hello_gap_ms = WORKER_HELLO_MAX_MS;
+    send_msg(w, c, &m);
+    c->hello_gap_ms = c->hello_gap_ms ? c->hello_gap_ms * 2 : WORKER_HELLO_MS;
+    if (c->hello_gap_ms > WORKER_HELLO_MAX_MS)
+        c->hello_gap_ms = WORKER_HELLO_MAX_MS;
 }
 
-static void send_error(worker_t *w, wire_status_t code, wire_kind_t about, const char *msg)
+static void send_error(worker_t *w, worker_coord_t *c, wire_status_t code, wire_kind_t about,
+                       const char *msg)
 {
     wire_msg_t m = {.kind = WIRE_ERROR, .error = {.code = code, .message = msg, .about = about}};
-    send_msg(w, &m);
+    send_msg(w, c, &m);
 }
-
-static void send_stats(worker_t *w);
 
 /* The expert cache's counters and the device allocations so far (which
  * calls never add to: tests/integration/test_gpu_worker.sh reads this). */
@@ -127,73 +151,145 @@ static void log_cache(const worker_t *w)
           st.tier_slots, dev_bytes / 1048576.0, n_allocs);
 }
 
-static void on_assign(worker_t *w, const wire_assign_t *a)
+/* Stats with the cache's counters to every registered coordinator. */
+static void send_stats(worker_t *w)
 {
-    uint64_t bytes = 0, load_ns = 0;
-    ecs_err_t rc = shard_assign(&w->shard, a, w->o.mem_budget, w->tp, w->o.repack_dir, &bytes,
-                                &load_ns);
+    wire_msg_t m = {.kind = WIRE_STATS};
+    mux_server_stats(w->srv, &m.stats);
+    shard_dev_stats(w->dev, &m.stats);
+    for (int i = 0; i < w->n_co; i++)
+        if (w->co[i].welcomed && !w->co[i].refused)
+            send_msg(w, &w->co[i], &m);
+    w->last_stats_ns = now_ns();
+    log_cache(w);
+}
+
+/* After a load: the device's tiers for the new shard (all its memory
+ * allocated and checked against --vram-budget here). */
+static ecs_err_t assign_device(worker_t *w, uint64_t *load_ns)
+{
+    char info[512];
+    const uint64_t t0 = now_ns();
+    ecs_err_t rc = shard_dev_assign(w->dev, &w->shard, info, sizeof info);
     if (rc != ECS_OK) {
-        logf_(w, true, "refusing assignment %llu: %s", (unsigned long long)a->generation,
-              ecs_errmsg());
-        send_error(w, rc == ECS_ERR_NOMEM ? WIRE_ST_OVER_BUDGET : WIRE_ST_BAD_MESSAGE,
-                   WIRE_ASSIGN, ecs_errmsg());
-        return;
+        w->shard.n_held = 0; /* shard_call refuses until a good assignment */
+        kmoe_free(w->shard.moe);
+        w->shard.moe = NULL;
+        return rc;
     }
-    if (w->dev) {
-        char info[512];
-        const uint64_t t0 = now_ns();
-        if ((rc = shard_dev_assign(w->dev, &w->shard, info, sizeof info)) != ECS_OK) {
-            logf_(w, true, "refusing assignment %llu on %s: %s",
-                  (unsigned long long)a->generation, w->device, ecs_errmsg());
-            w->shard.n_held = 0; /* shard_call refuses until a good assignment */
-            send_error(w, rc == ECS_ERR_NOMEM ? WIRE_ST_OVER_BUDGET : WIRE_ST_INTERNAL,
+    *load_ns += now_ns() - t0;
+    logf_(w, false, "%s", info);
+    log_cache(w);
+    w->last_stats_ns = now_ns();
+    return ECS_OK;
+}
+
+/* Another coordinator, registered and alive, that calls the experts held
+ * now (they must not change under it): its index, -1 if none. */
+static int other_user(const worker_t *w, int ci)
+{
+    for (int i = 0; i < w->n_co; i++)
+        if (i != ci && w->co[i].welcomed && !w->co[i].refused && w->co[i].uses_shard)
+            return i;
+    return -1;
+}
+
+static void on_assign(worker_t *w, int ci, const wire_assign_t *a)
+{
+    worker_coord_t *c = &w->co[ci];
+    uint64_t bytes = 0, load_ns = 0;
+    char why[600];
+    int other;
+    if (shard_holds_exactly(&w->shard, a)) { /* e.g. the second coordinator's, M:N */
+        bytes = w->shard.bytes;
+        logf_(w, false, "assignment %llu from %s: already holds these %zu experts",
+              (unsigned long long)a->generation, c->addr, a->n);
+    } else if ((other = other_user(w, ci)) >= 0) {
+        snprintf(why, sizeof why,
+                 "worker %s holds %zu experts that coordinator %s calls; this "
+                 "coordinator's placement differs (%zu experts): coordinators sharing workers "
+                 "must place the same worker set with the same options",
+                 w->id, w->shard.n_held, w->co[other].addr, a->n);
+        logf_(w, true, "refusing assignment %llu from %s: %s", (unsigned long long)a->generation,
+              c->addr, why);
+        send_error(w, c, WIRE_ST_UNSUPPORTED, WIRE_ASSIGN, why);
+        return;
+    } else {
+        ecs_err_t rc = shard_assign(&w->shard, a, w->o.mem_budget, w->tp, w->o.repack_dir,
+                                    &bytes, &load_ns);
+        if (rc == ECS_OK && w->dev)
+            rc = assign_device(w, &load_ns);
+        if (rc != ECS_OK) {
+            if (!w->shard.n_held) /* failed after letting the old shard go */
+                for (int i = 0; i < w->n_co; i++)
+                    w->co[i].uses_shard = false;
+            logf_(w, true, "refusing assignment %llu: %s", (unsigned long long)a->generation,
+                  ecs_errmsg());
+            send_error(w, c, rc == ECS_ERR_NOMEM ? WIRE_ST_OVER_BUDGET : WIRE_ST_BAD_MESSAGE,
                        WIRE_ASSIGN, ecs_errmsg());
-            kmoe_free(w->shard.moe);
-            w->shard.moe = NULL;
             return;
         }
-        load_ns += now_ns() - t0;
-        logf_(w, false, "%s", info);
-        log_cache(w);
-        w->last_stats_ns = now_ns();
+        for (int i = 0; i < w->n_co; i++) /* the old shard is gone */
+            w->co[i].uses_shard = false;
+        logf_(w, false, "holds %zu experts (%.1f MiB), loaded in %.0f ms", a->n,
+              bytes / 1048576.0, load_ns / 1e6);
     }
-    logf_(w, false, "holds %zu experts (%.1f MiB), loaded in %.0f ms", a->n, bytes / 1048576.0,
-          load_ns / 1e6);
     wire_msg_t m = {.kind = WIRE_READY,
                     .ready = {.generation = a->generation, .bytes_mapped = bytes,
                               .load_ns = load_ns}};
-    send_msg(w, &m);
+    send_msg(w, c, &m);
+    c->uses_shard = true;
+}
+
+static int coord_of(const worker_t *w, int conn)
+{
+    for (int i = 0; i < w->n_co; i++)
+        if (w->co[i].conn == conn)
+            return i;
+    return -1;
 }
 
 static void on_ctrl(void *ctx, int conn, const wire_msg_t *m)
 {
     worker_t *w = ctx;
-    (void)conn;
-    w->last_recv_ns = now_ns(); /* any message is a sign of life */
+    const int ci = coord_of(w, conn);
+    if (ci < 0)
+        return;
+    worker_coord_t *c = &w->co[ci];
+    c->last_recv_ns = now_ns(); /* any message is a sign of life */
     switch (m->kind) {
     case WIRE_WELCOME:
-        w->welcomed = true;
-        w->hello_gap_ms = 0;
-        w->heartbeat_ms = m->welcome.heartbeat_ms;
-        logf_(w, false, "registered with %s (protocol %u)", m->welcome.coordinator_id,
-              m->welcome.version);
+        c->welcomed = true;
+        c->hello_gap_ms = 0;
+        c->heartbeat_ms = m->welcome.heartbeat_ms;
+        logf_(w, false, "registered with %s at %s (protocol %u)", m->welcome.coordinator_id,
+              c->addr, m->welcome.version);
         if (m->welcome.data_plane != WIRE_PLANE_ZMQ) /* it offered none (proto/dplane) */
-            logf_(w, true, "the coordinator chose data plane %u, which this worker did not "
-                  "offer: payloads stay on ZeroMQ", (unsigned)m->welcome.data_plane);
+            logf_(w, true, "coordinator %s chose data plane %u, which this worker did not "
+                  "offer: payloads stay on ZeroMQ", c->addr, (unsigned)m->welcome.data_plane);
         break;
     case WIRE_ASSIGN:
-        on_assign(w, &m->assign);
-        w->last_recv_ns = now_ns(); /* nothing was read while loading */
+        on_assign(w, ci, &m->assign);
+        for (int i = 0; i < w->n_co; i++) /* nothing was read while loading */
+            w->co[i].last_recv_ns = now_ns();
         break;
     case WIRE_ERROR:
         if (m->error.code == WIRE_ST_FINGERPRINT || m->error.code == WIRE_ST_VERSION) {
-            w->fatal = m->error.code == WIRE_ST_VERSION ? ECS_ERR_UNSUPPORTED : ECS_ERR_INVAL;
-            snprintf(w->fatal_msg, sizeof w->fatal_msg, "the coordinator refused this worker: %s",
-                     m->error.message);
-            mux_server_stop(w->srv);
+            c->refused = true;
+            c->welcomed = false;
+            logf_(w, true, "coordinator %s refused this worker: %s", c->addr, m->error.message);
+            bool all = true;
+            for (int i = 0; i < w->n_co; i++)
+                all &= w->co[i].refused;
+            if (all) {
+                w->fatal = m->error.code == WIRE_ST_VERSION ? ECS_ERR_UNSUPPORTED : ECS_ERR_INVAL;
+                snprintf(w->fatal_msg, sizeof w->fatal_msg,
+                         "the coordinator refused this worker: %s", m->error.message);
+                mux_server_stop(w->srv);
+            }
         } else {
-            logf_(w, true, "coordinator says %s: %s", wire_status_name(m->error.code),
-                  m->error.message);
+            logf_(w, true, "coordinator %s says %s: %s", c->addr,
+                  wire_status_name(m->error.code), m->error.message);
         }
         break;
     case WIRE_DRAIN:
@@ -207,40 +303,39 @@ static void on_ctrl(void *ctx, int conn, const wire_msg_t *m)
     }
 }
 
-static void send_stats(worker_t *w)
+static void tick_one(worker_t *w, worker_coord_t *c)
 {
-    wire_msg_t m = {.kind = WIRE_STATS};
-    mux_server_stats(w->srv, &m.stats);
-    shard_dev_stats(w->dev, &m.stats);
-    send_msg(w, &m);
-    w->last_stats_ns = now_ns();
-    log_cache(w);
+    const uint64_t t = now_ns();
+    if (c->refused)
+        return;
+    if (c->welcomed && c->heartbeat_ms &&
+        t - c->last_recv_ns > (uint64_t)c->heartbeat_ms * WIRE_LIVENESS * 1000000u) {
+        logf_(w, true, "coordinator %s has been silent for %llu ms: registering again", c->addr,
+              (unsigned long long)((t - c->last_recv_ns) / 1000000u));
+        c->welcomed = false;
+        c->uses_shard = false; /* a coordinator that comes back assigns again */
+        c->hello_gap_ms = 0;
+        send_hello(w, c);
+        return;
+    }
+    if (!c->welcomed) {
+        if (t - c->last_sent_ns >= c->hello_gap_ms * 1000000u)
+            send_hello(w, c);
+        return;
+    }
+    if (c->heartbeat_ms && t - c->last_sent_ns >= (uint64_t)c->heartbeat_ms * 1000000u) {
+        wire_msg_t m = {.kind = WIRE_HEARTBEAT, .heartbeat = {.seq = ++c->hb_seq, .time_ns = t}};
+        send_msg(w, c, &m);
+    }
 }
 
 static void on_tick(void *ctx)
 {
     worker_t *w = ctx;
-    const uint64_t t = now_ns();
-    if (w->dev && w->welcomed && t - w->last_stats_ns >= WORKER_STATS_MS * 1000000ull)
+    for (int i = 0; i < w->n_co; i++)
+        tick_one(w, &w->co[i]);
+    if (w->dev && w->shard.n_held && now_ns() - w->last_stats_ns >= WORKER_STATS_MS * 1000000ull)
         send_stats(w);
-    if (w->welcomed && w->heartbeat_ms &&
-        t - w->last_recv_ns > (uint64_t)w->heartbeat_ms * WIRE_LIVENESS * 1000000u) {
-        logf_(w, true, "the coordinator has been silent for %llu ms: registering again",
-              (unsigned long long)((t - w->last_recv_ns) / 1000000u));
-        w->welcomed = false;
-        w->hello_gap_ms = 0;
-        send_hello(w);
-        return;
-    }
-    if (!w->welcomed) {
-        if (t - w->last_sent_ns >= w->hello_gap_ms * 1000000u)
-            send_hello(w);
-        return;
-    }
-    if (w->heartbeat_ms && t - w->last_sent_ns >= (uint64_t)w->heartbeat_ms * 1000000u) {
-        wire_msg_t m = {.kind = WIRE_HEARTBEAT, .heartbeat = {.seq = ++w->hb_seq, .time_ns = t}};
-        send_msg(w, &m);
-    }
 }
 
 static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
@@ -249,15 +344,16 @@ static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
     shard_call(&w->shard, c, r);
 }
 
-/* The data endpoint: --listen, else beside an ipc control socket, else
- * an ephemeral loopback port (a remote coordinator needs --listen). */
+/* The data endpoint: --listen, else beside the first coordinator's ipc
+ * control socket, else an ephemeral loopback port (a remote coordinator
+ * needs --listen). */
 static void pick_listen(worker_t *w)
 {
     if (w->o.listen) {
         snprintf(w->listen, sizeof w->listen, "%s", w->o.listen);
         return;
     }
-    const char *c = w->o.coordinator;
+    const char *c = w->co[0].addr;
     const char *slash = strrchr(c, '/');
     if (!strncmp(c, "ipc://", 6) && slash && slash > c + 6)
         snprintf(w->listen, sizeof w->listen, "%.*s/%s-%d.data", (int)(slash - c), c, w->id,
@@ -269,14 +365,30 @@ static void pick_listen(worker_t *w)
 ecs_err_t worker_new(const worker_opts_t *o, worker_t **out)
 {
     *out = NULL;
-    if (!o->model || !o->coordinator)
+    const int n_co = (o->coordinator ? 1 : 0) + (o->n_coordinators > 0 ? o->n_coordinators : 0);
+    if (!o->model || n_co < 1)
         return ecs_error(ECS_ERR_INVAL, "worker: a model and a coordinator address are needed");
+    if (n_co > WORKER_MAX_COORDINATORS)
+        return ecs_error(ECS_ERR_RANGE, "worker: %d coordinators (at most %d)", n_co,
+                         WORKER_MAX_COORDINATORS);
     if (o->threads < 1 || o->threads > 1024)
         return ecs_error(ECS_ERR_RANGE, "worker: --threads %d (1 to 1024)", o->threads);
     worker_t *w = calloc(1, sizeof *w);
     if (!w)
         return ecs_error(ECS_ERR_NOMEM, "worker: out of memory");
     w->o = *o;
+    if (o->coordinator)
+        w->co[w->n_co++].addr = o->coordinator;
+    for (int i = 0; i < o->n_coordinators; i++)
+        w->co[w->n_co++].addr = o->coordinators[i];
+    for (int i = 0; i < w->n_co; i++)
+        for (int j = 0; j < i; j++)
+            if (!strcmp(w->co[i].addr, w->co[j].addr)) {
+                ecs_err_t e = ecs_error(ECS_ERR_INVAL, "worker: coordinator %s given twice",
+                                        w->co[i].addr);
+                free(w);
+                return e;
+            }
     if (gethostname(w->host, sizeof w->host) != 0)
         snprintf(w->host, sizeof w->host, "localhost");
     w->host[sizeof w->host - 1] = 0;
@@ -305,8 +417,9 @@ ecs_err_t worker_new(const worker_opts_t *o, worker_t **out)
     if ((rc = mux_server_new(&so, &ops, w, &w->srv)) != ECS_OK)
         goto fail;
     snprintf(w->listen, sizeof w->listen, "%s", mux_server_endpoint(w->srv));
-    if ((rc = mux_server_connect(w->srv, o->coordinator, &w->conn)) != ECS_OK)
-        goto fail;
+    for (int i = 0; i < w->n_co; i++)
+        if ((rc = mux_server_connect(w->srv, w->co[i].addr, &w->co[i].conn)) != ECS_OK)
+            goto fail;
     *out = w;
     return ECS_OK;
 fail:
@@ -318,9 +431,11 @@ ecs_err_t worker_run(worker_t *w)
 {
     char fp[2 * GGUF_FINGERPRINT_BYTES + 1];
     ecs_hex(w->fp, 8, fp);
-    logf_(w, false, "model %s (fingerprint %s...), %d threads, data on %s, registering with %s",
-          w->o.model, fp, w->o.threads, w->listen, w->o.coordinator);
-    send_hello(w);
+    for (int i = 0; i < w->n_co; i++) {
+        logf_(w, false, "model %s (fingerprint %s...), %d threads, data on %s, registering with %s",
+              w->o.model, fp, w->o.threads, w->listen, w->co[i].addr);
+        send_hello(w, &w->co[i]);
+    }
     ecs_err_t rc = mux_server_run(w->srv);
     if (w->dev)
         log_cache(w);

@@ -13,10 +13,12 @@
  * (kernels/moe, the same code as the coordinator's local backend, so the
  * bits are the same) and is answered with one f32 row per entry. The worker
  * holds no request state. A bad message is answered or dropped and
- * counted; it never stops the worker. With --device cuda:N the experts
- * that fit the VRAM budget are resident on the GPU and the rest streamed
- * or computed on the host (kernels/tier); such a worker sends Stats with
- * its cache's hit counts every WORKER_STATS_MS.
+ * counted; it never stops the worker. Given several coordinators it
+ * registers with each and serves them all, round robin between their
+ * queued calls, with one shard (worker.c says how it stays one). With
+ * --device cuda:N the experts that fit the VRAM budget are resident on the
+ * GPU and the rest streamed or computed on the host (kernels/tier); such a
+ * worker sends Stats with its cache's hit counts every WORKER_STATS_MS.
  *
  *     worker_opts_t o = {.model = "m.gguf", .coordinator = "ipc:///tmp/c.ctl",
  *                        .id = "w0", .threads = 2};
@@ -35,10 +37,14 @@
 #include "common/err.h"
 
 #define WORKER_DEFAULT_BUDGET ((uint64_t)0) /* 0: no limit but the machine's */
+#define WORKER_MAX_COORDINATORS 8             /* coordinators one worker registers with */
 
 typedef struct {
     const char *model;       /* GGUF path */
     const char *coordinator; /* control endpoint, tcp://HOST:PORT or ipc://PATH */
+    const char *const *coordinators; /* more of them (M:N: it registers with each, serves all,
+                                      * holds the first one's assignment) */
+    int n_coordinators;
     const char *listen;      /* data endpoint to bind; NULL: chosen (see worker.c) */
     const char *id;          /* unique per coordinator; NULL: host-pid */
     const char *device;      /* "cpu" (NULL), "cuda:N" (a GPU: experts tiered between its

@@ -3,6 +3,7 @@
 #ifndef ECS_WORKER_INT_H
 #define ECS_WORKER_INT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +40,9 @@ size_t shard_expert_bytes(const kmoe_expert_t *e);
  * changed), then holds exactly them and prefaults their bytes. */
 ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_threadpool_t *tp,
                        const char *repack_dir, uint64_t *bytes, uint64_t *load_ns);
+/* Whether the shard holds the pairs of a and no others (an Assign that
+ * changes nothing: answered Ready without loading). */
+bool shard_holds_exactly(const shard_t *s, const wire_assign_t *a);
 void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r);
 
 /* device.c: the experts on a GPU (or kgpu's host emulation, "emu"), tiered

@@ -302,8 +302,18 @@ static ecs_err_t wait_registrations(dispatch_t *d, int want, uint64_t deadline)
     return ECS_OK;
 }
 
+static int by_id(const void *a, const void *b)
+{
+    return strcmp(((const dispatch_worker_t *)a)->id, ((const dispatch_worker_t *)b)->id);
+}
+
+/* The placement depends on the worker set and the options only, never on
+ * the order the workers registered in: coordinators that share workers
+ * (M:N) compute the same one, so a worker is never asked to hold two
+ * (docs/operations.md). Runs before any other thread reads d->w. */
 static ecs_err_t make_placement(dispatch_t *d)
 {
+    qsort(d->w, (size_t)d->n_workers, sizeof *d->w, by_id);
     placement_worker_t pw[PLACEMENT_MAX_WORKERS];
     bool budgets = true;
     for (int i = 0; i < d->n_workers; i++)

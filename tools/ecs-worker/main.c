@@ -25,7 +25,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: ecs-worker -m MODEL.gguf --coordinator ADDR [options]\n"
-            "  --coordinator ADDR  the coordinator's control endpoint (tcp://HOST:PORT, ipc://PATH)\n"
+            "  --coordinator ADDR  the coordinator's control endpoint (tcp://HOST:PORT, ipc://PATH);\n"
+            "                      repeat it to serve several coordinators (M:N): it registers\n"
+            "                      with each and holds the first one's assignment\n"
             "  --listen ADDR       where to take expert calls (default: beside an ipc\n"
             "                      coordinator, else tcp://127.0.0.1 on a free port; a\n"
             "                      remote coordinator needs e.g. tcp://0.0.0.0:5600)\n"
@@ -60,6 +62,8 @@ int main(int argc, char **argv)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     worker_opts_t o = {.threads = ncpu > 0 ? (int)ncpu : 1};
+    const char *coords[WORKER_MAX_COORDINATORS];
+    int n_coords = 0;
     bool no_repack = false;
     char cache[4096];
     for (int i = 1; i < argc; i++) {
@@ -90,7 +94,11 @@ int main(int argc, char **argv)
             return fail("%s needs a value", a);
         const char *v = argv[++i];
         if (!strcmp(a, "-m")) o.model = v;
-        else if (!strcmp(a, "--coordinator")) o.coordinator = v;
+        else if (!strcmp(a, "--coordinator")) {
+            if (n_coords >= WORKER_MAX_COORDINATORS)
+                return fail("--coordinator: at most %d", WORKER_MAX_COORDINATORS);
+            coords[n_coords++] = v;
+        }
         else if (!strcmp(a, "--listen")) o.listen = v;
         else if (!strcmp(a, "--id")) o.id = v;
         else if (!strcmp(a, "--device")) o.device = v;
@@ -111,8 +119,10 @@ int main(int argc, char **argv)
     }
     if (!o.model)
         return fail("-m MODEL.gguf is required (see --help)");
-    if (!o.coordinator)
+    if (!n_coords)
         return fail("--coordinator ADDR is required (see --help)");
+    o.coordinators = coords;
+    o.n_coordinators = n_coords;
     if (o.vram_budget && (!o.device || !strcmp(o.device, "cpu")))
         return fail("--vram-budget needs --device cuda:N (or emu)");
     if (no_repack)
