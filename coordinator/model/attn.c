@@ -378,27 +378,19 @@ static void split_attend(const attn_run_t *a, const tile_t *tl)
     kcpu_par_for(m->tp, (a->dv + SPLIT_COLS - 1) / SPLIT_COLS, split_pv, &sp);
 }
 
-typedef struct {
-    model_t *m;
-    const model_layer_t *ly;
-    const model_layer_ext_t *ex;
-    const float *q;
-    float *attv;
-    int n;
-} heads_t;
-
+/* Region items over heads of a fused_t: absorption, then the values. */
 static void split_absorb(void *arg, int h, int ith)
 {
-    const heads_t *hd = arg;
+    const fused_t *f = arg;
     (void)ith;
-    absorb_head(hd->m, hd->ex, hd->q, h, hd->n);
+    absorb_head(f->a.m, f->ex, f->a.q, h, f->n);
 }
 
 static void split_values(void *arg, int h, int ith)
 {
-    const heads_t *hd = arg;
+    const fused_t *f = arg;
     (void)ith;
-    values_head(hd->m, hd->ly, hd->attv, h, hd->n);
+    values_head(f->a.m, f->ly, f->attv, h, f->n);
 }
 
 /* The key split for a decode step of n rows, when some sequence is deep
@@ -417,16 +409,16 @@ static bool split_run(model_t *m, const model_layer_t *ly, const model_layer_ext
     if (min < 0 || deepest < min || max_rows == 0)
         return false;
     tile_t tiles[MODEL_MAX_BATCH];
-    attn_run_t a = {.m = m, .rows = rows, .q = q, .layer = layer, .tiles = tiles, .hg = nh,
-                    .n_hg = 1, .group = nh, .dk = hp->kv_lora_rank + hp->rope.n_rot,
-                    .dv = hp->kv_lora_rank, .latent = true, .out = m->ws.ato,
-                    .out_ld = (int64_t)nh * hp->kv_lora_rank};
-    a.n_tiles = make_tiles(rows, n, NULL, max_rows, tiles);
-    heads_t hd = {m, ly, ex, q, attv, n};
-    kcpu_par_for(m->tp, nh, split_absorb, &hd);
-    for (int t = 0; t < a.n_tiles; t++)
-        split_attend(&a, &tiles[t]);
-    kcpu_par_for(m->tp, nh, split_values, &hd);
+    fused_t f = {.a = {.m = m, .rows = rows, .q = q, .layer = layer, .tiles = tiles, .hg = nh,
+                       .n_hg = 1, .group = nh, .dk = hp->kv_lora_rank + hp->rope.n_rot,
+                       .dv = hp->kv_lora_rank, .latent = true, .out = m->ws.ato,
+                       .out_ld = (int64_t)nh * hp->kv_lora_rank},
+                 .ly = ly, .ex = ex, .attv = attv, .n = n};
+    f.a.n_tiles = make_tiles(rows, n, NULL, max_rows, tiles);
+    kcpu_par_for(m->tp, nh, split_absorb, &f);
+    for (int t = 0; t < f.a.n_tiles; t++)
+        split_attend(&f.a, &tiles[t]);
+    kcpu_par_for(m->tp, nh, split_values, &f);
     return true;
 }
 
