@@ -65,6 +65,24 @@ static model_kv_t ctx_kv(const model_ctx_t *c, int layer)
                         .k_row = c->k_row, .v_row = c->v_row, .f16 = !c->f32};
 }
 
+/* Query j of tile tl x heads [h0, h0 + hg) into q (dk values, rounded to
+ * F16 when f16); returns the keys it sees. */
+static int get_query(const attn_run_t *a, const tile_t *tl, int h0, int j, bool f16, float *q)
+{
+    const arch_hparams_t *hp = &a->m->hp;
+    const model_simd_t *sd = model_simd();
+    const int nh = hp->n_head, hk = hp->head_k, kvl = hp->kv_lora_rank;
+    const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
+    const float *src = a->q + (size_t)r * nh * hk + (size_t)h * hk;
+    if (a->latent) {
+        put_query(sd, q, a->m->ws.att + ((size_t)r * nh + h) * kvl, kvl, f16);
+        put_query(sd, q + kvl, src + hp->qk_nope, hp->rope.n_rot, f16);
+    } else {
+        put_query(sd, q, src, hk, f16);
+    }
+    return a->rows[r].pos + 1;
+}
+
 /* Queries of tile tl x heads [h0, h0 + hg) against the tile's cache. */
 static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
 {
@@ -74,7 +92,6 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     const model_kv_t kv = a->kv ? *a->kv : ctx_kv(a->rows[tl->row0].ctx, a->layer);
     const bool f16 = kv.f16;
     const size_t elt = f16 ? sizeof(ecs_fp16_t) : sizeof(float);
-    const int nh = hp->n_head, hk = hp->head_k, kvl = hp->kv_lora_rank;
     /* this run's keys padded, not the widest (ds2's expanded rows are a
      * third of the latent ones) */
     const int dkp = (a->dk + 15) & ~15;
@@ -88,18 +105,7 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     for (int j = 0; j < nqp; j++) {
         float *q = Q + (size_t)j * dkp;
         memset(q, 0, (size_t)dkp * sizeof *q);
-        len[j] = 0;
-        if (j >= nq)
-            continue;
-        const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
-        const float *src = a->q + (size_t)r * nh * hk + (size_t)h * hk;
-        if (a->latent) {
-            put_query(sd, q, ws->att + ((size_t)r * nh + h) * kvl, kvl, f16);
-            put_query(sd, q + kvl, src + hp->qk_nope, hp->rope.n_rot, f16);
-        } else {
-            put_query(sd, q, src, hk, f16);
-        }
-        len[j] = a->rows[r].pos + 1;
+        len[j] = j < nq ? get_query(a, tl, h0, j, f16, q) : 0;
     }
     const int nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1;
     const int kvh = h0 / a->group;
@@ -284,6 +290,138 @@ static void fused_item(void *arg, int item, int ith)
         values_head(f->a.m, f->ly, f->attv, h, f->n);
 }
 
+/* ------------------------------------------- decode at depth: key split
+ * Split by heads, every thread converts (and reads) each key for its own
+ * heads; at depth that costs more than the products. The split run gives
+ * each item all heads of a tile and a fixed run of keys (scores), then a
+ * group of queries (softmax), then a fixed run of value columns (P.V).
+ * Item boundaries depend on neither the thread count nor the timing, and
+ * every score and output element is the sum the head split computes. */
+
+/* Keys per scores item, value columns per P.V item. */
+#define SPLIT_KEYS 512
+#define SPLIT_COLS 64
+
+typedef struct {
+    const attn_run_t *a;
+    model_kv_t kv;
+    float *QT, *S, *O; /* shared: thread 0's scratch areas */
+    int nq, nqp, nt;
+    float *out0;       /* the tile's first output row */
+    int len[MODEL_ATT_QMAX];
+} split_t;
+
+static void split_scores(void *arg, int item, int ith)
+{
+    const split_t *sp = arg;
+    const attn_run_t *a = sp->a;
+    const model_ws_t *ws = &a->m->ws;
+    const size_t elt = sp->kv.f16 ? sizeof(ecs_fp16_t) : sizeof(float);
+    const int t0 = item * SPLIT_KEYS, nt = sp->nt - t0 < SPLIT_KEYS ? sp->nt - t0 : SPLIT_KEYS;
+    float *kbuf = thr(a->m, ith) + (size_t)ws->att_qmax * (ws->dkp + ws->t_pad);
+    const char *K = (const char *)sp->kv.k + (size_t)t0 * sp->kv.k_row * elt;
+    model_simd()->scores_t(sp->QT, sp->nq, K, sp->kv.k_row, sp->kv.f16, a->dk, nt,
+                           a->m->hp.kq_scale, sp->S + t0, ws->t_pad, kbuf);
+}
+
+static void split_softmax(void *arg, int item, int ith)
+{
+    const split_t *sp = arg;
+    (void)ith;
+    model_simd()->softmax(sp->S + (size_t)item * 4 * sp->a->m->ws.t_pad, 4, sp->a->m->ws.t_pad,
+                          sp->len + item * 4, sp->nt, sp->kv.f16);
+}
+
+static void split_pv(void *arg, int item, int ith)
+{
+    const split_t *sp = arg;
+    const attn_run_t *a = sp->a;
+    const model_ws_t *ws = &a->m->ws;
+    (void)ith;
+    const size_t elt = sp->kv.f16 ? sizeof(ecs_fp16_t) : sizeof(float);
+    const int d0 = item * SPLIT_COLS, nd = a->dv - d0 < SPLIT_COLS ? a->dv - d0 : SPLIT_COLS;
+    model_simd()->pv(sp->S, sp->nqp, ws->t_pad, (const char *)sp->kv.v + (size_t)d0 * elt,
+                     sp->kv.v_row, sp->kv.f16, nd, sp->len, sp->O + d0, ws->dvp);
+    /* a tile holds all heads: its output rows are consecutive */
+    for (int j = 0; j < sp->nq; j++)
+        memcpy(sp->out0 + (size_t)j * a->dv + d0, sp->O + (size_t)j * ws->dvp + d0,
+               (size_t)nd * sizeof(float));
+}
+
+/* Tile tl (all heads: a->hg == n_head) by the key split. */
+static void split_attend(const attn_run_t *a, const tile_t *tl)
+{
+    model_t *m = a->m;
+    const model_ws_t *ws = &m->ws;
+    split_t sp = {.a = a, .kv = ctx_kv(a->rows[tl->row0].ctx, a->layer)};
+    sp.QT = thr(m, 0);
+    sp.S = sp.QT + (size_t)ws->att_qmax * ws->dkp;
+    float *tmp = sp.S + (size_t)ws->att_qmax * ws->t_pad; /* thread 0's kbuf, idle here */
+    sp.O = tmp + (size_t)16 * ws->dkp;
+    sp.nq = tl->nrows * a->hg;
+    sp.nqp = (sp.nq + 3) & ~3;
+    sp.nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1;
+    sp.out0 = a->out + (size_t)tl->row0 * a->out_ld;
+    const int ng = (sp.nq + 15) / 16;
+    memset(sp.QT, 0, (size_t)ng * 16 * a->dk * sizeof(float));
+    for (int j = 0; j < sp.nqp; j++) {
+        sp.len[j] = 0;
+        if (j >= sp.nq)
+            continue;
+        sp.len[j] = get_query(a, tl, 0, j, sp.kv.f16, tmp);
+        float *qt = sp.QT + (size_t)(j / 16) * a->dk * 16 + j % 16;
+        for (int d = 0; d < a->dk; d++)
+            qt[(size_t)d * 16] = tmp[d];
+    }
+    kcpu_par_for(m->tp, (sp.nt + SPLIT_KEYS - 1) / SPLIT_KEYS, split_scores, &sp);
+    kcpu_par_for(m->tp, sp.nqp / 4, split_softmax, &sp);
+    kcpu_par_for(m->tp, (a->dv + SPLIT_COLS - 1) / SPLIT_COLS, split_pv, &sp);
+}
+
+/* Region items over heads of a fused_t: absorption, then the values. */
+static void split_absorb(void *arg, int h, int ith)
+{
+    const fused_t *f = arg;
+    (void)ith;
+    absorb_head(f->a.m, f->ex, f->a.q, h, f->n);
+}
+
+static void split_values(void *arg, int h, int ith)
+{
+    const fused_t *f = arg;
+    (void)ith;
+    values_head(f->a.m, f->ly, f->attv, h, f->n);
+}
+
+/* The key split for a decode step of n rows, when some sequence is deep
+ * enough and a tile of all heads fits the scratch: returns false (nothing
+ * done) otherwise. */
+static bool split_run(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
+                      const model_step_row_t *rows, int n, int layer, const float *q, float *attv)
+{
+    const arch_hparams_t *hp = &m->hp;
+    const int nh = hp->n_head, min = m->opts.attn_split_min ? m->opts.attn_split_min : 512;
+    int deepest = 0, max_rows = 0;
+    for (int i = 0; i < n; i++)
+        deepest = rows[i].pos + 1 > deepest ? rows[i].pos + 1 : deepest;
+    while (max_rows < n && ((max_rows + 1) * nh + 15) / 16 * 16 <= m->ws.att_qmax)
+        max_rows++;
+    if (min < 0 || deepest < min || max_rows == 0)
+        return false;
+    tile_t tiles[MODEL_MAX_BATCH];
+    fused_t f = {.a = {.m = m, .rows = rows, .q = q, .layer = layer, .tiles = tiles, .hg = nh,
+                       .n_hg = 1, .group = nh, .dk = hp->kv_lora_rank + hp->rope.n_rot,
+                       .dv = hp->kv_lora_rank, .latent = true, .out = m->ws.ato,
+                       .out_ld = (int64_t)nh * hp->kv_lora_rank},
+                 .ly = ly, .ex = ex, .attv = attv, .n = n};
+    f.a.n_tiles = make_tiles(rows, n, NULL, max_rows, tiles);
+    kcpu_par_for(m->tp, nh, split_absorb, &f);
+    for (int t = 0; t < f.a.n_tiles; t++)
+        split_attend(&f.a, &tiles[t]);
+    kcpu_par_for(m->tp, nh, split_values, &f);
+    return true;
+}
+
 void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                          const model_step_row_t *rows, int n, int layer, const float *q,
                          float *attv)
@@ -294,6 +432,8 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
     const int hv = hp->head_v;
     kcpu_job_t *jobs = ws->jobs;
     tile_t tiles[MODEL_MAX_BATCH];
+    if (n <= MODEL_FUSED_ROWS && split_run(m, ly, ex, rows, n, layer, q, attv))
+        return;
     if (n <= MODEL_FUSED_ROWS) {
         fused_t f = {.ly = ly, .ex = ex, .attv = attv, .n = n};
         plan_run(&f.a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato,

@@ -92,6 +92,13 @@ typedef struct {
      * (model_repack_note). NULL: everything is read from the GGUF. */
     const char *repack_dir;
     size_t repack_ram;
+    /* Decode steps of deepseek2 latent contexts split the attention core
+     * by keys (fixed runs, each thread taking all heads) once a sequence
+     * holds this many keys; below it, by heads. The same bits either way
+     * (each score and output is the same sequential sum); the split reads
+     * the cache once instead of once per group of heads. 0: 512; < 0:
+     * never (tests use 1 to cover the split on short contexts). */
+    int attn_split_min;
 } model_opts_t;
 
 /* Maps and validates path; every tensor the architecture needs must exist

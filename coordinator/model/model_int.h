@@ -29,6 +29,17 @@ typedef struct {
      * floats. */
     void (*scores)(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16, int dk,
                    int dkp, const int *len, int nt, float scale, float *S, int lds, float *kbuf);
+    /* The same scores with the queries transposed: QT holds (nq + 15) / 16
+     * groups of dk x 16 floats (QT[g][d][i] = Q[16 g + i][d], F16-rounded
+     * as for scores, zero for padding queries), and every query sees every
+     * key t < nt. S[j][t] for j < nq, t < nt (rows written up to nt
+     * rounded up to 16); kbuf holds 16 * dk floats. Bit for bit the
+     * scores of the same queries (each score is the same sequential sum
+     * over d), but no transposition of the keys: the decode split of
+     * latent attention (attn.c) hands each thread all queries and a
+     * fixed run of the keys. */
+    void (*scores_t)(const float *QT, int nq, const void *K, size_t ks, bool kf16, int dk,
+                     int nt, float scale, float *S, int lds, float *kbuf);
     /* Row j of S (nt_j = len[j] valid values, row padded to nt): softmax
      * in place, probabilities rounded to F16 when f16, zero past len[j]. */
     void (*softmax)(float *S, int nq, int lds, const int *len, int nt, bool f16);

@@ -34,6 +34,23 @@ static void scores_plain(const float *Q, int nq, int ldq, const void *K, size_t 
     }
 }
 
+/* scores_plain's sums, the queries read from their transposed groups. */
+static void scores_t_plain(const float *QT, int nq, const void *K, size_t ks, bool kf16, int dk,
+                           int nt, float scale, float *S, int lds, float *kbuf)
+{
+    for (int t = 0; t < nt; t++) {
+        for (int d = 0; d < dk; d++)
+            kbuf[d] = elt(K, (size_t)t * ks + (size_t)d, kf16);
+        for (int j = 0; j < nq; j++) {
+            const float *q = QT + (size_t)(j / 16) * dk * 16 + j % 16;
+            float s = 0.0f;
+            for (int d = 0; d < dk; d++)
+                s += q[(size_t)d * 16] * kbuf[d];
+            S[(size_t)j * lds + t] = s * scale;
+        }
+    }
+}
+
 /* ggml's soft_max: subtract the max, exponentiate, sum in double, scale. */
 static void softmax_plain(float *S, int nq, int lds, const int *len, int nt, bool f16)
 {
@@ -132,7 +149,7 @@ static void dot_q8p_plain(const void *w, int nrows, int nblk, const void *a, siz
     }
 }
 
-static const model_simd_t plain = {scores_plain, softmax_plain, pv_plain,
+static const model_simd_t plain = {scores_plain, scores_t_plain, softmax_plain, pv_plain,
                                    round_f16_plain, to_f16_plain, dot_q8p_plain};
 
 const model_simd_t *model_simd_plain(void) { return &plain; }

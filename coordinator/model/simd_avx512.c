@@ -127,6 +127,63 @@ static void scores_avx512(const float *Q, int nq, int ldq, const void *K, size_t
     }
 }
 
+/* Keys t0 .. t0+16 as F32 rows of dk floats in kbuf (zero rows past nt);
+ * the next block's rows are prefetched meanwhile. */
+static void load_k_rows(float *kbuf, const void *K, size_t ks, bool f16, int dk, int t0, int nt)
+{
+    const size_t eb = f16 ? sizeof(ecs_fp16_t) : sizeof(float);
+    for (int i = 0; i < 16; i++) {
+        float *dst = kbuf + (size_t)i * dk;
+        const char *row = (const char *)K + (size_t)(t0 + i) * ks * eb;
+        if (t0 + i >= nt) {
+            memset(dst, 0, (size_t)dk * sizeof *dst);
+            continue;
+        }
+        if (t0 + 16 + i < nt)
+            for (size_t b = 0; b < (size_t)dk * eb; b += 64)
+                _mm_prefetch(row + 16 * ks * eb + b, _MM_HINT_T0);
+        for (int d = 0; d < dk; d += 16) {
+            const __mmask16 k = ecs_tail_mask16(dk - d);
+            const __m512 v =
+                f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const ecs_fp16_t *)row + d))
+                    : _mm512_maskz_loadu_ps(k, (const float *)row + d);
+            _mm512_mask_storeu_ps(dst + d, k, v);
+        }
+    }
+}
+
+#define QT_KEY(i) acc[i] = _mm512_fmadd_ps(q, _mm512_set1_ps(kbuf[(size_t)(i) * dk + d]), acc[i])
+
+/* 16 queries (one transposed group) x 16 keys: one accumulator per key
+ * holds the 16 queries, so each FMA is q_j[d] * k_t[d] added to score
+ * (j, t) in order of d, as qk_block's; a transposition of the sums turns
+ * them into the queries' rows. */
+static void scores_t_avx512(const float *QT, int nq, const void *K, size_t ks, bool kf16, int dk,
+                            int nt, float scale, float *S, int lds, float *kbuf)
+{
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int t0 = 0; t0 < nt; t0 += 16) {
+        load_k_rows(kbuf, K, ks, kf16, dk, t0, nt);
+        for (int g = 0; g * 16 < nq; g++) {
+            const float *qt = QT + (size_t)g * dk * 16;
+            __m512 acc[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++)
+                acc[i] = _mm512_setzero_ps();
+            for (int d = 0; d < dk; d++) {
+                const __m512 q = _mm512_load_ps(qt + (size_t)d * 16);
+                QT_KEY(0), QT_KEY(1), QT_KEY(2), QT_KEY(3), QT_KEY(4), QT_KEY(5), QT_KEY(6);
+                QT_KEY(7), QT_KEY(8), QT_KEY(9), QT_KEY(10), QT_KEY(11), QT_KEY(12);
+                QT_KEY(13), QT_KEY(14), QT_KEY(15);
+            }
+            transpose16(acc);
+            const int nj = nq - g * 16 < 16 ? nq - g * 16 : 16;
+            for (int j = 0; j < nj; j++)
+                _mm512_storeu_ps(S + (size_t)(g * 16 + j) * lds + t0, _mm512_mul_ps(acc[j], sc));
+        }
+    }
+}
+
 static void softmax_avx512(float *S, int nq, int lds, const int *len, int nt, bool f16)
 {
     for (int j = 0; j < nq; j++) {
@@ -192,8 +249,19 @@ pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, i
     __m512 a50 = a00, a51 = a00, a52 = a00, a53 = a00;
     const float *p0 = P, *p1 = P + ldp, *p2 = P + 2 * (size_t)ldp, *p3 = P + 3 * (size_t)ldp;
     const float *p4 = P + 4 * (size_t)ldp, *p5 = P + 5 * (size_t)ldp;
+    const size_t eb = vf16 ? sizeof(ecs_fp16_t) : sizeof(float);
     for (int t = 0; t < nt; t++) {
         const size_t off = (size_t)t * vs + (size_t)d0;
+        /* the rows are 64 values of a long stride apart: a stream the
+         * hardware prefetcher follows late (decode at depth 4096 spent
+         * 3x the cached time here) */
+        const char *ahead = (const char *)V + (off + 8 * vs) * eb;
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        _mm_prefetch(ahead + 64, _MM_HINT_T0);
+        if (!vf16) {
+            _mm_prefetch(ahead + 128, _MM_HINT_T0);
+            _mm_prefetch(ahead + 192, _MM_HINT_T0);
+        }
         const __m512 v0 = load_v(V, off, m0, vf16), v1 = load_v(V, off + 16, m1, vf16);
         const __m512 v2 = load_v(V, off + 32, m2, vf16), v3 = load_v(V, off + 48, m3, vf16);
         PV_ROW(a00, a01, a02, a03, p0);
@@ -325,7 +393,7 @@ static void dot_q8p_avx512(const void *w, int nrows, int nblk, const void *a, si
     }
 }
 
-static const model_simd_t avx512 = {scores_avx512, softmax_avx512, pv_avx512,
+static const model_simd_t avx512 = {scores_avx512, scores_t_avx512, softmax_avx512, pv_avx512,
                                     round_f16_avx512, to_f16_avx512, dot_q8p_avx512};
 
 const model_simd_t *model_simd_avx512(void) { return &avx512; }

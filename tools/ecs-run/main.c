@@ -43,6 +43,8 @@ static void usage(FILE *f)
             "  --mla-expanded     deepseek2: cache expanded K/V (reference path)\n"
             "  --mla-absorbed     deepseek2: absorbed attention for prompt steps too\n"
             "  --kv-f32           keep the KV cache in F32 (exact attention, for references)\n"
+            "  --attn-split N     deepseek2 decode: split attention by keys from depth N\n"
+            "                     on (default 512; -1: never; same results either way)\n"
             "  --repack DIR       where the decode copy of the weights is cached (default:\n"
             "                     $ECS_CACHE_DIR, else $XDG_CACHE_HOME/ecs, else ~/.cache/ecs);\n"
             "                     made on first use: a copy of the Q4_K, Q5_0, Q8_0 matrices\n"
@@ -116,7 +118,7 @@ static bool takes_value(const char *o)
     static const char *const opts[] = {"-m", "-p", "-f", "-n", "--tokens", "--dump-logits",
                                        "--logits-of", "--threads", "--ctx", "--top", "--top-k",
                                        "--seed", "--temp", "--top-p", "--min-p", "--pp", "--tg",
-                                       "--reps", "--repack", "--step"};
+                                       "--reps", "--repack", "--step", "--attn-split"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (!strcmp(o, opts[i]))
             return true;
@@ -183,6 +185,10 @@ static int parse_args(int argc, char **argv, args_t *a)
         } else if (!strcmp(o, "--step")) {
             if (!ecs_parse_long(v, 1, MODEL_MAX_BATCH, &l)) return run_fail("--step: bad count '%s'", v);
             a->step = (int)l;
+        } else if (!strcmp(o, "--attn-split")) {
+            if (!ecs_parse_long(v, -1, MODEL_MAX_CTX, &l))
+                return run_fail("--attn-split: bad depth '%s'", v);
+            a->attn_split = (int)l;
         } else if (!strcmp(o, "--reps")) {
             if (!ecs_parse_long(v, 1, 1000, &l)) return run_fail("--reps: bad count '%s'", v);
             a->reps = (int)l;
@@ -525,7 +531,8 @@ static int run_args(const args_t *ap)
     model_t *m;
     char cache[4096];
     model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads, .profile = a.profile,
-                         .repack_dir = repack_dir(&a, cache, sizeof cache)};
+                         .repack_dir = repack_dir(&a, cache, sizeof cache),
+                         .attn_split_min = a.attn_split};
     const char *ram = getenv("ECS_REPACK_RAM"); /* bytes to assume (tests, ops) */
     if (ram && *ram)
         opts.repack_ram = (size_t)strtoull(ram, NULL, 10);

@@ -21,6 +21,7 @@ typedef struct {
     int n_predict, threads, ctx, top, pp, tg, reps, step;
     bool chat, tokenize, ignore_eos, expanded, absorbed, kv_f32, bench, seed_given, profile;
     bool no_repack, print_placement;
+    int attn_split; /* model_opts_t.attn_split_min */
     sampler_params_t sp;
     dispatch_opts_t dispatch;
 } args_t;

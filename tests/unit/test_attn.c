@@ -1,0 +1,168 @@
+/* test_attn.c - the decode split of latent attention (attn.c) and its
+ * transposed-query scores kernel (model_simd_t.scores_t): the kernel gives
+ * the bits of the scores kernel on every ISA, for every query count, key
+ * count, width and cache type; the key split gives the logits of the head
+ * split bit for bit, for every thread count and step size. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/model/model.h"
+#include "coordinator/model/model_int.h"
+
+#define DS2_Q8 "../shared/models/tiny-ds2-q8_0.gguf"
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+/* ------------------------------------------------------- scores_t kernel */
+
+/* Scores of nq random queries against nt random keys of width dk by
+ * scores (row-major queries) and scores_t (transposed groups) of sd and of
+ * the plain loops; all must agree (the plain and SIMD ones up to float
+ * summation order). */
+static void check_scores_t(const model_simd_t *sd, int nq, int nt, int dk, bool f16)
+{
+    const model_simd_t *pl = model_simd_plain();
+    const int dkp = (dk + 15) & ~15, nqp = (nq + 3) & ~3, ng = (nq + 15) / 16;
+    const int lds = (nt + 15) & ~15;
+    const size_t elt = f16 ? sizeof(ecs_fp16_t) : sizeof(float);
+    const size_t ks = (size_t)dk + 3; /* rows wider than the keys */
+    void *K = malloc((size_t)nt * ks * elt);
+    float *Q = aligned_alloc(64, (size_t)nqp * dkp * sizeof(float));
+    float *QT = aligned_alloc(64, (size_t)ng * 16 * dk * sizeof(float));
+    float *S[3];
+    float *kbuf = aligned_alloc(64, (size_t)16 * dkp * sizeof(float));
+    cr_assert(K && Q && QT && kbuf);
+    for (int i = 0; i < 3; i++) {
+        S[i] = aligned_alloc(64, (size_t)nqp * lds * sizeof(float));
+        cr_assert_not_null(S[i]);
+    }
+    for (size_t i = 0; i < (size_t)nt * ks; i++) {
+        const float v = frand();
+        if (f16)
+            ((ecs_fp16_t *)K)[i] = ecs_f32_to_fp16(v);
+        else
+            ((float *)K)[i] = v;
+    }
+    memset(Q, 0, (size_t)nqp * dkp * sizeof(float));
+    memset(QT, 0, (size_t)ng * 16 * dk * sizeof(float));
+    int len[MODEL_ATT_QMAX];
+    for (int j = 0; j < nqp; j++) {
+        len[j] = j < nq ? nt : 0;
+        for (int d = 0; j < nq && d < dk; d++) {
+            const float v = ecs_fp16_to_f32(ecs_f32_to_fp16(frand()));
+            Q[(size_t)j * dkp + d] = v;
+            QT[(size_t)(j / 16) * dk * 16 + (size_t)d * 16 + j % 16] = v;
+        }
+    }
+    const float scale = 0.125f;
+    sd->scores(Q, nqp, dkp, K, ks, f16, dk, dkp, len, nt, scale, S[0], lds, kbuf);
+    sd->scores_t(QT, nq, K, ks, f16, dk, nt, scale, S[1], lds, kbuf);
+    pl->scores_t(QT, nq, K, ks, f16, dk, nt, scale, S[2], lds, kbuf);
+    for (int j = 0; j < nq; j++)
+        for (int t = 0; t < nt; t++) {
+            const size_t i = (size_t)j * lds + t;
+            cr_assert(S[0][i] == S[1][i], "nq %d nt %d dk %d f16 %d: (%d, %d) %a vs %a", nq, nt,
+                      dk, f16, j, t, S[0][i], S[1][i]);
+            cr_assert(fabsf(S[2][i] - S[1][i]) <= 1e-5f * (1.0f + fabsf(S[2][i])),
+                      "plain vs %s: (%d, %d) %g vs %g", sd == pl ? "plain" : "simd", j, t, S[2][i],
+                      S[1][i]);
+        }
+    /* the plain kernels define the results: the two plain forms agree exactly */
+    pl->scores(Q, nqp, dkp, K, ks, f16, dk, dkp, len, nt, scale, S[0], lds, kbuf);
+    for (int j = 0; j < nq; j++)
+        for (int t = 0; t < nt; t++)
+            cr_assert(S[0][(size_t)j * lds + t] == S[2][(size_t)j * lds + t]);
+    for (int i = 0; i < 3; i++)
+        free(S[i]);
+    free(K), free(Q), free(QT), free(kbuf);
+}
+
+Test(scores_t, equals_scores_bit_for_bit)
+{
+    const model_simd_t *isas[2] = {model_simd_plain(), model_simd_avx512()};
+    if (!isas[1] || kcpu_isa_detect() < KCPU_ISA_AVX512)
+        cr_log_warn("no AVX-512 on this CPU: only the plain kernels are compared");
+    const int nqs[] = {1, 4, 15, 16, 17, 36, 64};
+    const int nts[] = {1, 15, 16, 33, 100};
+    const int dks[] = {16, 40, 576};
+    for (int s = 0; s < 2; s++) {
+        if (!isas[s] || (s == 1 && kcpu_isa_detect() < KCPU_ISA_AVX512))
+            continue;
+        for (size_t a = 0; a < sizeof nqs / sizeof *nqs; a++)
+            for (size_t b = 0; b < sizeof nts / sizeof *nts; b++)
+                for (size_t c = 0; c < sizeof dks / sizeof *dks; c++)
+                    for (int f = 0; f < 2; f++)
+                        check_scores_t(isas[s], nqs[a], nts[b], dks[c], f);
+    }
+}
+
+/* ------------------------------------------------ key split vs head split */
+
+/* The logits of each step's last row, evaluating step rows at a time
+ * (a difference anywhere reaches them through the cache); *V: vocabulary. */
+static float *eval_steps(int split_min, int threads, unsigned flags, const int32_t *toks, int n,
+                         int step, int n_ctx, size_t *V)
+{
+    model_opts_t o = {.n_ctx = n_ctx, .n_threads = threads, .attn_split_min = split_min};
+    model_t *m = NULL;
+    cr_assert_eq(model_load(DS2_Q8, &o, &m), ECS_OK, "%s", ecs_errmsg());
+    model_ctx_t *c;
+    cr_assert_eq(model_ctx_new(m, n_ctx, flags, &c), ECS_OK, "%s", ecs_errmsg());
+    *V = (size_t)model_n_vocab(m);
+    const int ns = (n + step - 1) / step;
+    float *l = malloc((size_t)ns * *V * sizeof *l);
+    cr_assert_not_null(l);
+    for (int i = 0; i < ns; i++) {
+        const int k = n - i * step < step ? n - i * step : step;
+        cr_assert_eq(model_eval(c, toks + i * step, k, l + i * *V, false), ECS_OK, "%s",
+                     ecs_errmsg());
+    }
+    model_ctx_free(c);
+    model_free(m);
+    return l;
+}
+
+static void check_split(unsigned flags, int n, int step, int n_ctx)
+{
+    int32_t *toks = malloc((size_t)n * sizeof *toks);
+    cr_assert_not_null(toks);
+    for (int i = 0; i < n; i++)
+        toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * 30000);
+    size_t V;
+    float *ref = eval_steps(-1, 2, flags, toks, n, step, n_ctx, &V);
+    const size_t cnt = (size_t)(n + step - 1) / step * V;
+    const int threads[3] = {1, 2, 3};
+    for (int i = 0; i < 3; i++) {
+        float *l = eval_steps(1, threads[i], flags, toks, n, step, n_ctx, &V);
+        cr_assert(memcmp(l, ref, cnt * sizeof *l) == 0,
+                  "flags %u step %d: key split, %d threads, differs from the head split", flags,
+                  step, threads[i]);
+        free(l);
+    }
+    free(ref);
+    free(toks);
+}
+
+/* Decode steps of one row; steps of 3 rows of the absorbed path (one tile
+ * of 3 rows); F16 and F32 caches. */
+Test(split, same_bits_as_head_split_short)
+{
+    check_split(0, 24, 1, 64);
+    check_split(MODEL_CTX_KV_F32, 24, 1, 64);
+    check_split(MODEL_CTX_MLA_ABSORBED, 24, 3, 64);
+}
+
+/* Past one run of keys (512): several scores items, a partial last one. */
+Test(split, same_bits_as_head_split_deep, .timeout = 120)
+{
+    check_split(MODEL_CTX_MLA_ABSORBED, 600, 4, 640);
+}
