@@ -11,6 +11,7 @@ set -u
 build=${1:?usage: test_workers.sh BUILD_DIR}
 run="$build/bin/ecs-run"
 worker="$build/bin/ecs-worker"
+export ECS_TEST_TAG="test_workers.$$"
 py=/usr/bin/python3
 tmp=$(mktemp -d)
 pids=()
@@ -162,7 +163,12 @@ fi
 
 # 5. nothing left behind
 sleep 0.2
-left=$(pgrep -f "$worker" | tr '\n' ' ')
+# only this script's workers: they inherit its ECS_TEST_TAG (other tests
+# and other checkouts may run workers at the same time)
+left=""
+for p in $(pgrep -f "$worker"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "ECS_TEST_TAG=$ECS_TEST_TAG" && left+="$p "
+done
 [ -z "$left" ] && ok "no worker process left" || bad "worker processes left: $left"
 
 [ "$fail" -eq 0 ] && echo "test_workers: ok" || echo "test_workers: FAIL"
