@@ -147,14 +147,10 @@ static void peer_flush(mux_t *m, peer_t *p)
     }
 }
 
-static void do_call(mux_t *m, mux_call_t *c)
+/* Sends a call that is in the table, or queues it behind the HWM. */
+static void call_send_now(mux_t *m, mux_call_t *c)
 {
     peer_t *p = m->peers[c->peer];
-    if (!p->sock) {
-        call_fail(m, c, ECS_ERR_IO, "peer %s is disconnected", p->endpoint);
-        return;
-    }
-    table_put(m, c);
     if (!p->pend_head) {
         const int err = call_try_send(p, c);
         if (err == 0)
@@ -171,6 +167,37 @@ static void do_call(mux_t *m, mux_call_t *c)
     else
         p->pend_head = c;
     p->pend_tail = c;
+}
+
+static void do_call(mux_t *m, mux_call_t *c)
+{
+    peer_t *p = m->peers[c->peer];
+    if (!p->sock) {
+        call_fail(m, c, ECS_ERR_IO, "peer %s is disconnected", p->endpoint);
+        return;
+    }
+    table_put(m, c);
+    if (m->net.on && mux_netem_out(m, c))
+        return;
+    call_send_now(m, c);
+}
+
+/* mux_call_cancel: a call still in flight fails (ECS_ERR_IO) as if its
+ * peer had gone; its reply, if one comes, is dropped as a duplicate. */
+static void do_cancel(mux_t *m, mux_call_t *c)
+{
+    if (!atomic_load(&c->done) && table_take(m, c->id, c->peer)) {
+        peer_t *p = m->peers[c->peer];
+        for (mux_call_t **pp = &p->pend_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->pnext)
+            if (*pp == c) { /* not sent yet (above the HWM) */
+                *pp = c->pnext;
+                if (p->pend_tail == c)
+                    p->pend_tail = prev;
+                break;
+            }
+        call_fail(m, c, ECS_ERR_IO, "cancelled: no reply in time");
+    }
+    mux_call_unref(c); /* the reference mux_call_cancel took */
 }
 
 static void do_connect(mux_t *m, cmd_t *c)
@@ -310,6 +337,9 @@ static void drain_queue(mux_t *m)
         case CMD_CTRL_SEND:
             do_ctrl_send(m, c);
             break;
+        case CMD_CANCEL:
+            do_cancel(m, c->call);
+            break;
         case CMD_STOP:
             m->stopping = true;
             cmd_done(m, c, ECS_OK, NULL);
@@ -430,7 +460,8 @@ static void data_in(mux_t *m, int id)
         if (zu_recv(p->sock, parts, &n, &bytes) <= 0)
             return;
         ADD(p->bytes_in, bytes);
-        data_msg(m, id, parts, n);
+        if (!m->net.on || !mux_netem_in(m, id, parts, n))
+            data_msg(m, id, parts, n);
         zu_close_parts(parts, n);
     }
 }
@@ -524,11 +555,13 @@ void *mux_io_main(void *arg)
     mux_t *m = arg;
     while (!m->stopping) {
         const int n = build_items(m);
-        if (zmq_poll(m->items, n, -1) < 0) {
+        if (zmq_poll(m->items, n, m->held ? mux_netem_timeout(m) : -1) < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             break;
         }
+        if (m->held)
+            mux_netem_release(m, call_send_now, data_msg);
         for (int i = 0; i < n; i++) {
             const short rev = m->items[i].revents;
             if (!rev)
@@ -560,5 +593,6 @@ void *mux_io_main(void *arg)
     for (int i = 0; i < np; i++)
         peer_close(m, i, "mux stopped");
     table_fail(m, -1, "mux stopped");
+    mux_netem_free(m);
     return NULL;
 }

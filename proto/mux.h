@@ -21,7 +21,8 @@
  *   err ECS_OK, status != OK        the worker refused it (message says why)
  *   err ECS_ERR_FORMAT              the reply was malformed or did not match
  *                                   the call (message says what)
- *   err ECS_ERR_IO                  the peer was disconnected or the mux freed
+ *   err ECS_ERR_IO                  the peer was disconnected, the call was
+ *                                   cancelled (mux_call_cancel) or the mux freed
  *                                   before a reply came
  * Payloads handed out (a result's rows here, a call's rows to on_call on
  * the worker) start at a WIRE_PAYLOAD_ALIGN (64-byte) aligned address: the
@@ -29,7 +30,13 @@
  *
  * A call that never gets a reply (a dead or silent worker) stays in flight:
  * mux_wait() takes a timeout, and mux_peer_disconnect() fails every call in
- * flight on that peer so that the caller can send them elsewhere.
+ * flight on that peer so that the caller can send them elsewhere, and
+ * mux_call_cancel() fails one call (a lost message, the peer still alive).
+ *
+ * Test only: ECS_TEST_NET="delay_ms=20,jitter_ms=5,drop=0.01,seed=7" makes
+ * the I/O thread delay and drop expert calls and replies (not control
+ * messages), to emulate a bad network; mux_new fails on a bad spec. See
+ * proto/netem.c and docs/protocol.md.
  *
  * Usage (coordinator):
  *
@@ -148,6 +155,11 @@ typedef struct {
 
 /* The outcome of a completed call (NULL while in flight). */
 const mux_result_t *mux_call_result(const mux_call_t *c);
+/* Gives up on a call still in flight (a reply lost on the way, a worker
+ * that stays silent): it completes soon with ECS_ERR_IO ("cancelled"), so
+ * its caller can send it again; a reply that comes later is dropped and
+ * counted as a duplicate. No effect on a completed call. */
+ecs_err_t mux_call_cancel(mux_t *m, mux_call_t *c);
 /* Frees the handle (and the reply's frames). Releasing a call still in
  * flight abandons it: its reply is consumed and dropped when it comes. */
 void mux_call_release(mux_call_t *c);

@@ -90,6 +90,13 @@ ecs_err_t mux_new(const mux_opts_t *opts, mux_t **out)
         e = ecs_error(ECS_ERR_IO, "eventfd: %s", strerror(errno));
         goto fail;
     }
+    /* test only: an emulated bad network (netem.c) */
+    if ((e = mux_netem_parse(getenv("ECS_TEST_NET"), &m->net)))
+        goto fail;
+    if (m->net.on)
+        fprintf(stderr, "mux: ECS_TEST_NET: data plane delayed %d+0..%d ms each way, %.3g%% of "
+                "messages dropped (test only)\n", m->net.delay_ms, m->net.jitter_ms,
+                m->net.drop * 100);
     if (opts && opts->control_bind) {
         const int one = 1;
         /* a Drain or Error to a worker gets a moment to leave on close */
@@ -284,6 +291,23 @@ bool mux_call_done(const mux_call_t *c)
 const mux_result_t *mux_call_result(const mux_call_t *c)
 {
     return mux_call_done(c) ? &c->res : NULL;
+}
+
+ecs_err_t mux_call_cancel(mux_t *m, mux_call_t *c)
+{
+    if (!c->t_submit)
+        return ecs_error(ECS_ERR_INVAL, "mux_call_cancel: call %llu was not sent",
+                         (unsigned long long)c->id);
+    if (mux_call_done(c) || atomic_exchange(&c->cancelling, true))
+        return ECS_OK;
+    atomic_fetch_add(&c->refs, 1); /* until the I/O thread has seen it */
+    c->cancel.kind = CMD_CANCEL;
+    c->cancel.call = c;
+    if (!mux_enqueue(m, &c->cancel)) {
+        mux_call_unref(c);
+        return ECS_OK; /* the mux is stopping: it fails every call itself */
+    }
+    return ECS_OK;
 }
 
 void mux_call_release(mux_call_t *c)

@@ -93,6 +93,7 @@ struct dispatch {
     const float *x, *wts;       /* the model's, valid until wait() returns */
     mux_call_t **calls;         /* [n_expert] slots, NULL: free */
     int *call_worker, *call_nent;  /* [n_expert] */
+    uint64_t *call_t0;          /* [n_expert] when the slot's call was sent (ms) */
     int32_t *pair_call, *pair_pos; /* [MODEL_MAX_BATCH * k] pair -> slot, entry in it */
     int *exp_slot;              /* [n_expert] slot holding the expert's call, -1 */
     bool *todo;                 /* [n_expert] rows not sent (or to send again) */
