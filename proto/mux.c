@@ -218,6 +218,12 @@ static void do_connect(mux_t *m, cmd_t *c)
         free(p);
         return;
     }
+    if (zu_curve_client(s, &m->curve, c->server_pub, c->endpoint) != ECS_OK) {
+        zmq_close(s);
+        free(p);
+        cmd_done(m, c, ECS_ERR_INVAL, ecs_errmsg());
+        return;
+    }
     if (zmq_connect(s, c->endpoint) != 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "connect %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
@@ -228,13 +234,7 @@ static void do_connect(mux_t *m, cmd_t *c)
     }
     /* the connection's drops, seen at once (a dead worker's socket closes
      * before any heartbeat is missed); without a monitor, no drops */
-    char mon[64];
-    snprintf(mon, sizeof mon, "inproc://mux-mon-%p-%d", (void *)m, n);
-    if (zmq_socket_monitor(s, mon, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0 &&
-        (p->mon = zmq_socket(m->zctx, ZMQ_PAIR)) && zmq_connect(p->mon, mon) != 0) {
-        zmq_close(p->mon);
-        p->mon = NULL;
-    }
+    p->mon = zu_handshake_monitor(m->zctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
     p->sock = s;
     snprintf(p->endpoint, sizeof p->endpoint, "%s", c->endpoint);
     atomic_store(&p->connected, true);
@@ -266,22 +266,9 @@ static void monitor_in(mux_t *m, int id)
 {
     peer_t *p = m->peers[id];
     for (int i = 0; i < MUX_BATCH && p->mon; i++) {
-        zmq_msg_t ev, addr;
-        zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, p->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&ev);
+        const int event = zu_monitor_event(p->mon, "coordinator data", NULL);
+        if (!event)
             return;
-        }
-        uint16_t event = 0;
-        if (zmq_msg_size(&ev) >= 2)
-            memcpy(&event, zmq_msg_data(&ev), 2);
-        const bool more = zmq_msg_more(&ev);
-        zmq_msg_close(&ev);
-        if (more) { /* the endpoint frame */
-            zmq_msg_init(&addr);
-            zmq_msg_recv(&addr, p->mon, ZMQ_DONTWAIT);
-            zmq_msg_close(&addr);
-        }
         if (event == ZMQ_EVENT_CONNECTED) {
             p->was_connected = true;
         } else if (event == ZMQ_EVENT_DISCONNECTED && p->was_connected) {
@@ -534,6 +521,10 @@ static int build_items(mux_t *m)
         m->items[n] = (zmq_pollitem_t){.socket = m->ctrl, .events = ZMQ_POLLIN};
         m->item_peer[n++] = -2;
     }
+    if (m->ctrl_mon) {
+        m->items[n] = (zmq_pollitem_t){.socket = m->ctrl_mon, .events = ZMQ_POLLIN};
+        m->item_peer[n++] = MUX_ITEM_CTRL_MON;
+    }
     const int np = atomic_load(&m->n_peers);
     for (int i = 0; i < np; i++) {
         peer_t *p = m->peers[i];
@@ -573,6 +564,11 @@ void *mux_io_main(void *arg)
                 drain_queue(m);
             } else if (who == -2) {
                 ctrl_in(m);
+            } else if (who == MUX_ITEM_CTRL_MON) { /* logs refused handshakes */
+                for (int k = 0; k < MUX_BATCH && zu_monitor_event(m->ctrl_mon,
+                                                                   "coordinator control", NULL);
+                     k++) {
+                }
             } else if (who <= -3) {
                 if (m->peers[-3 - who]->sock)
                     monitor_in(m, -3 - who);

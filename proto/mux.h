@@ -86,11 +86,49 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "proto/curve.h"
 #include "proto/wire.h"
 
 #define MUX_MAX_PEERS 4096      /* peer ids ever connected on one mux (ids are not reused) */
 #define MUX_DEFAULT_HWM 1024    /* messages queued per socket and direction */
 #define MUX_LAT_BUCKETS 32      /* latency histogram: bucket i counts [2^i, 2^(i+1)) us; 0 also < 1 us */
+
+/* CURVE on a side's links (proto/curve.h); key NULL: plaintext. The side
+ * that binds (the coordinator's control ROUTER, the worker's data ROUTER)
+ * is the CURVE server with this keypair and admits only the client keys in
+ * allowed[0..n_allowed) (a ZAP handler on its ZeroMQ context); the side
+ * that connects is the client with the same keypair. Every refused peer is
+ * logged on stderr: a listed-key refusal names the key, a failed handshake
+ * (plaintext peer, wrong server key) names the endpoint. */
+typedef struct {
+    const curve_keypair_t *key;
+    const char *const *allowed;
+    int n_allowed;
+    const char *server_pub;     /* worker side: the coordinator's public key, for
+                                 * mux_server_connect; ignored by the coordinator's mux */
+} mux_curve_t;
+
+/* The key files of a command line, loaded: own key pair (PREFIX.key), the
+ * coordinator's public key (a worker's), the allow list (every *.pub in a
+ * directory). Owns what mux_curve_view() points at. */
+typedef struct {
+    bool on;
+    curve_keypair_t key;
+    char server_pub[CURVE_Z85_LEN + 1];
+    char (*allowed)[CURVE_Z85_LEN + 1];
+    const char **ptrs;
+    int n_allowed;
+} mux_curve_keys_t;
+
+/* key_file NULL: plaintext (then the others must be NULL too). A worker
+ * gives server_pub_file (the coordinator's .pub, or its .key); without
+ * clients_dir the worker admits just that key on its data socket.
+ * allow_self adds the own public key to the allow list (workers spawned
+ * with the same key pair). Errors name the file and what is wrong. */
+ecs_err_t mux_curve_load(mux_curve_keys_t *k, const char *key_file, const char *server_pub_file,
+                         const char *clients_dir, bool allow_self);
+mux_curve_t mux_curve_view(const mux_curve_keys_t *k);
+void mux_curve_keys_free(mux_curve_keys_t *k);
 
 /* ---- coordinator side ---- */
 
@@ -100,6 +138,8 @@ typedef struct mux_call mux_call_t;
 typedef struct {
     const char *control_bind;   /* ROUTER for workers' control messages; NULL: none */
     int hwm;                    /* 0: MUX_DEFAULT_HWM */
+    mux_curve_t curve;          /* control bind as server; peers connected with
+                                 * mux_peer_connect_key as client */
 } mux_opts_t;
 
 /* Starts the I/O thread (and binds control_bind). */
@@ -113,6 +153,10 @@ const char *mux_control_endpoint(const mux_t *m);
 /* Connects a DEALER to a worker's data endpoint (the connection itself is
  * made in the background and retried by ZeroMQ); *peer is its id. */
 ecs_err_t mux_peer_connect(mux_t *m, const char *endpoint, int *peer);
+/* The same over CURVE when the mux has a key: server_pub is the peer's Z85
+ * public key (40 characters); ECS_ERR_INVAL if the mux has a key and
+ * server_pub is missing. Without a key on the mux, server_pub is ignored. */
+ecs_err_t mux_peer_connect_key(mux_t *m, const char *endpoint, const char *server_pub, int *peer);
 /* Closes the peer's socket and fails its calls in flight (ECS_ERR_IO).
  * Replies that arrive later are lost with the socket. */
 ecs_err_t mux_peer_disconnect(mux_t *m, int peer);
@@ -235,6 +279,7 @@ typedef struct {
     const char *data_bind;      /* e.g. "tcp://127.0.0.1:*" or "ipc:///tmp/w0.data" */
     int tick_ms;                /* 0: 1000 */
     int hwm;                    /* 0: MUX_DEFAULT_HWM */
+    mux_curve_t curve;          /* data bind as server, control connects as client */
 } mux_server_opts_t;
 
 ecs_err_t mux_server_new(const mux_server_opts_t *opts, const mux_server_ops_t *ops, void *ctx,

@@ -90,6 +90,11 @@ ecs_err_t mux_new(const mux_opts_t *opts, mux_t **out)
         e = ecs_error(ECS_ERR_IO, "eventfd: %s", strerror(errno));
         goto fail;
     }
+    if (opts && opts->curve.key) {
+        m->key = *opts->curve.key;
+        m->curve = opts->curve;
+        m->curve.key = &m->key;
+    }
     /* test only: an emulated bad network (netem.c) */
     if ((e = mux_netem_parse(getenv("ECS_TEST_NET"), &m->net)))
         goto fail;
@@ -103,6 +108,10 @@ ecs_err_t mux_new(const mux_opts_t *opts, mux_t **out)
         if ((e = zu_socket(m->zctx, ZMQ_ROUTER, m->hwm, 200, &m->ctrl)))
             goto fail;
         zmq_setsockopt(m->ctrl, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+        if ((e = zu_curve_server(m->zctx, m->ctrl, &m->curve, "coordinator control", &m->auth)))
+            goto fail;
+        if (m->curve.key)
+            m->ctrl_mon = zu_handshake_monitor(m->zctx, m->ctrl, 0);
         if (zmq_bind(m->ctrl, opts->control_bind) != 0) {
             e = ecs_error(ECS_ERR_IO, "bind %s: %s", opts->control_bind,
                           zmq_strerror(zmq_errno()));
@@ -135,6 +144,9 @@ void mux_free(mux_t *m)
         zu_unbind(m->ctrl, m->ctrl_ep);
         zmq_close(m->ctrl);
     }
+    if (m->ctrl_mon)
+        zmq_close(m->ctrl_mon);
+    curve_auth_stop(m->auth); /* before zmq_ctx_term: it owns a socket of zctx */
     const int np = atomic_load(&m->n_peers);
     for (int i = 0; i < np; i++)
         free(m->peers[i]);
@@ -157,9 +169,17 @@ const char *mux_control_endpoint(const mux_t *m) { return m->ctrl_ep; }
 
 ecs_err_t mux_peer_connect(mux_t *m, const char *endpoint, int *peer)
 {
+    return mux_peer_connect_key(m, endpoint, NULL, peer);
+}
+
+ecs_err_t mux_peer_connect_key(mux_t *m, const char *endpoint, const char *server_pub, int *peer)
+{
     if (!endpoint || !*endpoint)
         return ecs_error(ECS_ERR_INVAL, "mux_peer_connect: empty endpoint");
-    cmd_t c = {.kind = CMD_CONNECT, .endpoint = endpoint, .peer = -1};
+    if (m->curve.key && (!server_pub || strlen(server_pub) != CURVE_Z85_LEN))
+        return ecs_error(ECS_ERR_INVAL, "mux_peer_connect: CURVE is on and %s has no valid "
+                         "public key", endpoint);
+    cmd_t c = {.kind = CMD_CONNECT, .endpoint = endpoint, .server_pub = server_pub, .peer = -1};
     ecs_err_t e = mux_run_sync(m, &c);
     if (e == ECS_OK)
         *peer = c.peer;

@@ -14,6 +14,7 @@
 #define MUX_RECENT 1024    /* completed ids remembered to tell duplicates from unknown ids */
 #define MUX_INBOX_MAX 4096 /* control messages queued for mux_ctrl_recv before dropping */
 #define MUX_BATCH 256      /* messages taken from one socket before polling the others */
+#define MUX_ITEM_CTRL_MON (-3 - MUX_MAX_PEERS) /* item_peer of the control monitor */
 
 typedef struct waiter {
     pthread_cond_t cond;
@@ -29,6 +30,7 @@ typedef struct cmd {
     mux_call_t *call;          /* CMD_CALL */
     int peer;                  /* CMD_CONNECT (out), CMD_DISCONNECT */
     const char *endpoint;      /* CMD_CONNECT */
+    const char *server_pub;    /* CMD_CONNECT: the peer's CURVE key, NULL: none */
     const mux_route_t *route;  /* CMD_CTRL_SEND */
     zmq_msg_t frame;           /* CMD_CTRL_SEND: the encoded message */
     bool finished;             /* synchronous commands: done, with err/errmsg */
@@ -109,6 +111,10 @@ struct mux {
     atomic_int n_peers;
     void *ctrl;
     char ctrl_ep[256];
+    curve_keypair_t key;       /* CURVE: a copy of the keypair given */
+    mux_curve_t curve;         /* .key points at key when CURVE is on */
+    curve_auth_t *auth;        /* the ZAP handler of zctx, NULL: plaintext */
+    void *ctrl_mon;            /* ctrl's failed handshakes (I/O thread), NULL: none */
     inbox_item_t *in_head, *in_tail;
     size_t in_count;
     _Atomic uint64_t ctrl_bad;
@@ -120,8 +126,9 @@ struct mux {
     unsigned recent_pos;
     bool stopping;
     mux_held_t *held;          /* by due time */
-    zmq_pollitem_t items[2 * MUX_MAX_PEERS + 2];
-    int item_peer[2 * MUX_MAX_PEERS + 2]; /* -1 eventfd, -2 control, >= 0 peer, <= -3 monitor */
+    zmq_pollitem_t items[2 * MUX_MAX_PEERS + 3];
+    int item_peer[2 * MUX_MAX_PEERS + 3]; /* -1 eventfd, -2 control, >= 0 peer, <= -3 monitor,
+                                           * MUX_ITEM_CTRL_MON the control's */
 };
 
 #define RELAXED memory_order_relaxed

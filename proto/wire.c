@@ -111,6 +111,10 @@ static ecs_err_t check_hello(const wire_hello_t *h)
         (e = check_str("Hello", "device", h->device, false)) ||
         (e = check_str("Hello", "data_endpoint", h->data_endpoint, true)))
         return e;
+    const size_t klen = h->curve_public ? strnlen(h->curve_public, 41) : 0;
+    if (klen != 0 && klen != 40)
+        return ecs_error(ECS_ERR_FORMAT, "Hello: curve_public of %zu characters (40 Z85, or none)",
+                         klen);
     return ECS_OK;
 }
 
@@ -299,6 +303,7 @@ static void to_pb(const wire_msg_t *m, pb_any_t *pb)
         pb->hello.device = s_or_empty(h->device);
         pb->hello.capabilities = h->capabilities;
         pb->hello.data_endpoint = s_or_empty(h->data_endpoint);
+        pb->hello.curve_public = s_or_empty(h->curve_public);
         break;
     }
     case WIRE_WELCOME:
@@ -403,7 +408,8 @@ static ecs_err_t from_pb(wire_msg_t *m, const ProtobufCMessage *any)
             .fingerprint_len = p->model_fingerprint.len, .worker_id = p->worker_id,
             .host = p->host, .pid = p->pid, .threads = p->threads,
             .mem_budget = p->mem_budget, .device = p->device,
-            .capabilities = p->capabilities, .data_endpoint = p->data_endpoint};
+            .capabilities = p->capabilities, .data_endpoint = p->data_endpoint,
+            .curve_public = p->curve_public};
         break;
     }
     case WIRE_WELCOME: {

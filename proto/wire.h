@@ -134,6 +134,8 @@ typedef struct {
     const char *device;
     uint64_t capabilities;      /* WIRE_CAP_* */
     const char *data_endpoint;  /* non-empty: where the worker's ROUTER listens */
+    const char *curve_public;   /* the ROUTER's CURVE public key (40 Z85 chars), or ""/NULL:
+                                 * plaintext. Trusted as much as the control link it came on */
 } wire_hello_t;
 
 typedef struct {

@@ -36,6 +36,7 @@ struct worker {
     uint8_t fp[GGUF_FINGERPRINT_BYTES];
     ecs_threadpool_t *tp;
     mux_server_t *srv;
+    mux_curve_keys_t keys;   /* CURVE on the links (off: plaintext) */
     int conn;
     shard_t shard;
     bool welcomed;
@@ -90,7 +91,8 @@ static void send_hello(worker_t *w)
                               .threads = (uint32_t)w->o.threads,
                               .mem_budget = w->o.mem_budget,
                               .device = w->device,
-                              .data_endpoint = w->listen}};
+                              .data_endpoint = w->listen,
+                              .curve_public = w->keys.on ? w->keys.key.pub : ""}};
     send_msg(w, &m);
     w->hello_gap_ms = w->hello_gap_ms ? w->hello_gap_ms * 2 : WORKER_HELLO_MS;
     if (w->hello_gap_ms > WORKER_HELLO_MAX_MS)
@@ -238,7 +240,18 @@ ecs_err_t worker_new(const worker_opts_t *o, worker_t **out)
     gguf_fingerprint(w->f, w->fp);
     if ((rc = ecs_threadpool_create(o->threads, &w->tp)) != ECS_OK)
         goto fail;
-    mux_server_opts_t so = {.data_bind = w->listen, .tick_ms = WORKER_TICK_MS};
+    if (o->curve_key && !o->curve_server_key) {
+        rc = ecs_error(ECS_ERR_INVAL, "worker: --curve-key needs --curve-server-key (the "
+                       "coordinator's public key)");
+        goto fail;
+    }
+    if ((rc = mux_curve_load(&w->keys, o->curve_key, o->curve_server_key, o->curve_clients,
+                             false)) != ECS_OK) {
+        rc = ecs_error(rc, "worker: %s", ecs_errmsg());
+        goto fail;
+    }
+    mux_server_opts_t so = {.data_bind = w->listen, .tick_ms = WORKER_TICK_MS,
+                            .curve = mux_curve_view(&w->keys)};
     mux_server_ops_t ops = {.on_call = on_call, .on_ctrl = on_ctrl, .on_tick = on_tick};
     if ((rc = mux_server_new(&so, &ops, w, &w->srv)) != ECS_OK)
         goto fail;
@@ -278,6 +291,7 @@ void worker_free(worker_t *w)
     if (!w)
         return;
     mux_server_free(w->srv);
+    mux_curve_keys_free(&w->keys);
     shard_close(&w->shard);
     ecs_threadpool_destroy(w->tp);
     gguf_close(w->f);

@@ -52,6 +52,7 @@ typedef struct {
 typedef struct {
     char id[PLACEMENT_ID_MAX];
     char endpoint[256];
+    char curve_pub[CURVE_Z85_LEN + 1]; /* its data socket's CURVE key, "" : plaintext */
     mux_route_t route;          /* on the control socket */
     int pid, threads;
     uint64_t mem_budget, bytes_held;
@@ -73,6 +74,7 @@ struct dispatch {
     uint8_t fp[GGUF_FINGERPRINT_BYTES];
     char dir[256];              /* private directory of the ipc endpoints, "" if none */
     mux_t *mux;
+    mux_curve_keys_t keys;      /* CURVE on the worker links (off: plaintext) */
     placement_t *pl;
     int n_workers;
     dispatch_worker_t *w;       /* [n_workers] in placement order */
