@@ -466,8 +466,8 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
     if (rc != ECS_OK)
         return rc;
     if (resent)
-        dispatch_log(d, "layer %d: %d experts sent again after a worker died or %d calls went "
-                     "unanswered; the layer took %llu ms", layer, resent, retried,
+        dispatch_log(d, "layer %d: %d experts sent again after a worker died or a message was "
+                     "lost (%d calls retried); the layer took %llu ms", layer, resent, retried,
                      (unsigned long long)(dispatch_now_ms() - t0));
     kmoe_sum(model_threadpool(d->m), d->n_tok, d->k, (int)d->hp.n_embd, d->d, d->ident, d->wts,
              out);
