@@ -387,6 +387,7 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
     uint64_t retry = (uint64_t)(d->o.call_retry_ms > 0 ? d->o.call_retry_ms
                                 : DISPATCH_HEARTBEAT_MS * (int)WIRE_LIVENESS);
     int resent = 0, retried = 0;
+    bool held = false;
     ecs_err_t rc = ECS_OK;
     mux_call_t *list[PLACEMENT_MAX_WORKERS];
     for (;;) {
@@ -444,6 +445,7 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
                     break;
                 }
                 /* held: sleep until a worker's state changes */
+                held = true;
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
                 ts.tv_nsec += 200 * 1000000L;
@@ -465,9 +467,10 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
     release_calls(d);
     if (rc != ECS_OK)
         return rc;
-    if (resent)
+    if (resent || held)
         dispatch_log(d, "layer %d: %d experts sent again after a worker died or a message was "
-                     "lost (%d calls retried); the layer took %llu ms", layer, resent, retried,
+                     "lost (%d calls retried)%s; the layer took %llu ms", layer, resent, retried,
+                     held ? ", held until a holder was back" : "",
                      (unsigned long long)(dispatch_now_ms() - t0));
     kmoe_sum(model_threadpool(d->m), d->n_tok, d->k, (int)d->hp.n_embd, d->d, d->ident, d->wts,
              out);
