@@ -17,18 +17,17 @@ model=$(cd ../shared/models && pwd)/tiny-ds2-q8_0.gguf
 tmp=$(mktemp -d)
 tag="e$$"                       # unique per run: tests may run two at a time
 nsc="${tag}c"
-pids=()
-nss=()
-fail=0
+pids=() nss=() fail=0
 ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fail=1; }
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+# the processes by pid, then the namespaces (each takes its veth ends along)
+remove_all() {
+    [ ${#pids[@]} -gt 0 ] && kill -TERM "${pids[@]}" 2>/dev/null
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-    for n in "${nss[@]}"; do ip netns del "$n" 2>/dev/null; done # takes its veth ends along
+    for n in "${nss[@]}"; do ip netns del "$n" 2>/dev/null; done
     rm -rf "$tmp"
 }
-trap cleanup EXIT
+trap remove_all EXIT
 
 if ! ip netns add "$nsc" 2>"$tmp/ns.err"; then
     echo "FAIL network namespaces are not available here (ip netns add: $(cat "$tmp/ns.err"));" \

@@ -10,6 +10,28 @@ static ecs_err_t mux_with(const char *spec, mux_t **m)
     return mux_new(&(mux_opts_t){0}, m);
 }
 
+/* A mux under spec connected to srv (started here unless already). */
+static void rig(tserver_t *srv, bool start, const char *spec, mux_t **m, int *peer)
+{
+    if (start) {
+        server_start(srv, "tcp://127.0.0.1:*");
+        server_run(srv);
+    }
+    cr_assert_eq(mux_with(spec, m), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(mux_peer_connect(*m, mux_server_endpoint(srv->s), peer), ECS_OK);
+}
+
+/* A fresh server, a mux under spec connected to it, and one call t sent. */
+static mux_call_t *rig_call(tserver_t *srv, const char *spec, mux_t **m, int *peer, tcall_t *t,
+                            uint32_t rows, float seed)
+{
+    rig(srv, true, spec, m, peer);
+    tcall_make(t, rows, seed);
+    mux_call_t *c;
+    cr_assert_eq(mux_submit(*m, *peer, &t->c, &c), ECS_OK);
+    return c;
+}
+
 Test(netem, bad_specs_are_refused_with_the_reason)
 {
     static const struct { const char *spec, *says; ecs_err_t err; } bad[] = {
@@ -35,16 +57,10 @@ Test(netem, bad_specs_are_refused_with_the_reason)
 Test(netem, lost_calls_stay_in_flight_until_cancelled)
 {
     tserver_t srv;
-    server_start(&srv, "tcp://127.0.0.1:*");
-    server_run(&srv);
     mux_t *m;
-    cr_assert_eq(mux_with("drop=1", &m), ECS_OK, "%s", ecs_errmsg());
     int peer;
-    cr_assert_eq(mux_peer_connect(m, mux_server_endpoint(srv.s), &peer), ECS_OK);
     tcall_t t;
-    tcall_make(&t, 3, 5);
-    mux_call_t *c;
-    cr_assert_eq(mux_submit(m, peer, &t.c, &c), ECS_OK);
+    mux_call_t *c = rig_call(&srv, "drop=1", &m, &peer, &t, 3, 5);
     cr_assert_eq(mux_wait(m, &c, 1, 200), 1, "a dropped call completed");
     cr_assert_eq(mux_peer_inflight(m, peer), 1);
     cr_assert_eq(mux_call_cancel(m, c), ECS_OK);
@@ -73,12 +89,9 @@ Test(netem, lost_calls_stay_in_flight_until_cancelled)
 Test(netem, delayed_calls_get_their_own_answers)
 {
     tserver_t srv;
-    server_start(&srv, "tcp://127.0.0.1:*");
-    server_run(&srv);
     mux_t *m;
-    cr_assert_eq(mux_with("delay_ms=20,jitter_ms=30,seed=11", &m), ECS_OK, "%s", ecs_errmsg());
     int peer;
-    cr_assert_eq(mux_peer_connect(m, mux_server_endpoint(srv.s), &peer), ECS_OK);
+    rig(&srv, true, "delay_ms=20,jitter_ms=30,seed=11", &m, &peer);
     enum { N = 40 };
     static tcall_t t[N];
     mux_call_t *c[N];
@@ -106,24 +119,17 @@ Test(netem, delayed_calls_get_their_own_answers)
 Test(netem, cancel_while_held_and_retry_until_answered)
 {
     tserver_t srv;
-    server_start(&srv, "tcp://127.0.0.1:*");
-    server_run(&srv);
     mux_t *m;
-    cr_assert_eq(mux_with("delay_ms=10000", &m), ECS_OK, "%s", ecs_errmsg());
     int peer;
-    cr_assert_eq(mux_peer_connect(m, mux_server_endpoint(srv.s), &peer), ECS_OK);
     tcall_t t;
-    tcall_make(&t, 2, 9);
-    mux_call_t *c;
-    cr_assert_eq(mux_submit(m, peer, &t.c, &c), ECS_OK);
+    mux_call_t *c = rig_call(&srv, "delay_ms=10000", &m, &peer, &t, 2, 9);
     cr_assert_eq(mux_call_cancel(m, c), ECS_OK);
     cr_assert_eq(mux_wait(m, &c, 1, 10000), 0);
     cr_assert_eq(mux_call_result(c)->err, ECS_ERR_IO);
     mux_call_release(c);
     mux_free(m); /* frees what is still held */
 
-    cr_assert_eq(mux_with("drop=0.5,seed=5", &m), ECS_OK, "%s", ecs_errmsg());
-    cr_assert_eq(mux_peer_connect(m, mux_server_endpoint(srv.s), &peer), ECS_OK);
+    rig(&srv, false, "drop=0.5,seed=5", &m, &peer);
     int tries = 0;
     for (;;) {
         cr_assert_lt(tries++, 200, "never answered");
