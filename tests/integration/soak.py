@@ -11,7 +11,9 @@ request failed or mismatched. Standard library only.
 
 usage: soak.py ROOT BUILD
 env:   SOAK_SECONDS (300, per run)  SOAK_KILL_EVERY (30)  SOAK_CLIENTS (4)
-       SOAK_WORKERS (3)  SOAK_MODEL (tiny-ds2-q8_0)"""
+       SOAK_WORKERS (3)  SOAK_MODEL (tiny-ds2-q8_0)  SOAK_ROUNDS (1: calm then
+       chaos; 2 or more alternate calm, chaos, chaos, calm, ... so that a
+       drift of a shared host's speed cancels in the throughput ratio)"""
 import http.client
 import json
 import os
@@ -30,6 +32,7 @@ SECONDS = float(os.environ.get("SOAK_SECONDS", "300"))
 KILL_EVERY = float(os.environ.get("SOAK_KILL_EVERY", "30"))
 CLIENTS = int(os.environ.get("SOAK_CLIENTS", "4"))
 WORKERS = int(os.environ.get("SOAK_WORKERS", "3"))
+ROUNDS = int(os.environ.get("SOAK_ROUNDS", "1"))
 binary = os.path.join(root, build, "bin", "ecs-coordinator")
 model = model_path(root, build, os.environ.get("SOAK_MODEL", "tiny-ds2-q8_0"))
 
@@ -137,10 +140,20 @@ def run(name, kills):
 
 
 def main():
-    print("soak: %d clients, %d workers (replication 2), %.0f s per run, a kill every %.0f s, "
-          "model %s" % (CLIENTS, WORKERS, SECONDS, KILL_EVERY, os.path.basename(model)))
-    calm = run("calm", False)
-    chaos = run("chaos", True)
+    print("soak: %d clients, %d workers (replication 2), %.0f s per run, %d round(s), a kill every "
+          "%.0f s, model %s, load %s" % (CLIENTS, WORKERS, SECONDS, ROUNDS, KILL_EVERY,
+                                         os.path.basename(model),
+                                         open("/proc/loadavg").read().split()[0]))
+    runs = {"calm": [], "chaos": []}
+    for r in range(ROUNDS):
+        for name in (("calm", "chaos") if r % 2 == 0 else ("chaos", "calm")):
+            runs[name].append(run(name, name == "chaos"))
+    # each kind's runs as one: requests, time, kills and logs added up
+    calm, chaos = ({"name": k, "out": [x for v in runs[k] for x in v["out"]],
+                    "took": sum(v["took"] for v in runs[k]),
+                    "killed": [x for v in runs[k] for x in v["killed"]],
+                    "log": "\n".join(v["log"] for v in runs[k]),
+                    "rc": max(v["rc"] for v in runs[k])} for k in ("calm", "chaos"))
     # the reference: every distinct request once, on local experts
     ref_srv = Server(binary, model, "--max-running", str(CLIENTS))
     ref = {}
