@@ -45,6 +45,7 @@ TASKS = ["List the files in the project and say which one holds the tests.",
          "Rename the variable to something clearer.",
          "What is the next step?"]
 TURNS = 6          # then the agent starts a new conversation
+KILL_RND = random.Random(7)  # the chaos loop's victims, across rounds
 MAX_TOKENS = 32
 
 
@@ -120,7 +121,7 @@ def run(name, kills):
     for t in th:
         t.start()
     killed = []
-    rnd = random.Random(7)
+    rnd = KILL_RND
     while kills and time.time() + KILL_EVERY < stop_at:
         time.sleep(KILL_EVERY)
         wid = "w%d" % rnd.randrange(WORKERS)
