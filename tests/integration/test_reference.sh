@@ -22,6 +22,8 @@
 #
 # Missing binaries or reference data are failures, never skips.
 # Prints one PASS/FAIL line per check; exits non-zero if any failed.
+# (its numpy reference runs under a 600 s timeout: it runs alone, after the others)
+# ecs-test: serial
 set -u
 
 BUILD=${1:?usage: test_reference.sh BUILD_DIR}
