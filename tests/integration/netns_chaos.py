@@ -98,7 +98,7 @@ except AssertionError as e:
     say(False, "A: " + str(e))
 
 # B: two links down: some experts have no reachable holder; the request
-#    fails at its deadline (--call-timeout 6000) with an error naming them
+#    fails at its deadline (--call-timeout 8000) with an error naming them
 link(1, "down")
 link(2, "down")
 t0 = time.time()

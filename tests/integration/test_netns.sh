@@ -59,7 +59,7 @@ ip netns exec "$nsc" "$build/bin/ecs-coordinator" -m "$model" --http 127.0.0.1:8
 pids+=($!)
 ip netns exec "$nsc" env ECS_TEST_NET="delay_ms=2,jitter_ms=3,drop=0.015,seed=17" \
     "$build/bin/ecs-coordinator" -m "$model" --http 127.0.0.1:8080 --threads 1 --no-repack \
-    --control "$ctl" --min-workers 3 --replication 2 --call-timeout 6000 --call-retry 150 \
+    --control "$ctl" --min-workers 3 --replication 2 --call-timeout 8000 --call-retry 150 \
     >"$tmp/coord.log" 2>&1 &
 coord=$!; pids+=("$coord")
 wpids=()
