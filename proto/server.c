@@ -194,7 +194,7 @@ static void drain(mux_server_t *s, void *sock, int conn)
 
 ecs_err_t mux_server_run(mux_server_t *s)
 {
-    zmq_pollitem_t items[SERVER_MAX_CONNS + 2];
+    zmq_pollitem_t items[2 * SERVER_MAX_CONNS + 3]; /* efd, data, controls, monitors */
     uint64_t next_tick = zu_now_ns() + (uint64_t)s->tick_ms * 1000000ull;
     while (!atomic_load(&s->stop)) {
         int n = 0;
