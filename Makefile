@@ -83,7 +83,7 @@ $(LIB_CUDA): $(CUDA_SRC) kernels/gpu/gpu.h kernels/gpu/deq.h common/quant.h comm
 	$(NVCC) $(NVCC_FLAGS) -shared -cudart shared -Xlinker -rpath,$(CUDA_LIBDIR) -o $@ $(CUDA_SRC)
 endif
 
-.PHONY: all deps test unit asan fuzz integration bench run clean
+.PHONY: all deps test unit asan fuzz integration bench soak run clean
 all: $(BINS) $(UNIT_BINS) $(BENCH_BINS) $(DEPS_BINS) $(LIB_CUDA)
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
@@ -183,6 +183,11 @@ test: deps
 
 bench: deps all
 	tests/bench/run.sh $(BUILD)
+
+# make soak (minutes, not in make test): agent-like clients against spawned
+# workers while a chaos loop kills one every 30 s; SOAK_SECONDS=300 per run
+soak: $(BUILD)/bin/ecs-coordinator $(BUILD)/bin/ecs-worker
+	/usr/bin/python3 tests/integration/soak.py $(CURDIR) $(BUILD)
 
 # ---- running the demo model ----
 # make run: ecs-coordinator on MODEL at HTTP until Ctrl-C (it prints a curl

@@ -147,14 +147,10 @@ static void peer_flush(mux_t *m, peer_t *p)
     }
 }
 
-static void do_call(mux_t *m, mux_call_t *c)
+/* Sends a call that is in the table, or queues it behind the HWM. */
+static void call_send_now(mux_t *m, mux_call_t *c)
 {
     peer_t *p = m->peers[c->peer];
-    if (!p->sock) {
-        call_fail(m, c, ECS_ERR_IO, "peer %s is disconnected", p->endpoint);
-        return;
-    }
-    table_put(m, c);
     if (!p->pend_head) {
         const int err = call_try_send(p, c);
         if (err == 0)
@@ -171,6 +167,37 @@ static void do_call(mux_t *m, mux_call_t *c)
     else
         p->pend_head = c;
     p->pend_tail = c;
+}
+
+static void do_call(mux_t *m, mux_call_t *c)
+{
+    peer_t *p = m->peers[c->peer];
+    if (!p->sock) {
+        call_fail(m, c, ECS_ERR_IO, "peer %s is disconnected", p->endpoint);
+        return;
+    }
+    table_put(m, c);
+    if (m->net.on && mux_netem_out(m, c))
+        return;
+    call_send_now(m, c);
+}
+
+/* mux_call_cancel: a call still in flight fails (ECS_ERR_IO) as if its
+ * peer had gone; its reply, if one comes, is dropped as a duplicate. */
+static void do_cancel(mux_t *m, mux_call_t *c)
+{
+    if (!atomic_load(&c->done) && table_take(m, c->id, c->peer)) {
+        peer_t *p = m->peers[c->peer];
+        for (mux_call_t **pp = &p->pend_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->pnext)
+            if (*pp == c) { /* not sent yet (above the HWM) */
+                *pp = c->pnext;
+                if (p->pend_tail == c)
+                    p->pend_tail = prev;
+                break;
+            }
+        call_fail(m, c, ECS_ERR_IO, "cancelled: no reply in time");
+    }
+    mux_call_unref(c); /* the reference mux_call_cancel took */
 }
 
 static void do_connect(mux_t *m, cmd_t *c)
@@ -191,6 +218,12 @@ static void do_connect(mux_t *m, cmd_t *c)
         free(p);
         return;
     }
+    if (zu_curve_client(s, &m->curve, c->server_pub, c->endpoint) != ECS_OK) {
+        zmq_close(s);
+        free(p);
+        cmd_done(m, c, ECS_ERR_INVAL, ecs_errmsg());
+        return;
+    }
     if (zmq_connect(s, c->endpoint) != 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "connect %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
@@ -201,13 +234,7 @@ static void do_connect(mux_t *m, cmd_t *c)
     }
     /* the connection's drops, seen at once (a dead worker's socket closes
      * before any heartbeat is missed); without a monitor, no drops */
-    char mon[64];
-    snprintf(mon, sizeof mon, "inproc://mux-mon-%p-%d", (void *)m, n);
-    if (zmq_socket_monitor(s, mon, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0 &&
-        (p->mon = zmq_socket(m->zctx, ZMQ_PAIR)) && zmq_connect(p->mon, mon) != 0) {
-        zmq_close(p->mon);
-        p->mon = NULL;
-    }
+    p->mon = zu_handshake_monitor(m->zctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
     p->sock = s;
     snprintf(p->endpoint, sizeof p->endpoint, "%s", c->endpoint);
     atomic_store(&p->connected, true);
@@ -239,22 +266,9 @@ static void monitor_in(mux_t *m, int id)
 {
     peer_t *p = m->peers[id];
     for (int i = 0; i < MUX_BATCH && p->mon; i++) {
-        zmq_msg_t ev, addr;
-        zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, p->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&ev);
+        const int event = zu_monitor_event(p->mon, "coordinator data", NULL);
+        if (!event)
             return;
-        }
-        uint16_t event = 0;
-        if (zmq_msg_size(&ev) >= 2)
-            memcpy(&event, zmq_msg_data(&ev), 2);
-        const bool more = zmq_msg_more(&ev);
-        zmq_msg_close(&ev);
-        if (more) { /* the endpoint frame */
-            zmq_msg_init(&addr);
-            zmq_msg_recv(&addr, p->mon, ZMQ_DONTWAIT);
-            zmq_msg_close(&addr);
-        }
         if (event == ZMQ_EVENT_CONNECTED) {
             p->was_connected = true;
         } else if (event == ZMQ_EVENT_DISCONNECTED && p->was_connected) {
@@ -309,6 +323,9 @@ static void drain_queue(mux_t *m)
             break;
         case CMD_CTRL_SEND:
             do_ctrl_send(m, c);
+            break;
+        case CMD_CANCEL:
+            do_cancel(m, c->call);
             break;
         case CMD_STOP:
             m->stopping = true;
@@ -430,7 +447,8 @@ static void data_in(mux_t *m, int id)
         if (zu_recv(p->sock, parts, &n, &bytes) <= 0)
             return;
         ADD(p->bytes_in, bytes);
-        data_msg(m, id, parts, n);
+        if (!m->net.on || !mux_netem_in(m, id, parts, n))
+            data_msg(m, id, parts, n);
         zu_close_parts(parts, n);
     }
 }
@@ -503,6 +521,10 @@ static int build_items(mux_t *m)
         m->items[n] = (zmq_pollitem_t){.socket = m->ctrl, .events = ZMQ_POLLIN};
         m->item_peer[n++] = -2;
     }
+    if (m->ctrl_mon) {
+        m->items[n] = (zmq_pollitem_t){.socket = m->ctrl_mon, .events = ZMQ_POLLIN};
+        m->item_peer[n++] = MUX_ITEM_CTRL_MON;
+    }
     const int np = atomic_load(&m->n_peers);
     for (int i = 0; i < np; i++) {
         peer_t *p = m->peers[i];
@@ -524,11 +546,13 @@ void *mux_io_main(void *arg)
     mux_t *m = arg;
     while (!m->stopping) {
         const int n = build_items(m);
-        if (zmq_poll(m->items, n, -1) < 0) {
+        if (zmq_poll(m->items, n, m->held ? mux_netem_timeout(m) : -1) < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             break;
         }
+        if (m->held)
+            mux_netem_release(m, call_send_now, data_msg);
         for (int i = 0; i < n; i++) {
             const short rev = m->items[i].revents;
             if (!rev)
@@ -540,6 +564,11 @@ void *mux_io_main(void *arg)
                 drain_queue(m);
             } else if (who == -2) {
                 ctrl_in(m);
+            } else if (who == MUX_ITEM_CTRL_MON) { /* logs refused handshakes */
+                for (int k = 0; k < MUX_BATCH && zu_monitor_event(m->ctrl_mon,
+                                                                   "coordinator control", NULL);
+                     k++) {
+                }
             } else if (who <= -3) {
                 if (m->peers[-3 - who]->sock)
                     monitor_in(m, -3 - who);
@@ -560,5 +589,6 @@ void *mux_io_main(void *arg)
     for (int i = 0; i < np; i++)
         peer_close(m, i, "mux stopped");
     table_fail(m, -1, "mux stopped");
+    mux_netem_free(m);
     return NULL;
 }

@@ -21,7 +21,8 @@
  *   err ECS_OK, status != OK        the worker refused it (message says why)
  *   err ECS_ERR_FORMAT              the reply was malformed or did not match
  *                                   the call (message says what)
- *   err ECS_ERR_IO                  the peer was disconnected or the mux freed
+ *   err ECS_ERR_IO                  the peer was disconnected, the call was
+ *                                   cancelled (mux_call_cancel) or the mux freed
  *                                   before a reply came
  * Payloads handed out (a result's rows here, a call's rows to on_call on
  * the worker) start at a WIRE_PAYLOAD_ALIGN (64-byte) aligned address: the
@@ -29,7 +30,13 @@
  *
  * A call that never gets a reply (a dead or silent worker) stays in flight:
  * mux_wait() takes a timeout, and mux_peer_disconnect() fails every call in
- * flight on that peer so that the caller can send them elsewhere.
+ * flight on that peer so that the caller can send them elsewhere, and
+ * mux_call_cancel() fails one call (a lost message, the peer still alive).
+ *
+ * Test only: ECS_TEST_NET="delay_ms=20,jitter_ms=5,drop=0.01,seed=7" makes
+ * the I/O thread delay and drop expert calls and replies (not control
+ * messages), to emulate a bad network; mux_new fails on a bad spec. See
+ * proto/netem.c and docs/protocol.md.
  *
  * Usage (coordinator):
  *
@@ -80,11 +87,49 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "proto/curve.h"
 #include "proto/wire.h"
 
 #define MUX_MAX_PEERS 4096      /* peer ids ever connected on one mux (ids are not reused) */
 #define MUX_DEFAULT_HWM 1024    /* messages queued per socket and direction */
 #define MUX_LAT_BUCKETS 32      /* latency histogram: bucket i counts [2^i, 2^(i+1)) us; 0 also < 1 us */
+
+/* CURVE on a side's links (proto/curve.h); key NULL: plaintext. The side
+ * that binds (the coordinator's control ROUTER, the worker's data ROUTER)
+ * is the CURVE server with this keypair and admits only the client keys in
+ * allowed[0..n_allowed) (a ZAP handler on its ZeroMQ context); the side
+ * that connects is the client with the same keypair. Every refused peer is
+ * logged on stderr: a listed-key refusal names the key, a failed handshake
+ * (plaintext peer, wrong server key) names the endpoint. */
+typedef struct {
+    const curve_keypair_t *key;
+    const char *const *allowed;
+    int n_allowed;
+    const char *server_pub;     /* worker side: the coordinator's public key, for
+                                 * mux_server_connect; ignored by the coordinator's mux */
+} mux_curve_t;
+
+/* The key files of a command line, loaded: own key pair (PREFIX.key), the
+ * coordinator's public key (a worker's), the allow list (every *.pub in a
+ * directory). Owns what mux_curve_view() points at. */
+typedef struct {
+    bool on;
+    curve_keypair_t key;
+    char server_pub[CURVE_Z85_LEN + 1];
+    char (*allowed)[CURVE_Z85_LEN + 1];
+    const char **ptrs;
+    int n_allowed;
+} mux_curve_keys_t;
+
+/* key_file NULL: plaintext (then the others must be NULL too). A worker
+ * gives server_pub_file (the coordinator's .pub, or its .key); without
+ * clients_dir the worker admits just that key on its data socket.
+ * allow_self adds the own public key to the allow list (workers spawned
+ * with the same key pair). Errors name the file and what is wrong. */
+ecs_err_t mux_curve_load(mux_curve_keys_t *k, const char *key_file, const char *server_pub_file,
+                         const char *clients_dir, bool allow_self);
+mux_curve_t mux_curve_view(const mux_curve_keys_t *k);
+void mux_curve_keys_free(mux_curve_keys_t *k);
 
 /* ---- coordinator side ---- */
 
@@ -94,6 +139,8 @@ typedef struct mux_call mux_call_t;
 typedef struct {
     const char *control_bind;   /* ROUTER for workers' control messages; NULL: none */
     int hwm;                    /* 0: MUX_DEFAULT_HWM */
+    mux_curve_t curve;          /* control bind as server; peers connected with
+                                 * mux_peer_connect_key as client */
 } mux_opts_t;
 
 /* Starts the I/O thread (and binds control_bind). */
@@ -107,6 +154,10 @@ const char *mux_control_endpoint(const mux_t *m);
 /* Connects a DEALER to a worker's data endpoint (the connection itself is
  * made in the background and retried by ZeroMQ); *peer is its id. */
 ecs_err_t mux_peer_connect(mux_t *m, const char *endpoint, int *peer);
+/* The same over CURVE when the mux has a key: server_pub is the peer's Z85
+ * public key (40 characters); ECS_ERR_INVAL if the mux has a key and
+ * server_pub is missing. Without a key on the mux, server_pub is ignored. */
+ecs_err_t mux_peer_connect_key(mux_t *m, const char *endpoint, const char *server_pub, int *peer);
 /* Closes the peer's socket and fails its calls in flight (ECS_ERR_IO).
  * Replies that arrive later are lost with the socket. */
 ecs_err_t mux_peer_disconnect(mux_t *m, int peer);
@@ -149,6 +200,11 @@ typedef struct {
 
 /* The outcome of a completed call (NULL while in flight). */
 const mux_result_t *mux_call_result(const mux_call_t *c);
+/* Gives up on a call still in flight (a reply lost on the way, a worker
+ * that stays silent): it completes soon with ECS_ERR_IO ("cancelled"), so
+ * its caller can send it again; a reply that comes later is dropped and
+ * counted as a duplicate. No effect on a completed call. */
+ecs_err_t mux_call_cancel(mux_t *m, mux_call_t *c);
 /* Frees the handle (and the reply's frames). Releasing a call still in
  * flight abandons it: its reply is consumed and dropped when it comes. */
 void mux_call_release(mux_call_t *c);
@@ -224,6 +280,7 @@ typedef struct {
     const char *data_bind;      /* e.g. "tcp://127.0.0.1:*" or "ipc:///tmp/w0.data" */
     int tick_ms;                /* 0: 1000 */
     int hwm;                    /* 0: MUX_DEFAULT_HWM */
+    mux_curve_t curve;          /* data bind as server, control connects as client */
 } mux_server_opts_t;
 
 ecs_err_t mux_server_new(const mux_server_opts_t *opts, const mux_server_ops_t *ops, void *ctx,

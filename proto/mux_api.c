@@ -90,12 +90,28 @@ ecs_err_t mux_new(const mux_opts_t *opts, mux_t **out)
         e = ecs_error(ECS_ERR_IO, "eventfd: %s", strerror(errno));
         goto fail;
     }
+    if (opts && opts->curve.key) {
+        m->key = *opts->curve.key;
+        m->curve = opts->curve;
+        m->curve.key = &m->key;
+    }
+    /* test only: an emulated bad network (netem.c) */
+    if ((e = mux_netem_parse(getenv("ECS_TEST_NET"), &m->net)))
+        goto fail;
+    if (m->net.on)
+        fprintf(stderr, "mux: ECS_TEST_NET: data plane delayed %d+0..%d ms each way, %.3g%% of "
+                "messages dropped (test only)\n", m->net.delay_ms, m->net.jitter_ms,
+                m->net.drop * 100);
     if (opts && opts->control_bind) {
         const int one = 1;
         /* a Drain or Error to a worker gets a moment to leave on close */
         if ((e = zu_socket(m->zctx, ZMQ_ROUTER, m->hwm, 200, &m->ctrl)))
             goto fail;
         zmq_setsockopt(m->ctrl, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+        if ((e = zu_curve_server(m->zctx, m->ctrl, &m->curve, "coordinator control", &m->auth)))
+            goto fail;
+        if (m->curve.key)
+            m->ctrl_mon = zu_handshake_monitor(m->zctx, m->ctrl, 0);
         if (zmq_bind(m->ctrl, opts->control_bind) != 0) {
             e = ecs_error(ECS_ERR_IO, "bind %s: %s", opts->control_bind,
                           zmq_strerror(zmq_errno()));
@@ -128,6 +144,9 @@ void mux_free(mux_t *m)
         zu_unbind(m->ctrl, m->ctrl_ep);
         zmq_close(m->ctrl);
     }
+    if (m->ctrl_mon)
+        zmq_close(m->ctrl_mon);
+    curve_auth_stop(m->auth); /* before zmq_ctx_term: it owns a socket of zctx */
     const int np = atomic_load(&m->n_peers);
     for (int i = 0; i < np; i++)
         free(m->peers[i]);
@@ -150,9 +169,17 @@ const char *mux_control_endpoint(const mux_t *m) { return m->ctrl_ep; }
 
 ecs_err_t mux_peer_connect(mux_t *m, const char *endpoint, int *peer)
 {
+    return mux_peer_connect_key(m, endpoint, NULL, peer);
+}
+
+ecs_err_t mux_peer_connect_key(mux_t *m, const char *endpoint, const char *server_pub, int *peer)
+{
     if (!endpoint || !*endpoint)
         return ecs_error(ECS_ERR_INVAL, "mux_peer_connect: empty endpoint");
-    cmd_t c = {.kind = CMD_CONNECT, .endpoint = endpoint, .peer = -1};
+    if (m->curve.key && (!server_pub || strlen(server_pub) != CURVE_Z85_LEN))
+        return ecs_error(ECS_ERR_INVAL, "mux_peer_connect: CURVE is on and %s has no valid "
+                         "public key", endpoint);
+    cmd_t c = {.kind = CMD_CONNECT, .endpoint = endpoint, .server_pub = server_pub, .peer = -1};
     ecs_err_t e = mux_run_sync(m, &c);
     if (e == ECS_OK)
         *peer = c.peer;
@@ -284,6 +311,23 @@ bool mux_call_done(const mux_call_t *c)
 const mux_result_t *mux_call_result(const mux_call_t *c)
 {
     return mux_call_done(c) ? &c->res : NULL;
+}
+
+ecs_err_t mux_call_cancel(mux_t *m, mux_call_t *c)
+{
+    if (!c->t_submit)
+        return ecs_error(ECS_ERR_INVAL, "mux_call_cancel: call %llu was not sent",
+                         (unsigned long long)c->id);
+    if (mux_call_done(c) || atomic_exchange(&c->cancelling, true))
+        return ECS_OK;
+    atomic_fetch_add(&c->refs, 1); /* until the I/O thread has seen it */
+    c->cancel.kind = CMD_CANCEL;
+    c->cancel.call = c;
+    if (!mux_enqueue(m, &c->cancel)) {
+        mux_call_unref(c);
+        return ECS_OK; /* the mux is stopping: it fails every call itself */
+    }
+    return ECS_OK;
 }
 
 void mux_call_release(mux_call_t *c)

@@ -14,13 +14,15 @@
 #define MUX_RECENT 1024    /* completed ids remembered to tell duplicates from unknown ids */
 #define MUX_INBOX_MAX 4096 /* control messages queued for mux_ctrl_recv before dropping */
 #define MUX_BATCH 256      /* messages taken from one socket before polling the others */
+#define MUX_ITEM_CTRL_MON (-3 - MUX_MAX_PEERS) /* item_peer of the control monitor */
 
 typedef struct waiter {
     pthread_cond_t cond;
     int remaining;
 } waiter_t;
 
-typedef enum { CMD_CALL, CMD_CONNECT, CMD_DISCONNECT, CMD_CTRL_SEND, CMD_STOP } cmd_kind_t;
+typedef enum { CMD_CALL, CMD_CONNECT, CMD_DISCONNECT, CMD_CTRL_SEND, CMD_STOP,
+               CMD_CANCEL } cmd_kind_t;
 
 typedef struct cmd {
     cmd_kind_t kind;
@@ -28,6 +30,7 @@ typedef struct cmd {
     mux_call_t *call;          /* CMD_CALL */
     int peer;                  /* CMD_CONNECT (out), CMD_DISCONNECT */
     const char *endpoint;      /* CMD_CONNECT */
+    const char *server_pub;    /* CMD_CONNECT: the peer's CURVE key, NULL: none */
     const mux_route_t *route;  /* CMD_CTRL_SEND */
     zmq_msg_t frame;           /* CMD_CTRL_SEND: the encoded message */
     bool finished;             /* synchronous commands: done, with err/errmsg */
@@ -38,6 +41,8 @@ typedef struct cmd {
 struct mux_call {
     atomic_int refs;           /* the caller's and the I/O thread's */
     cmd_t cmd;
+    cmd_t cancel;              /* CMD_CANCEL: mux_call_cancel's */
+    atomic_bool cancelling;    /* cancel was enqueued (at most once) */
     uint64_t id;
     int peer;
     uint32_t n_rows, n_entries, n_embd, result_dtype;
@@ -68,6 +73,23 @@ typedef struct {
     char last_error[256];      /* under m->lock */
 } peer_t;
 
+/* ECS_TEST_NET (netem.c): test-only delay and loss on the data plane. */
+typedef struct {
+    bool on;
+    int delay_ms, jitter_ms;
+    double drop;
+    uint64_t seed;             /* the random state (I/O thread) */
+} mux_netem_t;
+
+/* A call or a reply held back by the injected delay (I/O thread). */
+typedef struct mux_held {
+    struct mux_held *next;
+    uint64_t due_ns;
+    mux_call_t *call;          /* an outgoing call (a reference), or NULL: */
+    int peer, n;               /* an incoming reply's frames */
+    zmq_msg_t parts[3];        /* ZU_MAX_PARTS */
+} mux_held_t;
+
 typedef struct inbox_item {
     struct inbox_item *next;
     mux_route_t from;
@@ -89,16 +111,24 @@ struct mux {
     atomic_int n_peers;
     void *ctrl;
     char ctrl_ep[256];
+    curve_keypair_t key;       /* CURVE: a copy of the keypair given */
+    mux_curve_t curve;         /* .key points at key when CURVE is on */
+    curve_auth_t *auth;        /* the ZAP handler of zctx, NULL: plaintext */
+    void *ctrl_mon;            /* ctrl's failed handshakes (I/O thread), NULL: none */
     inbox_item_t *in_head, *in_tail;
     size_t in_count;
     _Atomic uint64_t ctrl_bad;
+    mux_netem_t net;           /* read-only after mux_new but for the random state */
+    _Atomic uint64_t net_dropped, net_delayed;
     /* I/O thread only */
     mux_call_t *table[MUX_HASH];
     struct { uint64_t id; int peer; } recent[MUX_RECENT];
     unsigned recent_pos;
     bool stopping;
-    zmq_pollitem_t items[2 * MUX_MAX_PEERS + 2];
-    int item_peer[2 * MUX_MAX_PEERS + 2]; /* -1 eventfd, -2 control, >= 0 peer, <= -3 monitor */
+    mux_held_t *held;          /* by due time */
+    zmq_pollitem_t items[2 * MUX_MAX_PEERS + 3];
+    int item_peer[2 * MUX_MAX_PEERS + 3]; /* -1 eventfd, -2 control, >= 0 peer, <= -3 monitor,
+                                           * MUX_ITEM_CTRL_MON the control's */
 };
 
 #define RELAXED memory_order_relaxed
@@ -116,5 +146,21 @@ ecs_err_t mux_run_sync(mux_t *m, cmd_t *c);
 peer_t *mux_get_peer(mux_t *m, int peer);
 /* The I/O thread. */
 void *mux_io_main(void *arg);
+
+/* netem.c. Parses an ECS_TEST_NET spec (NULL or "": off). */
+ecs_err_t mux_netem_parse(const char *spec, mux_netem_t *cfg);
+/* An outgoing call (already in the call table): true if it was dropped or
+ * held back, false to send it now. */
+bool mux_netem_out(mux_t *m, mux_call_t *c);
+/* A received message's frames: true if they were dropped or held back
+ * (moved out: the caller closes parts either way), false to handle them now. */
+bool mux_netem_in(mux_t *m, int peer, zmq_msg_t *parts, int n);
+/* Milliseconds until the next held message is due; -1 if none. */
+int mux_netem_timeout(const mux_t *m);
+/* Sends or handles the held messages that are due. */
+void mux_netem_release(mux_t *m, void (*send)(mux_t *, mux_call_t *),
+                       void (*recv)(mux_t *, int, zmq_msg_t *, int));
+/* Frees what is still held and logs the counts (I/O thread stopped). */
+void mux_netem_free(mux_t *m);
 
 #endif

@@ -36,6 +36,11 @@ struct mux_server {
     char data_ep[256];
     void *ctl[SERVER_MAX_CONNS];
     int n_ctl;
+    curve_keypair_t key;       /* CURVE: a copy of the keypair given */
+    mux_curve_t curve;         /* .key points at key when CURVE is on */
+    char server_pub[CURVE_Z85_LEN + 1];
+    curve_auth_t *auth;        /* ZAP handler admitting the coordinators' keys */
+    void *mon[SERVER_MAX_CONNS + 1]; /* failed handshakes: [0] data, [1 + i] ctl[i] */
     int efd;
     int tick_ms, hwm;
     mux_server_ops_t ops;
@@ -237,7 +242,7 @@ static void serve_next(mux_server_t *s)
 
 ecs_err_t mux_server_run(mux_server_t *s)
 {
-    zmq_pollitem_t items[SERVER_MAX_CONNS + 2];
+    zmq_pollitem_t items[2 * SERVER_MAX_CONNS + 3]; /* efd, data, controls, monitors */
     uint64_t next_tick = zu_now_ns() + (uint64_t)s->tick_ms * 1000000ull;
     while (!atomic_load(&s->stop)) {
         int n = 0;
@@ -245,6 +250,10 @@ ecs_err_t mux_server_run(mux_server_t *s)
         items[n++] = (zmq_pollitem_t){.socket = s->data, .events = ZMQ_POLLIN};
         for (int i = 0; i < s->n_ctl; i++)
             items[n++] = (zmq_pollitem_t){.socket = s->ctl[i], .events = ZMQ_POLLIN};
+        const int first_mon = n;
+        for (int i = 0; i <= s->n_ctl; i++)
+            if (s->mon[i])
+                items[n++] = (zmq_pollitem_t){.socket = s->mon[i], .events = ZMQ_POLLIN};
         const uint64_t now = zu_now_ns();
         const long wait_ms = now >= next_tick || fairq_len(s->q) ? 0
                              : (long)((next_tick - now) / 1000000ull) + 1;
@@ -263,6 +272,11 @@ ecs_err_t mux_server_run(mux_server_t *s)
         for (int i = 0; i < n_ctl && 2 + i < n; i++)
             if (items[2 + i].revents)
                 drain_ctrl(s, i);
+        for (int i = first_mon; i < n; i++) /* log refused or refusing peers */
+            for (int k = 0; items[i].revents && k < SERVER_BATCH &&
+                            zu_monitor_event(items[i].socket, i == first_mon && s->mon[0]
+                                             ? "worker data" : "worker control", NULL); k++) {
+            }
         if (!atomic_load(&s->stop))
             serve_next(s);
         if (zu_now_ns() >= next_tick) {
@@ -314,6 +328,17 @@ ecs_err_t mux_server_new(const mux_server_opts_t *opts, const mux_server_ops_t *
         goto fail;
     const int one = 1;
     zmq_setsockopt(s->data, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    if (opts->curve.key) {
+        s->key = *opts->curve.key;
+        s->curve = opts->curve;
+        s->curve.key = &s->key;
+        snprintf(s->server_pub, sizeof s->server_pub, "%s",
+                 opts->curve.server_pub ? opts->curve.server_pub : "");
+        s->curve.server_pub = s->server_pub;
+        if ((e = zu_curve_server(s->zctx, s->data, &s->curve, "worker data", &s->auth)))
+            goto fail;
+        s->mon[0] = zu_handshake_monitor(s->zctx, s->data, 0);
+    }
     if (zmq_bind(s->data, opts->data_bind) != 0) {
         e = ecs_error(ECS_ERR_IO, "bind %s: %s", opts->data_bind, zmq_strerror(zmq_errno()));
         goto fail;
@@ -337,11 +362,17 @@ ecs_err_t mux_server_connect(mux_server_t *s, const char *endpoint, int *conn)
     ecs_err_t e = zu_socket(s->zctx, ZMQ_DEALER, s->hwm, 500, &sock);
     if (e)
         return e;
+    if ((e = zu_curve_client(sock, &s->curve, s->curve.server_pub, endpoint))) {
+        zmq_close(sock);
+        return e;
+    }
     if (zmq_connect(sock, endpoint) != 0) {
         e = ecs_error(ECS_ERR_IO, "connect %s: %s", endpoint, zmq_strerror(zmq_errno()));
         zmq_close(sock);
         return e;
     }
+    if (s->curve.key)
+        s->mon[1 + s->n_ctl] = zu_handshake_monitor(s->zctx, sock, 0);
     s->ctl[s->n_ctl] = sock;
     *conn = s->n_ctl++;
     return ECS_OK;
@@ -387,6 +418,10 @@ void mux_server_free(mux_server_t *s)
         zu_unbind(s->data, s->data_ep);
         zmq_close(s->data);
     }
+    for (int i = 0; i <= SERVER_MAX_CONNS; i++)
+        if (s->mon[i])
+            zmq_close(s->mon[i]);
+    curve_auth_stop(s->auth); /* before zmq_ctx_term: it owns a socket of zctx */
     if (s->zctx)
         zmq_ctx_term(s->zctx);
     if (s->efd >= 0)

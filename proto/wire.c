@@ -114,6 +114,10 @@ static ecs_err_t check_hello(const wire_hello_t *h)
     if (h->rdma_ep_len > WIRE_MAX_RDMA_EP || (h->rdma_ep_len && !h->rdma_ep))
         return ecs_error(ECS_ERR_FORMAT, "Hello: rdma endpoint of %zu bytes (at most %u)",
                          h->rdma_ep_len, WIRE_MAX_RDMA_EP);
+    const size_t klen = h->curve_public ? strnlen(h->curve_public, 41) : 0;
+    if (klen != 0 && klen != 40)
+        return ecs_error(ECS_ERR_FORMAT, "Hello: curve_public of %zu characters (40 Z85, or none)",
+                         klen);
     return ECS_OK;
 }
 
@@ -340,6 +344,7 @@ static void to_pb(const wire_msg_t *m, pb_any_t *pb)
         pb->hello.rdma_endpoint.data = (uint8_t *)h->rdma_ep;
         pb->hello.rdma_endpoint.len = h->rdma_ep_len;
         pb->hello.vram_budget = h->vram_budget;
+        pb->hello.curve_public = s_or_empty(h->curve_public);
         break;
     }
     case WIRE_WELCOME:
@@ -461,7 +466,8 @@ static ecs_err_t from_pb(wire_msg_t *m, const ProtobufCMessage *any)
             .mem_budget = p->mem_budget, .device = p->device,
             .capabilities = p->capabilities, .data_endpoint = p->data_endpoint,
             .rdma_ep = p->rdma_endpoint.data, .rdma_ep_len = p->rdma_endpoint.len,
-            .vram_budget = p->vram_budget};
+            .vram_budget = p->vram_budget,
+            .curve_public = p->curve_public};
         break;
     }
     case WIRE_WELCOME: {

@@ -145,6 +145,8 @@ typedef struct {
     const uint8_t *rdma_ep;     /* CAP_RDMA: 0..WIRE_MAX_RDMA_EP bytes (proto/dplane) */
     size_t rdma_ep_len;
     uint64_t vram_budget;       /* bytes of device memory for experts, 0: none */
+    const char *curve_public;   /* the ROUTER's CURVE public key (40 Z85 chars), or ""/NULL:
+                                 * plaintext. Trusted as much as the control link it came on */
 } wire_hello_t;
 
 typedef struct {

@@ -55,6 +55,23 @@ int zu_send_error(void *sock, const mux_route_t *route, wire_status_t code, wire
 /* The status a decode failure maps to (VERSION for ECS_ERR_UNSUPPORTED). */
 wire_status_t zu_status_of(ecs_err_t e);
 
+/* ---- CURVE (linksec.c) ---- */
+
+/* With c->key: starts the ZAP handler of zctx admitting c->allowed (each
+ * refusal logged as `who: refused ...`) and makes sock a CURVE server;
+ * before bind. Without a key: nothing (*auth NULL). */
+ecs_err_t zu_curve_server(void *zctx, void *sock, const mux_curve_t *c, const char *who,
+                          curve_auth_t **auth);
+/* With c->key: makes sock a CURVE client of server_pub; before connect. */
+ecs_err_t zu_curve_client(void *sock, const mux_curve_t *c, const char *server_pub,
+                          const char *who);
+/* A PAIR receiving sock's failed-handshake events (and extra_events); NULL
+ * if monitoring is not possible. */
+void *zu_handshake_monitor(void *zctx, void *sock, int extra_events);
+/* Reads one event from such a monitor without blocking: its number (0 if
+ * none) and *value; failed handshakes are logged as `who: ENDPOINT: ...`. */
+int zu_monitor_event(void *mon, const char *who, uint32_t *value);
+
 /* Latency histogram bucket of a round trip. */
 int zu_lat_bucket(uint64_t ns);
 

@@ -63,6 +63,7 @@ struct worker {
     uint8_t fp[GGUF_FINGERPRINT_BYTES];
     ecs_threadpool_t *tp;
     mux_server_t *srv;
+    mux_curve_keys_t keys;   /* CURVE on the links (off: plaintext) */
     worker_coord_t co[WORKER_MAX_COORDINATORS];
     int n_co;
     shard_t shard;
@@ -118,7 +119,8 @@ static void send_hello(worker_t *w, worker_coord_t *c)
                               .mem_budget = w->o.mem_budget,
                               .device = w->device,
                               .data_endpoint = w->listen,
-                              .vram_budget = w->dev ? shard_dev_budget(w->dev) : 0}};
+                              .vram_budget = w->dev ? shard_dev_budget(w->dev) : 0,
+                              .curve_public = w->keys.on ? w->keys.key.pub : ""}};
     send_msg(w, c, &m);
     c->hello_gap_ms = c->hello_gap_ms ? c->hello_gap_ms * 2 : WORKER_HELLO_MS;
     if (c->hello_gap_ms > WORKER_HELLO_MAX_MS)
@@ -412,7 +414,18 @@ ecs_err_t worker_new(const worker_opts_t *o, worker_t **out)
     gguf_fingerprint(w->f, w->fp);
     if ((rc = ecs_threadpool_create(o->threads, &w->tp)) != ECS_OK)
         goto fail;
-    mux_server_opts_t so = {.data_bind = w->listen, .tick_ms = WORKER_TICK_MS};
+    if (o->curve_key && !o->curve_server_key) {
+        rc = ecs_error(ECS_ERR_INVAL, "worker: --curve-key needs --curve-server-key (the "
+                       "coordinator's public key)");
+        goto fail;
+    }
+    if ((rc = mux_curve_load(&w->keys, o->curve_key, o->curve_server_key, o->curve_clients,
+                             false)) != ECS_OK) {
+        rc = ecs_error(rc, "worker: %s", ecs_errmsg());
+        goto fail;
+    }
+    mux_server_opts_t so = {.data_bind = w->listen, .tick_ms = WORKER_TICK_MS,
+                            .curve = mux_curve_view(&w->keys)};
     mux_server_ops_t ops = {.on_call = on_call, .on_ctrl = on_ctrl, .on_tick = on_tick};
     if ((rc = mux_server_new(&so, &ops, w, &w->srv)) != ECS_OK)
         goto fail;
@@ -458,6 +471,7 @@ void worker_free(worker_t *w)
         return;
     mux_server_free(w->srv);
     shard_dev_close(w->dev); /* before the shard: its callbacks read it */
+    mux_curve_keys_free(&w->keys);
     shard_close(&w->shard);
     ecs_threadpool_destroy(w->tp);
     gguf_close(w->f);

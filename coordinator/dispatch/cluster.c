@@ -84,9 +84,15 @@ ecs_err_t dispatch_spawn_one(dispatch_t *d, int i)
     char id[16], th[16];
     snprintf(id, sizeof id, "w%d", i);
     snprintf(th, sizeof th, "%d", spawn_threads(d));
-    const char *argv[16] = {bin, "-m", model, "--coordinator", mux_control_endpoint(d->mux),
+    const char *argv[24] = {bin, "-m", model, "--coordinator", mux_control_endpoint(d->mux),
                             "--id", id, "--threads", th};
     int a = 9;
+    if (d->o.curve_key) { /* a child on this host shares the coordinator's key pair */
+        argv[a++] = "--curve-key";
+        argv[a++] = d->o.curve_key;
+        argv[a++] = "--curve-server-key";
+        argv[a++] = d->o.curve_key;
+    }
     if (d->o.worker_budget) {
         argv[a++] = "--mem-budget";
         argv[a++] = d->o.worker_budget;
@@ -223,6 +229,13 @@ int dispatch_on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t
         logmsg(d, "refused: %s", msg);
         return -1;
     }
+    if (d->keys.on && (!h->curve_public || !h->curve_public[0])) {
+        snprintf(msg, sizeof msg, "worker %s announced no CURVE key for its data socket, and "
+                 "this coordinator's links use CURVE", h->worker_id);
+        send_error(d, from, WIRE_ST_BAD_MESSAGE, WIRE_HELLO, msg);
+        logmsg(d, "refused: %s", msg);
+        return -1;
+    }
     int wi = dispatch_find_worker(d, h->worker_id);
     if (wi < 0) {
         if (d->n_workers >= cap || strlen(h->worker_id) >= PLACEMENT_ID_MAX) {
@@ -251,6 +264,7 @@ int dispatch_on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t
     if (!w->id[0]) /* the model thread reads it: written once */
         snprintf(w->id, sizeof w->id, "%s", h->worker_id);
     snprintf(w->endpoint, sizeof w->endpoint, "%s", h->data_endpoint);
+    snprintf(w->curve_pub, sizeof w->curve_pub, "%s", h->curve_public ? h->curve_public : "");
     w->route = *from;
     w->pid = (int)h->pid;
     w->threads = (int)h->threads;
@@ -445,9 +459,15 @@ ecs_err_t dispatch_cluster_start(dispatch_t *d)
         snprintf(ep, sizeof ep, "ipc://%s/control", d->dir);
         bind = ep;
     }
-    ecs_err_t rc = mux_new(&(mux_opts_t){.control_bind = bind}, &d->mux);
+    ecs_err_t rc = mux_curve_load(&d->keys, d->o.curve_key, NULL, d->o.curve_clients,
+                                  d->o.spawn_workers > 0);
+    if (rc != ECS_OK)
+        return ecs_error(rc, "dispatch: %s", ecs_errmsg());
+    rc = mux_new(&(mux_opts_t){.control_bind = bind, .curve = mux_curve_view(&d->keys)}, &d->mux);
     if (rc != ECS_OK)
         return ecs_error(rc, "dispatch: control endpoint %s: %s", bind, ecs_errmsg());
+    if (d->keys.on)
+        logmsg(d, "CURVE on the worker links: %d worker keys allowed", d->keys.n_allowed);
     const int timeout = d->o.start_timeout_ms > 0 ? d->o.start_timeout_ms : 300000;
     const uint64_t deadline = now_ms() + (uint64_t)timeout;
     if (d->o.spawn_workers > 0 &&
@@ -471,7 +491,7 @@ ecs_err_t dispatch_cluster_start(dispatch_t *d)
         return rc;
     for (int i = 0; i < d->n_workers; i++) {
         int peer;
-        if ((rc = mux_peer_connect(d->mux, d->w[i].endpoint, &peer)) != ECS_OK)
+        if ((rc = mux_peer_connect_key(d->mux, d->w[i].endpoint, d->w[i].curve_pub, &peer)))
             return ecs_error(rc, "dispatch: worker %s's data endpoint %s: %s", d->w[i].id,
                              d->w[i].endpoint, ecs_errmsg());
         atomic_store(&d->w[i].peer, peer);
@@ -494,6 +514,7 @@ void dispatch_cluster_stop(dispatch_t *d)
     d->ctl_started = false;
     mux_free(d->mux);
     d->mux = NULL;
+    mux_curve_keys_free(&d->keys);
     if (d->children)
         stop_spawned(d);
     free(d->children);

@@ -42,7 +42,8 @@ ecs_err_t dispatch_buffers_new(dispatch_t *d)
     d->c_slots = calloc(nb * k, sizeof *d->c_slots);
     d->d = calloc(nb * k * E, sizeof *d->d);
     d->ident = calloc(nb * k, sizeof *d->ident);
-    if (!d->calls || !d->call_worker || !d->call_nent || !d->pair_call || !d->pair_pos ||
+    d->call_t0 = calloc(X, sizeof *d->call_t0);
+    if (!d->call_t0 || !d->calls || !d->call_worker || !d->call_nent || !d->pair_call || !d->pair_pos ||
         !d->exp_slot || !d->todo || !d->pairs_tmp || !d->order || !d->start || !d->choice ||
         !d->rows_now || !d->local || !d->c_experts || !d->c_counts || !d->c_rows ||
         !d->c_slots || !d->d || !d->ident)
@@ -61,7 +62,7 @@ void dispatch_buffers_free(dispatch_t *d)
     void *bufs[] = {d->calls,     d->call_worker, d->call_nent, d->pair_call, d->pair_pos,
                     d->exp_slot,  d->todo,        d->pairs_tmp, d->order,     d->start,
                     d->choice,    d->rows_now,    d->local,     d->c_experts, d->c_counts,
-                    d->c_rows,    d->c_slots,     d->d,         d->ident};
+                    d->c_rows,    d->c_slots,     d->d,         d->ident,     d->call_t0};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
 }
@@ -173,6 +174,7 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
                          ecs_errmsg());
     }
     d->calls[slot] = call;
+    d->call_t0[slot] = dispatch_now_ms();
     d->call_worker[slot] = wi;
     d->call_nent[slot] = (int)n_ent;
     for (size_t q = 0; q < n_ent; q++) {
@@ -382,17 +384,42 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
                          d->layer);
     const int timeout = d->o.call_timeout_ms > 0 ? d->o.call_timeout_ms : 120000;
     const uint64_t t0 = dispatch_now_ms(), deadline = t0 + (uint64_t)timeout;
-    int resent = 0;
+    uint64_t retry = (uint64_t)(d->o.call_retry_ms > 0 ? d->o.call_retry_ms
+                                : DISPATCH_HEARTBEAT_MS * (int)WIRE_LIVENESS);
+    int resent = 0, retried = 0;
+    bool held = false;
     ecs_err_t rc = ECS_OK;
     mux_call_t *list[PLACEMENT_MAX_WORKERS];
     for (;;) {
         int n = 0;
+        uint64_t wake = deadline;
         for (int s = 0; s < d->hp.n_expert && n < PLACEMENT_MAX_WORKERS; s++)
-            if (d->calls[s])
+            if (d->calls[s]) {
                 list[n++] = d->calls[s];
+                if (d->call_t0[s] + retry < wake)
+                    wake = d->call_t0[s] + retry;
+            }
         uint64_t now = dispatch_now_ms();
-        if (n && now < deadline)
-            mux_wait(d->mux, list, n, (int)(deadline - now));
+        if (n && now < wake)
+            mux_wait(d->mux, list, n, (int)(wake - now));
+        /* a call unanswered that long while its worker lives: the call or
+         * its reply was lost (or the worker is slow). Workers hold no
+         * state, so it is sent again; each retry of a layer waits twice
+         * as long, so a slow worker is not flooded. */
+        now = dispatch_now_ms();
+        bool cancelled = false;
+        for (int s = 0; s < d->hp.n_expert; s++)
+            if (d->calls[s] && !mux_call_done(d->calls[s]) && now >= d->call_t0[s] + retry &&
+                now < deadline) {
+                mux_call_cancel(d->mux, d->calls[s]);
+                d->call_t0[s] = deadline; /* once */
+                cancelled = true;
+                retried++;
+            }
+        if (cancelled) {
+            retry *= 2;
+            continue; /* the cancelled calls complete at once, failed: collect them */
+        }
         int again = 0;
         if ((rc = collect(d, &again)) != ECS_OK)
             break;
@@ -418,6 +445,7 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
                     break;
                 }
                 /* held: sleep until a worker's state changes */
+                held = true;
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
                 ts.tv_nsec += 200 * 1000000L;
@@ -439,9 +467,11 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
     release_calls(d);
     if (rc != ECS_OK)
         return rc;
-    if (resent)
-        dispatch_log(d, "layer %d: %d experts sent again after a worker died; the layer took "
-                     "%llu ms", layer, resent, (unsigned long long)(dispatch_now_ms() - t0));
+    if (resent || held)
+        dispatch_log(d, "layer %d: %d experts sent again after a worker died or a message was "
+                     "lost (%d calls retried)%s; the layer took %llu ms", layer, resent, retried,
+                     held ? ", held until a holder was back" : "",
+                     (unsigned long long)(dispatch_now_ms() - t0));
     kmoe_sum(model_threadpool(d->m), d->n_tok, d->k, (int)d->hp.n_embd, d->d, d->ident, d->wts,
              out);
     return ECS_OK;

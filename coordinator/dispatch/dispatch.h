@@ -101,6 +101,12 @@ typedef struct {
     int start_timeout_ms;       /* registration and loading; 0: 300 s */
     int call_timeout_ms;        /* how long a layer waits for its experts' answers, re-sends
                                  * to a replica or a restarted worker included; 0: 120 s */
+    const char *curve_key;      /* CURVE on the worker links: this side's PREFIX.key; NULL:
+                                 * plaintext (proto/curve.h, docs/operations.md) */
+    const char *curve_clients;  /* directory of the workers' *.pub allowed to register */
+    int call_retry_ms;          /* a call unanswered this long is sent again (lost message,
+                                 * see mux_call_cancel), doubling per retry; 0: heartbeat
+                                 * interval * liveness */
     bool quiet;                 /* log only errors */
 } dispatch_opts_t;
 
@@ -157,7 +163,12 @@ void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s);
     "  --worker-mem-budget SIZE  --mem-budget of each spawned worker\n"                     \
     "  --worker-bin PATH  the program spawned workers run (default: ecs-worker beside this)\n" \
     "  --call-timeout MS  a layer's expert calls may wait this long for a live holder\n"    \
-    "                     (a dead worker's replica or restart; default 120000)\n"
+    "                     (a dead worker's replica or restart; default 120000)\n"    \
+    "  --call-retry MS    send a call again if unanswered this long (a lost message;\n"  \
+    "                     doubles per retry; default 2000)\n"                            \
+    "  --curve-key FILE   CURVE on the worker links: this coordinator's key pair\n"     \
+    "                     (PREFIX.key; spawned workers get it too)\n"                   \
+    "  --curve-clients DIR  the workers' public keys (*.pub) allowed to register\n"
 
 /* Whether opt is one of the options above that takes a value. */
 bool dispatch_opt_takes_value(const char *opt);

@@ -52,6 +52,7 @@ typedef struct {
 typedef struct {
     char id[PLACEMENT_ID_MAX];
     char endpoint[256];
+    char curve_pub[CURVE_Z85_LEN + 1]; /* its data socket's CURVE key, "" : plaintext */
     mux_route_t route;          /* on the control socket */
     int pid, threads;
     uint64_t mem_budget, bytes_held;
@@ -73,6 +74,7 @@ struct dispatch {
     uint8_t fp[GGUF_FINGERPRINT_BYTES];
     char dir[256];              /* private directory of the ipc endpoints, "" if none */
     mux_t *mux;
+    mux_curve_keys_t keys;      /* CURVE on the worker links (off: plaintext) */
     placement_t *pl;
     int n_workers;
     dispatch_worker_t *w;       /* [n_workers] in placement order */
@@ -93,6 +95,7 @@ struct dispatch {
     const float *x, *wts;       /* the model's, valid until wait() returns */
     mux_call_t **calls;         /* [n_expert] slots, NULL: free */
     int *call_worker, *call_nent;  /* [n_expert] */
+    uint64_t *call_t0;          /* [n_expert] when the slot's call was sent (ms) */
     int32_t *pair_call, *pair_pos; /* [MODEL_MAX_BATCH * k] pair -> slot, entry in it */
     int *exp_slot;              /* [n_expert] slot holding the expert's call, -1 */
     bool *todo;                 /* [n_expert] rows not sent (or to send again) */

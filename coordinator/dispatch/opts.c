@@ -10,7 +10,8 @@
 
 static const char *const with_value[] = {"--control",    "--spawn-workers",  "--replication",
                                          "--placement",  "--min-workers",    "--worker-threads",
-                                         "--worker-mem-budget", "--worker-bin", "--call-timeout"};
+                                         "--worker-mem-budget", "--worker-bin", "--call-timeout",
+                                         "--call-retry", "--curve-key", "--curve-clients"};
 
 bool dispatch_opt_takes_value(const char *opt)
 {
@@ -51,6 +52,13 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
     } else if (!strcmp(opt, "--call-timeout")) {
         if (!ecs_parse_int(v, 1, 3600 * 1000, &o->call_timeout_ms))
             goto bad;
+    } else if (!strcmp(opt, "--call-retry")) {
+        if (!ecs_parse_int(v, 1, 3600 * 1000, &o->call_retry_ms))
+            goto bad;
+    } else if (!strcmp(opt, "--curve-key")) {
+        o->curve_key = v;
+    } else if (!strcmp(opt, "--curve-clients")) {
+        o->curve_clients = v;
     } else if (!strcmp(opt, "--worker-mem-budget")) {
         o->worker_budget = v; /* the worker checks it */
     } else if (!strcmp(opt, "--placement")) {

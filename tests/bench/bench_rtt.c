@@ -4,6 +4,8 @@
  * Each server runs in its own process (forked before any ZeroMQ context
  * exists); the client measures one call at a time, so this is latency, not
  * throughput. Prints median and p99 per size, and mux/raw of the medians.
+ * The third block ("curve") runs the mux over tcp with CURVE on both ends
+ * against the same plaintext raw ping-pong: mux/raw there is CURVE's cost.
  *
  * usage: bench_rtt [--quick] [--iters N] */
 #include <signal.h>
@@ -36,6 +38,8 @@ static int cmp_u64(const void *a, const void *b)
 /* ---- the servers (child processes) ---- */
 
 static mux_server_t *g_srv;
+static curve_keypair_t g_skp, g_ckp; /* the worker's and the coordinator's, made in main */
+static bool g_curve;                 /* the next mux server speaks CURVE */
 static void on_term(int sig)
 {
     (void)sig;
@@ -53,7 +57,10 @@ static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
 
 static void serve_mux(const char *bind, int wfd)
 {
+    const char *allowed[1] = {g_ckp.pub};
     mux_server_opts_t o = {.data_bind = bind};
+    if (g_curve)
+        o.curve = (mux_curve_t){.key = &g_skp, .allowed = allowed, .n_allowed = 1};
     mux_server_ops_t ops = {.on_call = on_call};
     if (mux_server_new(&o, &ops, NULL, &g_srv) != ECS_OK) {
         fprintf(stderr, "mux server: %s\n", ecs_errmsg());
@@ -212,8 +219,11 @@ int main(int argc, char **argv)
            "load average %s\n", EMBD, iters, load);
     printf("%-4s %5s %9s %10s %10s %10s %10s %7s\n", "", "rows", "bytes", "raw med", "raw p99",
            "mux med", "mux p99", "mux/raw");
-    const char *tr[2] = {"ipc", "tcp"};
-    for (int k = 0; k < 2; k++) {
+    const char *tr[3] = {"ipc", "tcp", "curve"};
+    if (zmq_curve_keypair(g_skp.pub, g_skp.sec) || zmq_curve_keypair(g_ckp.pub, g_ckp.sec))
+        return 1;
+    for (int k = 0; k < 3; k++) {
+        g_curve = k == 2;
         char bind_raw[128], bind_mux[128], ep_raw[256], ep_mux[256];
         if (k == 0) {
             snprintf(bind_raw, sizeof bind_raw, "ipc:///tmp/ecs-bench-rtt-%d-raw", (int)getpid());
@@ -222,15 +232,16 @@ int main(int argc, char **argv)
             snprintf(bind_raw, sizeof bind_raw, "tcp://127.0.0.1:*");
             snprintf(bind_mux, sizeof bind_mux, "tcp://127.0.0.1:*");
         }
-        pid_t praw = spawn(serve_raw, bind_raw, ep_raw);
+        pid_t praw = spawn(serve_raw, bind_raw, ep_raw); /* plaintext in every block */
         pid_t pmux = spawn(serve_mux, bind_mux, ep_mux);
         void *zctx = zmq_ctx_new(), *dealer = zmq_socket(zctx, ZMQ_DEALER);
         const int zero = 0;
         zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof zero);
         mux_t *m;
         int peer;
-        if (zmq_connect(dealer, ep_raw) || mux_new(NULL, &m) ||
-            mux_peer_connect(m, ep_mux, &peer)) {
+        mux_opts_t mo = {.curve = {.key = g_curve ? &g_ckp : NULL}};
+        if (zmq_connect(dealer, ep_raw) || mux_new(&mo, &m) ||
+            mux_peer_connect_key(m, ep_mux, g_skp.pub, &peer)) {
             fprintf(stderr, "connect: %s\n", ecs_errmsg());
             return 1;
         }

@@ -358,6 +358,18 @@ Test(wire, bad_control_fields)
     b = h;
     b.hello.threads = 0;
     expect_bad_call(&b, "threads");
+    b = h;
+    b.hello.curve_public = "too-short-for-a-z85-key";
+    expect_bad_call(&b, "curve_public of 23 characters");
+    b = h; /* a 40-character key travels */
+    b.hello.curve_public = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
+    uint8_t kbuf[512];
+    size_t kn;
+    cr_assert_eq(wire_encode(&b, kbuf, sizeof kbuf, &kn), ECS_OK, "%s", ecs_errmsg());
+    wire_msg_t kd;
+    cr_assert_eq(wire_decode(kbuf, kn, NULL, 0, false, &kd), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_str_eq(kd.hello.curve_public, b.hello.curve_public);
+    wire_msg_clear(&kd);
     char *big = malloc(WIRE_MAX_STRING + 2);
     cr_assert_not_null(big);
     memset(big, 'a', WIRE_MAX_STRING + 1);

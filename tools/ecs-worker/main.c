@@ -43,6 +43,11 @@ static void usage(FILE *f)
             "  --repack DIR        cache of the interleaved copy of its experts (default:\n"
             "                      $ECS_CACHE_DIR, $XDG_CACHE_HOME/ecs or ~/.cache/ecs)\n"
             "  --no-repack         compute from the GGUF alone (same results, slower decode)\n"
+            "  --curve-key FILE    CURVE on the coordinator links: this worker's key pair\n"
+            "                      (PREFIX.key); needs --curve-server-key\n"
+            "  --curve-server-key FILE  the coordinator's public key (PREFIX.pub)\n"
+            "  --curve-clients DIR the coordinators' public keys (*.pub) allowed to call\n"
+            "                      this worker (default: the --curve-server-key one)\n"
             "  -q, --quiet         log errors only\n");
 }
 
@@ -82,7 +87,8 @@ int main(int argc, char **argv)
         }
         static const char *const with_value[] = {"-m", "--coordinator", "--listen", "--threads",
                                                  "--mem-budget", "--id", "--device",
-                                                 "--repack", "--vram-budget"};
+                                                 "--repack", "--vram-budget", "--curve-key",
+                                                 "--curve-server-key", "--curve-clients"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
             known |= !strcmp(a, with_value[k]);
@@ -103,6 +109,9 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--id")) o.id = v;
         else if (!strcmp(a, "--device")) o.device = v;
         else if (!strcmp(a, "--repack")) o.repack_dir = v;
+        else if (!strcmp(a, "--curve-key")) o.curve_key = v;
+        else if (!strcmp(a, "--curve-server-key")) o.curve_server_key = v;
+        else if (!strcmp(a, "--curve-clients")) o.curve_clients = v;
         else if (!strcmp(a, "--threads")) {
             char *end;
             long n = strtol(v, &end, 10);
