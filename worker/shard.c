@@ -198,6 +198,24 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
     return ECS_OK;
 }
 
+/* The quantized activation type layer l takes (what kmoe_prepare_q wants:
+ * the vec_dot type of its gate, when up takes the same rows), F32: only
+ * f32. The coordinator picks the same type from the same tensors. */
+uint32_t shard_act_type(const shard_t *s, int l)
+{
+    const kmoe_expert_t *x = NULL;
+    for (int e = 0; s->layers[l] && e < s->hp.n_expert && !x; e++)
+        if (s->layers[l][e].gate.nrows)
+            x = &s->layers[l][e];
+    if (!x)
+        return ECS_TYPE_F32;
+    const ecs_type_traits_t *tg = ecs_type_traits(x->gate.type), *tu = ecs_type_traits(x->up.type);
+    if (!tg || !tu || tg->vec_dot_type != tu->vec_dot_type ||
+        (tg->vec_dot_type != ECS_TYPE_Q8_0 && tg->vec_dot_type != ECS_TYPE_Q8_K))
+        return ECS_TYPE_F32;
+    return (uint32_t)tg->vec_dot_type;
+}
+
 /* Fills reply with the call's result rows, or an error status. */
 void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
 {
@@ -210,9 +228,9 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
     } while (0)
     if (!s->moe)
         REFUSE(WIRE_ST_NOT_READY, "no assignment loaded yet");
-    if (c->dtype != ECS_TYPE_F32 || c->result_dtype != ECS_TYPE_F32)
-        REFUSE(WIRE_ST_UNSUPPORTED, "activations and results in %s/%s: this worker takes f32",
-               ecs_type_name((ecs_type_t)c->dtype), ecs_type_name((ecs_type_t)c->result_dtype));
+    if (c->result_dtype != ECS_TYPE_F32)
+        REFUSE(WIRE_ST_UNSUPPORTED, "results in %s: this worker returns f32",
+               ecs_type_name((ecs_type_t)c->result_dtype));
     if ((int)c->n_embd != hp->n_embd || (int)c->k != hp->n_expert_used)
         REFUSE(WIRE_ST_BAD_MESSAGE, "rows of %u values with k %u: the model has %d and %d",
                c->n_embd, c->k, hp->n_embd, hp->n_expert_used);
@@ -222,6 +240,11 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
     const int l = (int)c->layer;
     if (l >= hp->n_layer || !s->layers[l])
         REFUSE(WIRE_ST_NOT_ASSIGNED, "layer %d: no expert of it is held here", l);
+    const uint32_t want = c->dtype == ECS_TYPE_F32 ? ECS_TYPE_F32 : shard_act_type(s, l);
+    if (c->dtype != want)
+        REFUSE(WIRE_ST_UNSUPPORTED, "layer %d: activations in %s: this worker takes f32%s%s", l,
+               ecs_type_name((ecs_type_t)c->dtype), want == ECS_TYPE_F32 ? "" : " or ",
+               want == ECS_TYPE_F32 ? "" : ecs_type_name((ecs_type_t)want));
     size_t p = 0;
     for (size_t i = 0; i < c->n_experts; i++) {
         const uint32_t e = c->experts[i];
@@ -232,8 +255,12 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
             s->row[p] = (int32_t)c->row_index[p];
         }
     }
-    if (kmoe_prepare(s->moe, l, (int)c->n_rows, c->payload, (int)p, s->row, s->expert) !=
-        ECS_OK)
+    const ecs_err_t rc =
+        c->dtype == ECS_TYPE_F32
+            ? kmoe_prepare(s->moe, l, (int)c->n_rows, c->payload, (int)p, s->row, s->expert)
+            : kmoe_prepare_q(s->moe, l, (int)c->n_rows, c->payload, NULL, (int)p, s->row,
+                             s->expert);
+    if (rc != ECS_OK)
         REFUSE(WIRE_ST_BAD_MESSAGE, "%s", ecs_errmsg());
     kmoe_compute(s->moe);
     const float *outs = kmoe_outs(s->moe);

@@ -90,6 +90,7 @@ static void send_hello(worker_t *w)
                               .threads = (uint32_t)w->o.threads,
                               .mem_budget = w->o.mem_budget,
                               .device = w->device,
+                              .capabilities = WIRE_CAP_INPUT_Q8,
                               .data_endpoint = w->listen}};
     send_msg(w, &m);
     w->hello_gap_ms = w->hello_gap_ms ? w->hello_gap_ms * 2 : WORKER_HELLO_MS;
@@ -188,6 +189,9 @@ static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
 {
     worker_t *w = ctx;
     shard_call(&w->shard, c, r);
+    /* the next call comes after the coordinator's attention at the earliest:
+     * a spinning pool would take the core the coordinator needs for it */
+    ecs_threadpool_park(w->tp);
 }
 
 /* The data endpoint: --listen, else beside an ipc control socket, else

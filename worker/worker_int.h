@@ -36,5 +36,7 @@ size_t shard_expert_bytes(const kmoe_expert_t *e);
 ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_threadpool_t *tp,
                        const char *repack_dir, uint64_t *bytes, uint64_t *load_ns);
 void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r);
+/* The quantized activation type layer l's calls may carry (F32: none). */
+uint32_t shard_act_type(const shard_t *s, int l);
 
 #endif

@@ -102,6 +102,8 @@ typedef struct {
     int call_timeout_ms;        /* how long a layer waits for its experts' answers, re-sends
                                  * to a replica or a restarted worker included; 0: 120 s */
     bool quiet;                 /* log only errors */
+    bool wire_f32;              /* --wire-act f32: activations as f32 even to workers that
+                                 * take the quantized rows (same bits, ~3.5x the bytes) */
 } dispatch_opts_t;
 
 typedef struct dispatch dispatch_t;
@@ -157,7 +159,9 @@ void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s);
     "  --worker-mem-budget SIZE  --mem-budget of each spawned worker\n"                     \
     "  --worker-bin PATH  the program spawned workers run (default: ecs-worker beside this)\n" \
     "  --call-timeout MS  a layer's expert calls may wait this long for a live holder\n"    \
-    "                     (a dead worker's replica or restart; default 120000)\n"
+    "                     (a dead worker's replica or restart; default 120000)\n"    \
+    "  --wire-act q8|f32  activation rows to the workers: q8 (default; the rows the\n"     \
+    "                     kernels compute from, to workers that take them) or f32\n"
 
 /* Whether opt is one of the options above that takes a value. */
 bool dispatch_opt_takes_value(const char *opt);

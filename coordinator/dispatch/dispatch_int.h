@@ -64,6 +64,7 @@ typedef struct {
     int child;                  /* index in children, -1: not spawned here */
     int deaths;
     char why[256];              /* why it died (under lock) */
+    _Atomic uint64_t caps;      /* Hello.capabilities (WIRE_CAP_*); control thread writes */
 } dispatch_worker_t;
 
 struct dispatch {
@@ -107,6 +108,10 @@ struct dispatch {
     unsigned rr;
     uint64_t layer_calls, step_rows;
     double imbalance_sum;
+    /* activations as the kernels compute from them (dispatch.c: act_rows) */
+    uint32_t *act_type;         /* [n_layer] the rows' type for a worker taking q8, F32: none */
+    void *xq;                   /* [MODEL_MAX_BATCH] rows of this layer in act_type */
+    bool xq_done;               /* xq holds this submit's rows */
 };
 
 void dispatch_log(const dispatch_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -10,7 +10,8 @@
 
 static const char *const with_value[] = {"--control",    "--spawn-workers",  "--replication",
                                          "--placement",  "--min-workers",    "--worker-threads",
-                                         "--worker-mem-budget", "--worker-bin", "--call-timeout"};
+                                         "--worker-mem-budget", "--worker-bin", "--call-timeout",
+                                         "--wire-act"};
 
 bool dispatch_opt_takes_value(const char *opt)
 {
@@ -53,6 +54,10 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
             goto bad;
     } else if (!strcmp(opt, "--worker-mem-budget")) {
         o->worker_budget = v; /* the worker checks it */
+    } else if (!strcmp(opt, "--wire-act")) {
+        if (strcmp(v, "q8") && strcmp(v, "f32"))
+            goto bad;
+        o->wire_f32 = !strcmp(v, "f32");
     } else if (!strcmp(opt, "--placement")) {
         o->placement_file = NULL;
         if (!strcmp(v, "uniform"))

@@ -53,7 +53,8 @@ w2 3 *
 EOF
     layouts=("--spawn-workers 1" "--spawn-workers 3" "--spawn-workers 3 --replication 2"
              "--spawn-workers 2 --placement capacity --worker-mem-budget 64M"
-             "--spawn-workers 3 --placement $tmp/placement")
+             "--spawn-workers 3 --placement $tmp/placement"
+             "--spawn-workers 2 --wire-act f32")
     for lay in "${layouts[@]}"; do
         out="$tmp/$name-w.json"
         if ! dump "$model" "$out" $lay; then
@@ -84,6 +85,19 @@ if "$build/bin/ecs-mkmodel" --arch deepseek2 --preset tiny --types q4_k_m --seed
         ok "q4_k_m with interleaved copies (one per worker, $copies files): logits identical"
     else
         bad "q4_k_m with copies: copies=$copies, $(tail -2 "$tmp/q4.err")"
+    fi
+    # the activations travel as the Q8_K rows the kernels compute from (the
+    # logits above), unless told f32: fewer bytes to the workers per token
+    for act in q8 f32; do
+        timeout 120 "$run" -m "$q4" --threads 2 --bench --pp 8 --tg 2 --spawn-workers 1 \
+            --wire-act $act >/dev/null 2>"$tmp/bytes-$act.err"
+    done
+    kq=$(sed -n 's/.*per token: \([0-9.]*\) KB to the workers.*/\1/p' "$tmp/bytes-q8.err")
+    kf=$(sed -n 's/.*per token: \([0-9.]*\) KB to the workers.*/\1/p' "$tmp/bytes-f32.err")
+    if [ -n "$kq" ] && [ -n "$kf" ] && $py -c "import sys; sys.exit(not 0 < $kq * 3 < $kf)"; then
+        ok "q8 activations on the wire: $kq KB per token to the workers, f32: $kf KB"
+    else
+        bad "q8 activations: '$kq' KB vs f32 '$kf' KB per token: $(tail -2 "$tmp/bytes-q8.err")"
     fi
 else
     bad "ecs-mkmodel q4_k_m"
@@ -162,7 +176,8 @@ fi
 
 # 5. nothing left behind
 sleep 0.2
-left=$(pgrep -f "$worker" | tr '\n' ' ')
+# anchored: another checkout's make or worker is not ours
+left=$(pgrep -f "^($worker|$(realpath "$worker")) " | tr '\n' ' ')
 [ -z "$left" ] && ok "no worker process left" || bad "worker processes left: $left"
 
 [ "$fail" -eq 0 ] && echo "test_workers: ok" || echo "test_workers: FAIL"
