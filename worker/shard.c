@@ -198,22 +198,16 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
     return ECS_OK;
 }
 
-/* The quantized activation type layer l takes (what kmoe_prepare_q wants:
- * the vec_dot type of its gate, when up takes the same rows), F32: only
- * f32. The coordinator picks the same type from the same tensors. */
+/* The quantized activation type layer l's calls may carry (wire_act_type;
+ * the coordinator decides from the same tensors), F32: only f32. */
 uint32_t shard_act_type(const shard_t *s, int l)
 {
-    const kmoe_expert_t *x = NULL;
-    for (int e = 0; s->layers[l] && e < s->hp.n_expert && !x; e++)
-        if (s->layers[l][e].gate.nrows)
-            x = &s->layers[l][e];
-    if (!x)
-        return ECS_TYPE_F32;
-    const ecs_type_traits_t *tg = ecs_type_traits(x->gate.type), *tu = ecs_type_traits(x->up.type);
-    if (!tg || !tu || tg->vec_dot_type != tu->vec_dot_type ||
-        (tg->vec_dot_type != ECS_TYPE_Q8_0 && tg->vec_dot_type != ECS_TYPE_Q8_K))
-        return ECS_TYPE_F32;
-    return (uint32_t)tg->vec_dot_type;
+    for (int e = 0; s->layers[l] && e < s->hp.n_expert; e++) {
+        const kmoe_expert_t *x = &s->layers[l][e];
+        if (x->gate.nrows)
+            return wire_act_type(x->gate.type, x->up.type, (uint32_t)s->hp.n_embd);
+    }
+    return ECS_TYPE_F32;
 }
 
 /* Fills reply with the call's result rows, or an error status. */

@@ -20,10 +20,8 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/moe/moe.h"
 
-/* The type a layer's activation rows travel in to a worker that takes
- * quantized rows (WIRE_CAP_INPUT_Q8): the vec_dot type of the layer's
- * ffn_gate_exps, as kmoe quantizes them, when up takes the same rows and
- * the wire carries that type; else F32. */
+/* The type a layer's activation rows travel in to a worker taking
+ * quantized rows (wire_act_type of its gate and up), F32: none. */
 static uint32_t layer_act_type(const dispatch_t *d, int il)
 {
     const gguf_tensor_t *g, *u;
@@ -31,13 +29,7 @@ static uint32_t layer_act_type(const dispatch_t *d, int il)
     if (d->o.wire_f32 || arch_exps_tensor(f, &d->hp, il, ARCH_EXPS_GATE, &g) != ECS_OK ||
         arch_exps_tensor(f, &d->hp, il, ARCH_EXPS_UP, &u) != ECS_OK)
         return ECS_TYPE_F32;
-    const ecs_type_traits_t *tg = ecs_type_traits(g->type), *tu = ecs_type_traits(u->type);
-    if (!tg || !tu || tg->vec_dot_type != tu->vec_dot_type)
-        return ECS_TYPE_F32;
-    const uint32_t t = (uint32_t)tg->vec_dot_type;
-    if ((t != ECS_TYPE_Q8_0 && t != ECS_TYPE_Q8_K) || !wire_row_bytes(t, (uint32_t)d->hp.n_embd))
-        return ECS_TYPE_F32;
-    return t;
+    return wire_act_type(g->type, u->type, (uint32_t)d->hp.n_embd);
 }
 
 static ecs_err_t act_buffers_new(dispatch_t *d)

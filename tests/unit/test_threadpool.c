@@ -2,6 +2,7 @@
  * the shares' writes visible to the caller, survives idle periods (threads
  * asleep on the futex) and shuts down cleanly. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -104,6 +105,42 @@ Test(threadpool, caller_waits_for_slow_thread)
         cr_assert_eq(atomic_load(&a.count[1]), r);
         cr_assert_eq(atomic_load(&a.count[0]), r);
     }
+    ecs_threadpool_destroy(tp);
+}
+
+/* ecs_threadpool_park between runs (the workers skip their spin and
+ * sleep at once) and from another thread during runs: every run still
+ * wakes every thread and runs each share once. */
+static void *park_loop(void *p)
+{
+    ecs_threadpool_t *tp = p;
+    for (int i = 0; i < 20000; i++)
+        ecs_threadpool_park(tp);
+    return NULL;
+}
+
+Test(threadpool, parked_threads_wake_for_the_next_run)
+{
+    ecs_threadpool_t *tp = NULL;
+    cr_assert_eq(ecs_threadpool_create(3, &tp), ECS_OK);
+    count_arg_t a;
+    memset(&a, 0, sizeof(a));
+    a.seen_nth = 3;
+    for (int r = 0; r < 200; r++) {
+        run_rounds(tp, 1, &a, 0);
+        ecs_threadpool_park(tp);
+        if (r % 50 == 0)
+            sleep_ms(1);
+    }
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, park_loop, tp), 0);
+    run_rounds(tp, 2000, &a, 0);
+    pthread_join(th, NULL);
+    cr_assert_eq(atomic_load(&a.bad_nth), 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(atomic_load(&a.count[i]), 2200, "thread %d ran %d times", i,
+                     atomic_load(&a.count[i]));
+    ecs_threadpool_park(NULL); /* no pool: nothing to park */
     ecs_threadpool_destroy(tp);
 }
 
