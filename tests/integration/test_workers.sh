@@ -176,8 +176,11 @@ fi
 
 # 5. nothing left behind
 sleep 0.2
-# anchored: another checkout's make or worker is not ours
-left=$(pgrep -f "^($worker|$(realpath "$worker")) " | tr '\n' ' ')
+# this checkout's binary only: other checkouts' workers and makes are not ours
+left=""
+for p in $(pgrep -f ecs-worker); do
+    [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$(realpath "$worker")" ] && left+="$p "
+done
 [ -z "$left" ] && ok "no worker process left" || bad "worker processes left: $left"
 
 [ "$fail" -eq 0 ] && echo "test_workers: ok" || echo "test_workers: FAIL"
