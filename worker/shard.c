@@ -222,8 +222,8 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
     } while (0)
     if (!s->moe)
         REFUSE(WIRE_ST_NOT_READY, "no assignment loaded yet");
-    if (c->result_dtype != ECS_TYPE_F32)
-        REFUSE(WIRE_ST_UNSUPPORTED, "results in %s: this worker returns f32",
+    if (c->result_dtype != ECS_TYPE_F32 && c->result_dtype != ECS_TYPE_BF16)
+        REFUSE(WIRE_ST_UNSUPPORTED, "results in %s: this worker returns f32 or bf16",
                ecs_type_name((ecs_type_t)c->result_dtype));
     if ((int)c->n_embd != hp->n_embd || (int)c->k != hp->n_expert_used)
         REFUSE(WIRE_ST_BAD_MESSAGE, "rows of %u values with k %u: the model has %d and %d",
@@ -259,9 +259,14 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
     kmoe_compute(s->moe);
     const float *outs = kmoe_outs(s->moe);
     const int32_t *where = kmoe_where(s->moe);
-    const size_t row = (size_t)hp->n_embd * sizeof(float);
-    for (size_t q = 0; q < p; q++)
-        memcpy((char *)r->rows + q * row, outs + (size_t)where[q] * (size_t)hp->n_embd, row);
+    const size_t E = (size_t)hp->n_embd, row = E * sizeof(float);
+    if (c->result_dtype == ECS_TYPE_BF16) /* the inexact option: half the bytes */
+        for (size_t q = 0; q < p; q++)
+            for (size_t i = 0; i < E; i++)
+                ((ecs_bf16_t *)r->rows)[q * E + i] = ecs_f32_to_bf16(outs[(size_t)where[q] * E + i]);
+    else
+        for (size_t q = 0; q < p; q++)
+            memcpy((char *)r->rows + q * row, outs + (size_t)where[q] * E, row);
     s->calls++;
     s->rows += c->n_rows;
 #undef REFUSE

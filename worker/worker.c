@@ -90,7 +90,7 @@ static void send_hello(worker_t *w)
                               .threads = (uint32_t)w->o.threads,
                               .mem_budget = w->o.mem_budget,
                               .device = w->device,
-                              .capabilities = WIRE_CAP_INPUT_Q8,
+                              .capabilities = WIRE_CAP_INPUT_Q8 | WIRE_CAP_RESULT_BF16,
                               .data_endpoint = w->listen}};
     send_msg(w, &m);
     w->hello_gap_ms = w->hello_gap_ms ? w->hello_gap_ms * 2 : WORKER_HELLO_MS;

@@ -207,7 +207,11 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
     wire_call_t c = {.layer = (uint32_t)d->layer, .n_rows = n_rows, .n_embd = (uint32_t)E,
                      .dtype = dtype, .k = (uint32_t)k, .n_experts = n_exp,
                      .experts = d->c_experts, .expert_counts = d->c_counts, .n_entries = n_ent,
-                     .row_index = d->c_rows, .slot = d->c_slots, .result_dtype = ECS_TYPE_F32,
+                     .row_index = d->c_rows, .slot = d->c_slots,
+                     .result_dtype = d->o.wire_bf16 && (atomic_load(&d->w[wi].caps) &
+                                                        WIRE_CAP_RESULT_BF16)
+                                         ? ECS_TYPE_BF16
+                                         : ECS_TYPE_F32,
                      .payload_bytes = n_rows * row};
     mux_call_t *call;
     void *payload;
@@ -348,10 +352,21 @@ static ecs_err_t collect(dispatch_t *d, int *resend)
                            "dispatch: layer %d: worker %s: %s%s%s", d->layer, wk->id,
                            r->err != ECS_OK ? ecs_errname(r->err) : wire_status_name(r->status),
                            r->message[0] ? ": " : "", r->message);
-        } else if ((int)r->n_entries != d->call_nent[s] || r->n_embd != E) {
-            rc = ecs_error(ECS_ERR_FORMAT, "dispatch: layer %d: worker %s sent %u rows of %u, "
-                           "want %d of %zu", d->layer, wk->id, r->n_entries, r->n_embd,
-                           d->call_nent[s], E);
+        } else if ((int)r->n_entries != d->call_nent[s] || r->n_embd != E ||
+                   (r->dtype != ECS_TYPE_F32 && !d->o.wire_bf16)) {
+            rc = ecs_error(ECS_ERR_FORMAT, "dispatch: layer %d: worker %s sent %u rows of %u "
+                           "%s, want %d of %zu", d->layer, wk->id, r->n_entries, r->n_embd,
+                           ecs_type_name((ecs_type_t)r->dtype), d->call_nent[s], E);
+        } else if (r->dtype == ECS_TYPE_BF16) { /* --wire-result bf16: inexact */
+            const ecs_bf16_t *b = r->payload;
+            for (int p = 0; p < n_pairs; p++)
+                if (d->pair_call[p] == s)
+                    for (size_t c = 0; c < E; c++)
+                        d->d[(size_t)p * E + c] =
+                            ecs_bf16_to_f32(b[(size_t)d->pair_pos[p] * E + c]);
+            for (int e = 0; e < d->hp.n_expert; e++)
+                if (d->exp_slot[e] == s)
+                    d->exp_slot[e] = -1;
         } else {
             for (int p = 0; p < n_pairs; p++)
                 if (d->pair_call[p] == s)

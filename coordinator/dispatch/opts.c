@@ -11,7 +11,7 @@
 static const char *const with_value[] = {"--control",    "--spawn-workers",  "--replication",
                                          "--placement",  "--min-workers",    "--worker-threads",
                                          "--worker-mem-budget", "--worker-bin", "--call-timeout",
-                                         "--wire-act"};
+                                         "--wire-act", "--wire-result"};
 
 bool dispatch_opt_takes_value(const char *opt)
 {
@@ -58,6 +58,10 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
         if (strcmp(v, "q8") && strcmp(v, "f32"))
             goto bad;
         o->wire_f32 = !strcmp(v, "f32");
+    } else if (!strcmp(opt, "--wire-result")) {
+        if (strcmp(v, "f32") && strcmp(v, "bf16"))
+            goto bad;
+        o->wire_bf16 = !strcmp(v, "bf16");
     } else if (!strcmp(opt, "--placement")) {
         o->placement_file = NULL;
         if (!strcmp(v, "uniform"))
