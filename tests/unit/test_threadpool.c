@@ -72,13 +72,20 @@ Test(threadpool, each_thread_once_per_run)
 
 /* Idle gaps longer than the spin window put the workers to sleep on the
  * futex; every run must still wake all of them. */
-Test(threadpool, wakes_sleeping_threads)
+/* A pool of 3 threads and its zeroed counters. */
+static ecs_threadpool_t *pool3(count_arg_t *a)
 {
     ecs_threadpool_t *tp = NULL;
     cr_assert_eq(ecs_threadpool_create(3, &tp), ECS_OK);
+    memset(a, 0, sizeof(*a));
+    a->seen_nth = 3;
+    return tp;
+}
+
+Test(threadpool, wakes_sleeping_threads)
+{
     count_arg_t a;
-    memset(&a, 0, sizeof(a));
-    a.seen_nth = 3;
+    ecs_threadpool_t *tp = pool3(&a);
     run_rounds(tp, 20, &a, 3);
     for (int i = 0; i < 3; i++)
         cr_assert_eq(atomic_load(&a.count[i]), 20);
@@ -121,11 +128,8 @@ static void *park_loop(void *p)
 
 Test(threadpool, parked_threads_wake_for_the_next_run)
 {
-    ecs_threadpool_t *tp = NULL;
-    cr_assert_eq(ecs_threadpool_create(3, &tp), ECS_OK);
     count_arg_t a;
-    memset(&a, 0, sizeof(a));
-    a.seen_nth = 3;
+    ecs_threadpool_t *tp = pool3(&a);
     for (int r = 0; r < 200; r++) {
         run_rounds(tp, 1, &a, 0);
         ecs_threadpool_park(tp);
