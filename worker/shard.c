@@ -52,7 +52,11 @@ ecs_err_t shard_open(shard_t *s, const gguf_file_t *f, const arch_hparams_t *hp)
     s->layers = calloc((size_t)hp->n_layer, sizeof *s->layers);
     s->row = malloc((size_t)KCPU_MAX_BATCH * (size_t)hp->n_expert_used * sizeof *s->row);
     s->expert = malloc((size_t)KCPU_MAX_BATCH * (size_t)hp->n_expert_used * sizeof *s->expert);
-    if (!s->all || !s->held || !s->layers || !s->row || !s->expert) {
+    s->jobs = calloc((size_t)hp->n_expert, sizeof *s->jobs);
+    s->plan.cap = KCPU_PLAN_CHUNKS(SHARD_REGION_JOBS);
+    s->plan.chunks = calloc((size_t)s->plan.cap, sizeof *s->plan.chunks);
+    if (!s->all || !s->held || !s->layers || !s->row || !s->expert || !s->jobs ||
+        !s->plan.chunks) {
         shard_close(s);
         return ecs_error(ECS_ERR_NOMEM, "worker: out of memory for the expert table");
     }
@@ -82,6 +86,8 @@ void shard_close(shard_t *s)
     free(s->layers);
     free(s->row);
     free(s->expert);
+    free(s->jobs);
+    free(s->plan.chunks);
     memset(s, 0, sizeof *s);
 }
 
@@ -162,6 +168,7 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
                          a->n, need / 1048576.0, budget / 1048576.0);
     kmoe_free(s->moe);
     s->moe = NULL;
+    s->tp = tp;
     krepack_close(s->copy);
     s->copy = NULL;
     const size_t cells = (size_t)hp->n_layer * (size_t)hp->n_expert;
@@ -210,6 +217,30 @@ uint32_t shard_act_type(const shard_t *s, int l)
     return ECS_TYPE_F32;
 }
 
+/* kmoe_compute in regions of at most SHARD_REGION_JOBS experts (each job's
+ * bits do not depend on its region), ticking between them. */
+static void run_regions(shard_t *s, const kcpu_jobs_t *j)
+{
+    for (int i = 0; i < j->n; i += SHARD_REGION_JOBS) {
+        if (i && s->tick)
+            s->tick(s->tick_ctx);
+        const int n = j->n - i < SHARD_REGION_JOBS ? j->n - i : SHARD_REGION_JOBS;
+        kcpu_run_jobs(s->tp, &s->plan, j->jobs + i, n);
+    }
+}
+
+static void compute(shard_t *s)
+{
+    kcpu_jobs_t j = {s->jobs, 0};
+    kmoe_gate_up(s->moe, &j);
+    run_regions(s, &j);
+    if (s->tick)
+        s->tick(s->tick_ctx);
+    j.n = 0;
+    kmoe_down(s->moe, &j);
+    run_regions(s, &j);
+}
+
 /* Fills reply with the call's result rows, or an error status. */
 void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
 {
@@ -256,7 +287,7 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
                              s->expert);
     if (rc != ECS_OK)
         REFUSE(WIRE_ST_BAD_MESSAGE, "%s", ecs_errmsg());
-    kmoe_compute(s->moe);
+    compute(s);
     const float *outs = kmoe_outs(s->moe);
     const int32_t *where = kmoe_where(s->moe);
     const size_t E = (size_t)hp->n_embd, row = E * sizeof(float);

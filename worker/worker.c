@@ -185,10 +185,31 @@ static void on_tick(void *ctx)
     }
 }
 
+/* Between a call's regions (shard.c): the heartbeat, if one is due, so
+ * that a long call does not look like a hung worker. Only heartbeats: the
+ * control messages wait for the serve loop. */
+static void beat(void *ctx)
+{
+    worker_t *w = ctx;
+    const uint64_t t = now_ns();
+    if (w->welcomed && w->heartbeat_ms &&
+        t - w->last_sent_ns >= (uint64_t)w->heartbeat_ms * 1000000u) {
+        wire_msg_t m = {.kind = WIRE_HEARTBEAT, .heartbeat = {.seq = ++w->hb_seq, .time_ns = t}};
+        send_msg(w, &m);
+    }
+}
+
 static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
 {
     worker_t *w = ctx;
+    const uint64_t t0 = now_ns();
+    w->shard.tick = beat;
+    w->shard.tick_ctx = w;
     shard_call(&w->shard, c, r);
+    /* the coordinator's messages were not read meanwhile: its silence is
+     * counted only while this worker listens */
+    if (w->last_recv_ns)
+        w->last_recv_ns += now_ns() - t0;
     /* the next call comes after the coordinator's attention at the earliest:
      * a spinning pool would take the core the coordinator needs for it */
     ecs_threadpool_park(w->tp);

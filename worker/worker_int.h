@@ -14,6 +14,12 @@
 #include "proto/mux.h"
 #include "proto/wire.h"
 
+/* Experts per parallel region of a call: a heartbeat can go out between
+ * regions (a 512-row prompt call on one thread of a busy host outlasts the
+ * coordinator's liveness window), and 8 experts keep a region wide
+ * enough for the pool's threads. */
+#define SHARD_REGION_JOBS 8
+
 typedef struct {
     arch_hparams_t hp;
     kmoe_expert_t *all;            /* [n_layer * n_expert] every expert's matrices */
@@ -26,6 +32,14 @@ typedef struct {
     size_t n_held;
     uint64_t bytes;
     uint64_t calls, rows;
+    /* a call's products in regions of SHARD_REGION_JOBS experts, with
+     * tick(tick_ctx) between them (the worker's heartbeat: a long call
+     * must not look like a hung worker) */
+    ecs_threadpool_t *tp;
+    kcpu_job_t *jobs;              /* [n_expert] */
+    kcpu_plan_t plan;
+    void (*tick)(void *ctx);
+    void *tick_ctx;
 } shard_t;
 
 ecs_err_t shard_open(shard_t *s, const gguf_file_t *f, const arch_hparams_t *hp);

@@ -25,7 +25,8 @@
  * floods the control socket, longer slows detection); liveness
  * (WIRE_LIVENESS, shared with the worker) 3-10 intervals: a worker silent
  * that long is dead. A call must not take longer than interval * liveness
- * (the worker's control loop does not tick during a call). */
+ * (the worker heartbeats between a call's regions of
+ * SHARD_REGION_JOBS experts, worker/worker_int.h: one region must fit). */
 #define DISPATCH_HEARTBEAT_MS 500
 #define DISPATCH_TICK_MS 50           /* control loop: liveness, exits, restarts */
 #define DISPATCH_RESTART_MIN_MS 100   /* first restart delay, doubled per failed start */
