@@ -291,10 +291,11 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
     const float *outs = kmoe_outs(s->moe);
     const int32_t *where = kmoe_where(s->moe);
     const size_t E = (size_t)hp->n_embd, row = E * sizeof(float);
+    ecs_bf16_t *b = r->rows;
     if (c->result_dtype == ECS_TYPE_BF16) /* the inexact option: half the bytes */
         for (size_t q = 0; q < p; q++)
             for (size_t i = 0; i < E; i++)
-                ((ecs_bf16_t *)r->rows)[q * E + i] = ecs_f32_to_bf16(outs[(size_t)where[q] * E + i]);
+                b[q * E + i] = ecs_f32_to_bf16(outs[(size_t)where[q] * E + i]);
     else
         for (size_t q = 0; q < p; q++)
             memcpy((char *)r->rows + q * row, outs + (size_t)where[q] * E, row);

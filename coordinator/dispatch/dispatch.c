@@ -61,9 +61,13 @@ static const void *act_rows(dispatch_t *d, int wi, uint32_t *dtype, size_t *row)
         *row = E * sizeof(float);
         return d->x;
     }
-    const gguf_tensor_t *g;
-    if (!d->xq_done &&
-        arch_exps_tensor(model_gguf(d->m), &d->hp, d->layer, ARCH_EXPS_GATE, &g) == ECS_OK) {
+    const gguf_tensor_t *g; /* found when act_type was set */
+    if (!d->xq_done) {
+        if (arch_exps_tensor(model_gguf(d->m), &d->hp, d->layer, ARCH_EXPS_GATE, &g) != ECS_OK) {
+            *dtype = ECS_TYPE_F32;
+            *row = E * sizeof(float);
+            return d->x;
+        }
         kcpu_quantize_rows(d->n_tok >= 8 ? model_threadpool(d->m) : NULL, g->type, d->x,
                            (int64_t)E, d->n_tok, (int64_t)E, d->xq);
         d->xq_done = true;
