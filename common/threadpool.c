@@ -43,6 +43,7 @@ struct ecs_threadpool {
     _Atomic uint32_t sleepers; /* workers inside futex_wait on gen */
     _Atomic uint32_t caller_sleeping;
     atomic_bool stop;
+    atomic_bool parked;        /* ecs_threadpool_park: idle threads skip the spin */
 };
 
 typedef struct {
@@ -70,12 +71,14 @@ static uint64_t now_ns(void)
 }
 
 /* Spins until *addr != val or the spin budget is spent; true if it changed. */
-static bool spin_while_equal(_Atomic uint32_t *addr, uint32_t val)
+static bool spin_while_equal(_Atomic uint32_t *addr, uint32_t val, atomic_bool *park)
 {
     uint64_t deadline = 0;
     for (unsigned i = 0;; i++) {
         if (atomic_load_explicit(addr, memory_order_acquire) != val)
             return true;
+        if (park && atomic_load_explicit(park, memory_order_relaxed))
+            return false;
         cpu_relax();
         if ((i & 63) == 63) {
             uint64_t t = now_ns();
@@ -90,7 +93,7 @@ static bool spin_while_equal(_Atomic uint32_t *addr, uint32_t val)
 /* Blocks until tp->gen differs from seen; returns the new generation. */
 static uint32_t wait_for_gen(ecs_threadpool_t *tp, uint32_t seen)
 {
-    if (spin_while_equal(&tp->gen, seen))
+    if (spin_while_equal(&tp->gen, seen, &tp->parked))
         return atomic_load_explicit(&tp->gen, memory_order_acquire);
     for (;;) {
         /* seq_cst pairs with the caller's bump-then-check of sleepers: either
@@ -192,6 +195,7 @@ void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
     }
     tp->fn = fn;
     tp->arg = arg;
+    atomic_store_explicit(&tp->parked, false, memory_order_relaxed);
     atomic_store_explicit(&tp->pending, (uint32_t)(tp->nthreads - 1), memory_order_relaxed);
     atomic_fetch_add(&tp->gen, 1); /* seq_cst: publishes fn/arg/pending */
     if (atomic_load(&tp->sleepers) > 0)
@@ -203,7 +207,7 @@ void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
         uint32_t left = atomic_load_explicit(&tp->pending, memory_order_acquire);
         if (left == 0)
             return;
-        if (spin_while_equal(&tp->pending, left))
+        if (spin_while_equal(&tp->pending, left, NULL))
             continue;
         /* seq_cst pairs with the last worker's decrement-then-check. */
         atomic_store(&tp->caller_sleeping, 1);
@@ -211,4 +215,12 @@ void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
             futex_wait(&tp->pending, left);
         atomic_store(&tp->caller_sleeping, 0);
     }
+}
+
+void ecs_threadpool_park(ecs_threadpool_t *tp)
+{
+    /* a park that lands during a run only makes that run's threads sleep
+     * after it rather than spin: slower wake-up, never a lost one */
+    if (tp && tp->nthreads > 1)
+        atomic_store_explicit(&tp->parked, true, memory_order_relaxed);
 }

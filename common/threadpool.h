@@ -22,5 +22,10 @@ void ecs_threadpool_destroy(ecs_threadpool_t *tp);
 int ecs_threadpool_size(const ecs_threadpool_t *tp);
 /* Not reentrant: one run at a time per pool. tp may be NULL (runs inline). */
 void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg);
+/* After a run, idle threads spin briefly for the next one before they
+ * sleep. A caller that knows no run comes soon (it now waits for another
+ * process that shares the cores) parks them: they sleep at once. The next
+ * run wakes them as usual. Any thread may call it; tp may be NULL. */
+void ecs_threadpool_park(ecs_threadpool_t *tp);
 
 #endif

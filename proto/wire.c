@@ -49,6 +49,18 @@ typedef union {
     Ecs__ExpertResult result;
 } pb_any_t;
 
+uint32_t wire_act_type(uint32_t gate_type, uint32_t up_type, uint32_t n_embd)
+{
+    const ecs_type_traits_t *tg = ecs_type_traits((ecs_type_t)gate_type);
+    const ecs_type_traits_t *tu = ecs_type_traits((ecs_type_t)up_type);
+    if (!tg || !tu || tg->vec_dot_type != tu->vec_dot_type)
+        return ECS_TYPE_F32;
+    const uint32_t t = (uint32_t)tg->vec_dot_type;
+    if ((t != ECS_TYPE_Q8_0 && t != ECS_TYPE_Q8_K) || !wire_row_bytes(t, n_embd))
+        return ECS_TYPE_F32;
+    return t;
+}
+
 size_t wire_row_bytes(uint32_t dtype, uint32_t n)
 {
     switch (dtype) {

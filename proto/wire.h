@@ -265,6 +265,13 @@ typedef struct {
  * 0 if the type is not a wire type or n is not a multiple of its block. */
 size_t wire_row_bytes(uint32_t dtype, uint32_t n);
 
+/* The quantized type a layer's activation rows may travel in to a worker
+ * that advertises WIRE_CAP_INPUT_Q8, from the layer's ffn_gate_exps and
+ * ffn_up_exps weight types: their vec_dot type (the rows kmoe_prepare_q
+ * takes, the same bits as f32) when both take the same one and it is Q8_0
+ * or Q8_K; else ECS_TYPE_F32. Coordinator and worker both decide with it. */
+uint32_t wire_act_type(uint32_t gate_type, uint32_t up_type, uint32_t n_embd);
+
 bool wire_kind_has_payload(wire_kind_t kind);
 const char *wire_kind_name(wire_kind_t kind);     /* "?" if unknown */
 const char *wire_status_name(wire_status_t st);   /* "?" if unknown */

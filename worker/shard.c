@@ -52,7 +52,11 @@ ecs_err_t shard_open(shard_t *s, const gguf_file_t *f, const arch_hparams_t *hp)
     s->layers = calloc((size_t)hp->n_layer, sizeof *s->layers);
     s->row = malloc((size_t)KCPU_MAX_BATCH * (size_t)hp->n_expert_used * sizeof *s->row);
     s->expert = malloc((size_t)KCPU_MAX_BATCH * (size_t)hp->n_expert_used * sizeof *s->expert);
-    if (!s->all || !s->held || !s->layers || !s->row || !s->expert) {
+    s->jobs = calloc((size_t)hp->n_expert, sizeof *s->jobs);
+    s->plan.cap = KCPU_PLAN_CHUNKS(SHARD_REGION_JOBS);
+    s->plan.chunks = calloc((size_t)s->plan.cap, sizeof *s->plan.chunks);
+    if (!s->all || !s->held || !s->layers || !s->row || !s->expert || !s->jobs ||
+        !s->plan.chunks) {
         shard_close(s);
         return ecs_error(ECS_ERR_NOMEM, "worker: out of memory for the expert table");
     }
@@ -82,6 +86,8 @@ void shard_close(shard_t *s)
     free(s->layers);
     free(s->row);
     free(s->expert);
+    free(s->jobs);
+    free(s->plan.chunks);
     memset(s, 0, sizeof *s);
 }
 
@@ -162,6 +168,7 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
                          a->n, need / 1048576.0, budget / 1048576.0);
     kmoe_free(s->moe);
     s->moe = NULL;
+    s->tp = tp;
     krepack_close(s->copy);
     s->copy = NULL;
     const size_t cells = (size_t)hp->n_layer * (size_t)hp->n_expert;
@@ -212,6 +219,42 @@ bool shard_holds_exactly(const shard_t *s, const wire_assign_t *a)
     return true;
 }
 
+/* The quantized activation type layer l's calls may carry (wire_act_type;
+ * the coordinator decides from the same tensors), F32: only f32. */
+uint32_t shard_act_type(const shard_t *s, int l)
+{
+    for (int e = 0; s->layers[l] && e < s->hp.n_expert; e++) {
+        const kmoe_expert_t *x = &s->layers[l][e];
+        if (x->gate.nrows)
+            return wire_act_type(x->gate.type, x->up.type, (uint32_t)s->hp.n_embd);
+    }
+    return ECS_TYPE_F32;
+}
+
+/* kmoe_compute in regions of at most SHARD_REGION_JOBS experts (each job's
+ * bits do not depend on its region), ticking between them. */
+static void run_regions(shard_t *s, const kcpu_jobs_t *j)
+{
+    for (int i = 0; i < j->n; i += SHARD_REGION_JOBS) {
+        if (i && s->tick)
+            s->tick(s->tick_ctx);
+        const int n = j->n - i < SHARD_REGION_JOBS ? j->n - i : SHARD_REGION_JOBS;
+        kcpu_run_jobs(s->tp, &s->plan, j->jobs + i, n);
+    }
+}
+
+static void compute(shard_t *s)
+{
+    kcpu_jobs_t j = {s->jobs, 0};
+    kmoe_gate_up(s->moe, &j);
+    run_regions(s, &j);
+    if (s->tick)
+        s->tick(s->tick_ctx);
+    j.n = 0;
+    kmoe_down(s->moe, &j);
+    run_regions(s, &j);
+}
+
 /* Fills reply with the call's result rows, or an error status. */
 void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
 {
@@ -224,9 +267,9 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
     } while (0)
     if (!s->moe)
         REFUSE(WIRE_ST_NOT_READY, "no assignment loaded yet");
-    if (c->dtype != ECS_TYPE_F32 || c->result_dtype != ECS_TYPE_F32)
-        REFUSE(WIRE_ST_UNSUPPORTED, "activations and results in %s/%s: this worker takes f32",
-               ecs_type_name((ecs_type_t)c->dtype), ecs_type_name((ecs_type_t)c->result_dtype));
+    if (c->result_dtype != ECS_TYPE_F32 && c->result_dtype != ECS_TYPE_BF16)
+        REFUSE(WIRE_ST_UNSUPPORTED, "results in %s: this worker returns f32 or bf16",
+               ecs_type_name((ecs_type_t)c->result_dtype));
     if ((int)c->n_embd != hp->n_embd || (int)c->k != hp->n_expert_used)
         REFUSE(WIRE_ST_BAD_MESSAGE, "rows of %u values with k %u: the model has %d and %d",
                c->n_embd, c->k, hp->n_embd, hp->n_expert_used);
@@ -236,6 +279,13 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
     const int l = (int)c->layer;
     if (l >= hp->n_layer || !s->layers[l])
         REFUSE(WIRE_ST_NOT_ASSIGNED, "layer %d: no expert of it is held here", l);
+    /* the device path takes f32 rows only (its Hello offers no quantized input) */
+    const uint32_t want =
+        c->dtype == ECS_TYPE_F32 || s->dev ? ECS_TYPE_F32 : shard_act_type(s, l);
+    if (c->dtype != want)
+        REFUSE(WIRE_ST_UNSUPPORTED, "layer %d: activations in %s: this worker takes f32%s%s", l,
+               ecs_type_name((ecs_type_t)c->dtype), want == ECS_TYPE_F32 ? "" : " or ",
+               want == ECS_TYPE_F32 ? "" : ecs_type_name((ecs_type_t)want));
     size_t p = 0;
     for (size_t i = 0; i < c->n_experts; i++) {
         const uint32_t e = c->experts[i];
@@ -254,15 +304,25 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
         }
         return;
     }
-    if (kmoe_prepare(s->moe, l, (int)c->n_rows, c->payload, (int)p, s->row, s->expert) !=
-        ECS_OK)
+    const ecs_err_t rc =
+        c->dtype == ECS_TYPE_F32
+            ? kmoe_prepare(s->moe, l, (int)c->n_rows, c->payload, (int)p, s->row, s->expert)
+            : kmoe_prepare_q(s->moe, l, (int)c->n_rows, c->payload, NULL, (int)p, s->row,
+                             s->expert);
+    if (rc != ECS_OK)
         REFUSE(WIRE_ST_BAD_MESSAGE, "%s", ecs_errmsg());
-    kmoe_compute(s->moe);
+    compute(s);
     const float *outs = kmoe_outs(s->moe);
     const int32_t *where = kmoe_where(s->moe);
-    const size_t row = (size_t)hp->n_embd * sizeof(float);
-    for (size_t q = 0; q < p; q++)
-        memcpy((char *)r->rows + q * row, outs + (size_t)where[q] * (size_t)hp->n_embd, row);
+    const size_t E = (size_t)hp->n_embd, row = E * sizeof(float);
+    ecs_bf16_t *b = r->rows;
+    if (c->result_dtype == ECS_TYPE_BF16) /* the inexact option: half the bytes */
+        for (size_t q = 0; q < p; q++)
+            for (size_t i = 0; i < E; i++)
+                b[q * E + i] = ecs_f32_to_bf16(outs[(size_t)where[q] * E + i]);
+    else
+        for (size_t q = 0; q < p; q++)
+            memcpy((char *)r->rows + q * row, outs + (size_t)where[q] * E, row);
     s->calls++;
     s->rows += c->n_rows;
 #undef REFUSE

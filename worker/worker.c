@@ -118,6 +118,8 @@ static void send_hello(worker_t *w, worker_coord_t *c)
                               .threads = (uint32_t)w->o.threads,
                               .mem_budget = w->o.mem_budget,
                               .device = w->device,
+                              /* the device path takes f32 rows and returns f32 */
+                              .capabilities = w->dev ? 0 : WIRE_CAP_INPUT_Q8 | WIRE_CAP_RESULT_BF16,
                               .data_endpoint = w->listen,
                               .vram_budget = w->dev ? shard_dev_budget(w->dev) : 0,
                               .curve_public = w->keys.on ? w->keys.key.pub : ""}};
@@ -305,6 +307,15 @@ static void on_ctrl(void *ctx, int conn, const wire_msg_t *m)
     }
 }
 
+static void heartbeat_if_due(worker_t *w, worker_coord_t *c, uint64_t t)
+{
+    if (c->welcomed && !c->refused && c->heartbeat_ms &&
+        t - c->last_sent_ns >= (uint64_t)c->heartbeat_ms * 1000000u) {
+        wire_msg_t m = {.kind = WIRE_HEARTBEAT, .heartbeat = {.seq = ++c->hb_seq, .time_ns = t}};
+        send_msg(w, c, &m);
+    }
+}
+
 static void tick_one(worker_t *w, worker_coord_t *c)
 {
     const uint64_t t = now_ns();
@@ -325,10 +336,7 @@ static void tick_one(worker_t *w, worker_coord_t *c)
             send_hello(w, c);
         return;
     }
-    if (c->heartbeat_ms && t - c->last_sent_ns >= (uint64_t)c->heartbeat_ms * 1000000u) {
-        wire_msg_t m = {.kind = WIRE_HEARTBEAT, .heartbeat = {.seq = ++c->hb_seq, .time_ns = t}};
-        send_msg(w, c, &m);
-    }
+    heartbeat_if_due(w, c, t);
 }
 
 static void on_tick(void *ctx)
@@ -340,10 +348,33 @@ static void on_tick(void *ctx)
         send_stats(w);
 }
 
+/* Between a call's regions (shard.c): the heartbeat, if one is due, so
+ * that a long call does not look like a hung worker. Only heartbeats: the
+ * control messages wait for the serve loop. */
+static void beat(void *ctx)
+{
+    worker_t *w = ctx;
+    const uint64_t t = now_ns();
+    for (int i = 0; i < w->n_co; i++)
+        heartbeat_if_due(w, &w->co[i], t);
+}
+
 static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
 {
     worker_t *w = ctx;
+    const uint64_t t0 = now_ns();
+    w->shard.tick = beat;
+    w->shard.tick_ctx = w;
     shard_call(&w->shard, c, r);
+    /* the coordinator's messages were not read meanwhile: its silence is
+     * counted only while this worker listens (each coordinator's) */
+    const uint64_t spent = now_ns() - t0;
+    for (int i = 0; i < w->n_co; i++)
+        if (w->co[i].last_recv_ns)
+            w->co[i].last_recv_ns += spent;
+    /* the next call comes after the coordinator's attention at the earliest:
+     * a spinning pool would take the core the coordinator needs for it */
+    ecs_threadpool_park(w->tp);
 }
 
 /* The data endpoint: --listen, else beside the first coordinator's ipc

@@ -17,6 +17,11 @@
 #include "proto/wire.h"
 
 typedef struct shard_dev shard_dev_t;
+/* Experts per parallel region of a call: a heartbeat can go out between
+ * regions (a 512-row prompt call on one thread of a busy host outlasts the
+ * coordinator's liveness window), and 8 experts keep a region wide
+ * enough for the pool's threads. */
+#define SHARD_REGION_JOBS 8
 
 typedef struct {
     arch_hparams_t hp;
@@ -31,6 +36,14 @@ typedef struct {
     uint64_t bytes;
     uint64_t calls, rows;
     shard_dev_t *dev;              /* --device cuda:N / emu: calls run there (device.c) */
+    /* a call's products in regions of SHARD_REGION_JOBS experts, with
+     * tick(tick_ctx) between them (the worker's heartbeat: a long call
+     * must not look like a hung worker) */
+    ecs_threadpool_t *tp;
+    kcpu_job_t *jobs;              /* [n_expert] */
+    kcpu_plan_t plan;
+    void (*tick)(void *ctx);
+    void *tick_ctx;
 } shard_t;
 
 ecs_err_t shard_open(shard_t *s, const gguf_file_t *f, const arch_hparams_t *hp);
@@ -44,6 +57,8 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
  * changes nothing: answered Ready without loading). */
 bool shard_holds_exactly(const shard_t *s, const wire_assign_t *a);
 void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r);
+/* The quantized activation type layer l's calls may carry (F32: none). */
+uint32_t shard_act_type(const shard_t *s, int l);
 
 /* device.c: the experts on a GPU (or kgpu's host emulation, "emu"), tiered
  * by kernels/tier. Open at start-up (budget 0: 90% of the free VRAM);

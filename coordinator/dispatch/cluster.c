@@ -269,6 +269,7 @@ int dispatch_on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t
     w->pid = (int)h->pid;
     w->threads = (int)h->threads;
     w->mem_budget = h->mem_budget;
+    atomic_store(&w->caps, h->capabilities);
     w->last_seen_ms = w->last_hb_ms = now_ms();
     wire_msg_t m = {.kind = WIRE_WELCOME,
                     .welcome = {.version = v, .coordinator_id = "ecs-coordinator",

@@ -17,7 +17,65 @@
 #include <time.h>
 
 #include "coordinator/dispatch/dispatch_int.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/moe/moe.h"
+
+/* The type a layer's activation rows travel in to a worker taking
+ * quantized rows (wire_act_type of its gate and up), F32: none. */
+static uint32_t layer_act_type(const dispatch_t *d, int il)
+{
+    const gguf_tensor_t *g, *u;
+    const gguf_file_t *f = model_gguf(d->m);
+    if (d->o.wire_f32 || arch_exps_tensor(f, &d->hp, il, ARCH_EXPS_GATE, &g) != ECS_OK ||
+        arch_exps_tensor(f, &d->hp, il, ARCH_EXPS_UP, &u) != ECS_OK)
+        return ECS_TYPE_F32;
+    return wire_act_type(g->type, u->type, (uint32_t)d->hp.n_embd);
+}
+
+static ecs_err_t act_buffers_new(dispatch_t *d)
+{
+    size_t row = 0;
+    d->act_type = calloc((size_t)d->hp.n_layer, sizeof *d->act_type);
+    if (!d->act_type)
+        return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory");
+    for (int il = 0; il < d->hp.n_layer; il++) {
+        d->act_type[il] = arch_layer_moe(&d->hp, il) ? layer_act_type(d, il) : ECS_TYPE_F32;
+        if (d->act_type[il] != ECS_TYPE_F32) {
+            const size_t r = wire_row_bytes(d->act_type[il], (uint32_t)d->hp.n_embd);
+            row = r > row ? r : row;
+        }
+    }
+    if (row && !(d->xq = malloc(row * MODEL_MAX_BATCH)))
+        return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory for the quantized rows");
+    return ECS_OK;
+}
+
+/* Worker wi's rows of this layer: their type and bytes per row; the rows
+ * quantized once per submit for every worker that takes them. */
+static const void *act_rows(dispatch_t *d, int wi, uint32_t *dtype, size_t *row)
+{
+    const uint32_t t = d->act_type[d->layer];
+    const size_t E = (size_t)d->hp.n_embd;
+    if (t == ECS_TYPE_F32 || !(atomic_load(&d->w[wi].caps) & WIRE_CAP_INPUT_Q8)) {
+        *dtype = ECS_TYPE_F32;
+        *row = E * sizeof(float);
+        return d->x;
+    }
+    const gguf_tensor_t *g; /* found when act_type was set */
+    if (!d->xq_done) {
+        if (arch_exps_tensor(model_gguf(d->m), &d->hp, d->layer, ARCH_EXPS_GATE, &g) != ECS_OK) {
+            *dtype = ECS_TYPE_F32;
+            *row = E * sizeof(float);
+            return d->x;
+        }
+        kcpu_quantize_rows(d->n_tok >= 8 ? model_threadpool(d->m) : NULL, g->type, d->x,
+                           (int64_t)E, d->n_tok, (int64_t)E, d->xq);
+        d->xq_done = true;
+    }
+    *dtype = t;
+    *row = wire_row_bytes(t, (uint32_t)E);
+    return d->xq;
+}
 
 ecs_err_t dispatch_buffers_new(dispatch_t *d)
 {
@@ -54,7 +112,7 @@ ecs_err_t dispatch_buffers_new(dispatch_t *d)
         d->exp_slot[e] = -1;
     for (size_t i = 0; i < nb * k; i++)
         d->pair_call[i] = -1;
-    return ECS_OK;
+    return act_buffers_new(d);
 }
 
 void dispatch_buffers_free(dispatch_t *d)
@@ -62,7 +120,8 @@ void dispatch_buffers_free(dispatch_t *d)
     void *bufs[] = {d->calls,     d->call_worker, d->call_nent, d->pair_call, d->pair_pos,
                     d->exp_slot,  d->todo,        d->pairs_tmp, d->order,     d->start,
                     d->choice,    d->rows_now,    d->local,     d->c_experts, d->c_counts,
-                    d->c_rows,    d->c_slots,     d->d,         d->ident,     d->call_t0};
+                    d->c_rows,    d->c_slots,     d->d,         d->ident,     d->call_t0,
+                    d->act_type,  d->xq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
 }
@@ -121,7 +180,9 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
 {
     const int X = d->hp.n_expert, k = d->k;
     const size_t E = (size_t)d->hp.n_embd;
-    const float *x = d->x;
+    uint32_t dtype;
+    size_t row;
+    const char *x = act_rows(d, wi, &dtype, &row);
     for (int t = 0; t < d->n_tok; t++)
         d->local[t] = -1;
     for (int e = 0; e < X; e++)
@@ -149,18 +210,21 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
     if (slot < 0)
         return ecs_error(ECS_ERR_INTERNAL, "dispatch: no free call slot");
     wire_call_t c = {.layer = (uint32_t)d->layer, .n_rows = n_rows, .n_embd = (uint32_t)E,
-                     .dtype = ECS_TYPE_F32, .k = (uint32_t)k, .n_experts = n_exp,
+                     .dtype = dtype, .k = (uint32_t)k, .n_experts = n_exp,
                      .experts = d->c_experts, .expert_counts = d->c_counts, .n_entries = n_ent,
-                     .row_index = d->c_rows, .slot = d->c_slots, .result_dtype = ECS_TYPE_F32,
-                     .payload_bytes = n_rows * E * sizeof(float)};
+                     .row_index = d->c_rows, .slot = d->c_slots,
+                     .result_dtype = d->o.wire_bf16 && (atomic_load(&d->w[wi].caps) &
+                                                        WIRE_CAP_RESULT_BF16)
+                                         ? ECS_TYPE_BF16
+                                         : ECS_TYPE_F32,
+                     .payload_bytes = n_rows * row};
     mux_call_t *call;
     void *payload;
     ecs_err_t rc = mux_call_prepare(d->mux, atomic_load(&d->w[wi].peer), &c, &payload, &call);
     if (rc == ECS_OK) {
         for (int t = 0; t < d->n_tok; t++)
             if (d->local[t] >= 0)
-                memcpy((float *)payload + (size_t)d->local[t] * E, x + (size_t)t * E,
-                       E * sizeof(float));
+                memcpy((char *)payload + (size_t)d->local[t] * row, x + (size_t)t * row, row);
         rc = mux_call_send(d->mux, call);
         if (rc != ECS_OK) {
             mux_call_release(call);
@@ -249,6 +313,7 @@ static ecs_err_t dispatch_submit(void *ctx, int layer, int n_tok, const float *x
     d->k = k;
     d->x = x;
     d->wts = w;
+    d->xq_done = false;
     group_pairs(d, n_tok * k, ids);
     for (int e = 0; e < X; e++) {
         d->todo[e] = d->start[e + 1] > d->start[e];
@@ -293,10 +358,21 @@ static ecs_err_t collect(dispatch_t *d, int *resend)
                            "dispatch: layer %d: worker %s: %s%s%s", d->layer, wk->id,
                            r->err != ECS_OK ? ecs_errname(r->err) : wire_status_name(r->status),
                            r->message[0] ? ": " : "", r->message);
-        } else if ((int)r->n_entries != d->call_nent[s] || r->n_embd != E) {
-            rc = ecs_error(ECS_ERR_FORMAT, "dispatch: layer %d: worker %s sent %u rows of %u, "
-                           "want %d of %zu", d->layer, wk->id, r->n_entries, r->n_embd,
-                           d->call_nent[s], E);
+        } else if ((int)r->n_entries != d->call_nent[s] || r->n_embd != E ||
+                   (r->dtype != ECS_TYPE_F32 && !d->o.wire_bf16)) {
+            rc = ecs_error(ECS_ERR_FORMAT, "dispatch: layer %d: worker %s sent %u rows of %u "
+                           "%s, want %d of %zu", d->layer, wk->id, r->n_entries, r->n_embd,
+                           ecs_type_name((ecs_type_t)r->dtype), d->call_nent[s], E);
+        } else if (r->dtype == ECS_TYPE_BF16) { /* --wire-result bf16: inexact */
+            const ecs_bf16_t *b = r->payload;
+            for (int p = 0; p < n_pairs; p++)
+                if (d->pair_call[p] == s)
+                    for (size_t c = 0; c < E; c++)
+                        d->d[(size_t)p * E + c] =
+                            ecs_bf16_to_f32(b[(size_t)d->pair_pos[p] * E + c]);
+            for (int e = 0; e < d->hp.n_expert; e++)
+                if (d->exp_slot[e] == s)
+                    d->exp_slot[e] = -1;
         } else {
             for (int p = 0; p < n_pairs; p++)
                 if (d->pair_call[p] == s)
@@ -390,6 +466,9 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
     bool held = false;
     ecs_err_t rc = ECS_OK;
     mux_call_t *list[PLACEMENT_MAX_WORKERS];
+    /* the workers compute now, on the cores this process shares with them:
+     * the pool's idle threads sleep rather than spin for the next product */
+    ecs_threadpool_park(model_threadpool(d->m));
     for (;;) {
         int n = 0;
         uint64_t wake = deadline;

@@ -108,6 +108,10 @@ typedef struct {
                                  * see mux_call_cancel), doubling per retry; 0: heartbeat
                                  * interval * liveness */
     bool quiet;                 /* log only errors */
+    bool wire_f32;              /* --wire-act f32: activations as f32 even to workers that
+                                 * take the quantized rows (same bits, ~3.5x the bytes) */
+    bool wire_bf16;             /* --wire-result bf16: results back as bf16 from workers that
+                                 * can (half the bytes; INEXACT: docs/benchmarks.md) */
 } dispatch_opts_t;
 
 typedef struct dispatch dispatch_t;
@@ -168,7 +172,11 @@ void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s);
     "                     doubles per retry; default 2000)\n"                            \
     "  --curve-key FILE   CURVE on the worker links: this coordinator's key pair\n"     \
     "                     (PREFIX.key; spawned workers get it too)\n"                   \
-    "  --curve-clients DIR  the workers' public keys (*.pub) allowed to register\n"
+    "  --curve-clients DIR  the workers' public keys (*.pub) allowed to register\n"     \
+    "  --wire-act q8|f32  activation rows to the workers: q8 (default; the rows the\n"     \
+    "                     kernels compute from, to workers that take them) or f32\n"     \
+    "  --wire-result f32|bf16  result rows back: f32 (default, exact) or bf16 (half the\n" \
+    "                     bytes, logits no longer bit-identical to one process)\n"
 
 /* Whether opt is one of the options above that takes a value. */
 bool dispatch_opt_takes_value(const char *opt);

@@ -25,7 +25,8 @@
  * floods the control socket, longer slows detection); liveness
  * (WIRE_LIVENESS, shared with the worker) 3-10 intervals: a worker silent
  * that long is dead. A call must not take longer than interval * liveness
- * (the worker's control loop does not tick during a call). */
+ * (the worker heartbeats between a call's regions of
+ * SHARD_REGION_JOBS experts, worker/worker_int.h: one region must fit). */
 #define DISPATCH_HEARTBEAT_MS 500
 #define DISPATCH_TICK_MS 50           /* control loop: liveness, exits, restarts */
 #define DISPATCH_RESTART_MIN_MS 100   /* first restart delay, doubled per failed start */
@@ -65,6 +66,7 @@ typedef struct {
     int child;                  /* index in children, -1: not spawned here */
     int deaths;
     char why[256];              /* why it died (under lock) */
+    _Atomic uint64_t caps;      /* Hello.capabilities (WIRE_CAP_*); control thread writes */
 } dispatch_worker_t;
 
 struct dispatch {
@@ -110,6 +112,10 @@ struct dispatch {
     unsigned rr;
     uint64_t layer_calls, step_rows;
     double imbalance_sum;
+    /* activations as the kernels compute from them (dispatch.c: act_rows) */
+    uint32_t *act_type;         /* [n_layer] the rows' type for a worker taking q8, F32: none */
+    void *xq;                   /* [MODEL_MAX_BATCH] rows of this layer in act_type */
+    bool xq_done;               /* xq holds this submit's rows */
 };
 
 void dispatch_log(const dispatch_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

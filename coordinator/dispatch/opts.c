@@ -11,7 +11,8 @@
 static const char *const with_value[] = {"--control",    "--spawn-workers",  "--replication",
                                          "--placement",  "--min-workers",    "--worker-threads",
                                          "--worker-mem-budget", "--worker-bin", "--call-timeout",
-                                         "--call-retry", "--curve-key", "--curve-clients"};
+                                         "--call-retry", "--curve-key", "--curve-clients",
+                                         "--wire-act", "--wire-result"};
 
 bool dispatch_opt_takes_value(const char *opt)
 {
@@ -61,6 +62,14 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
         o->curve_clients = v;
     } else if (!strcmp(opt, "--worker-mem-budget")) {
         o->worker_budget = v; /* the worker checks it */
+    } else if (!strcmp(opt, "--wire-act")) {
+        if (strcmp(v, "q8") && strcmp(v, "f32"))
+            goto bad;
+        o->wire_f32 = !strcmp(v, "f32");
+    } else if (!strcmp(opt, "--wire-result")) {
+        if (strcmp(v, "f32") && strcmp(v, "bf16"))
+            goto bad;
+        o->wire_bf16 = !strcmp(v, "bf16");
     } else if (!strcmp(opt, "--placement")) {
         o->placement_file = NULL;
         if (!strcmp(v, "uniform"))

@@ -200,6 +200,7 @@ static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows,
     const double busy_w = xc->cpu_ratio > 0 ? xc->cpu_ratio : T;
     const double busy_c = in->coord_cpu_ratio > 0 ? in->coord_cpu_ratio : l->coord_threads;
     const double row_bytes = 4.0 * in->n_embd;
+    const double act_bytes = in->act_row_bytes > 0 ? in->act_row_bytes : row_bytes;
     const int samples = l->samples > 0 ? l->samples : 64;
     sim_t *s = calloc(1, sizeof *s);
     int32_t *ids = malloc((size_t)rows * (size_t)k * sizeof *ids);
@@ -246,7 +247,7 @@ static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows,
                 if (!s->rows_now[i])
                     continue;
                 const double t = plan_expert_time(xc, s->experts[i], s->rows_now[i]);
-                const double bo = s->rows[i] * row_bytes, bi = s->rows_now[i] * row_bytes;
+                const double bo = s->rows[i] * act_bytes, bi = s->rows_now[i] * row_bytes;
                 const double link = in->alpha_s + in->beta_s * (bo + bi);
                 crit = link + t > crit ? link + t : crit;
                 worst_link = link > worst_link ? link : worst_link;

@@ -85,6 +85,10 @@ typedef struct {
      * ours)) of a core, so a layout that keeps more threads runnable gets
      * more of a busy machine */
     double ext_threads;
+    /* bytes of one activation row to a worker (the quantized rows the
+     * kernels take, ecs-run's default); 0: f32, 4 * n_embd. Results are
+     * f32 either way. */
+    double act_row_bytes;
 } plan_inputs_t;
 
 typedef struct {

@@ -54,7 +54,8 @@ w2 3 *
 EOF
     layouts=("--spawn-workers 1" "--spawn-workers 3" "--spawn-workers 3 --replication 2"
              "--spawn-workers 2 --placement capacity --worker-mem-budget 64M"
-             "--spawn-workers 3 --placement $tmp/placement")
+             "--spawn-workers 3 --placement $tmp/placement"
+             "--spawn-workers 2 --wire-act f32")
     for lay in "${layouts[@]}"; do
         out="$tmp/$name-w.json"
         if ! dump "$model" "$out" $lay; then
@@ -85,6 +86,39 @@ if "$build/bin/ecs-mkmodel" --arch deepseek2 --preset tiny --types q4_k_m --seed
         ok "q4_k_m with interleaved copies (one per worker, $copies files): logits identical"
     else
         bad "q4_k_m with copies: copies=$copies, $(tail -2 "$tmp/q4.err")"
+    fi
+    # the activations travel as the Q8_K rows the kernels compute from (the
+    # logits above), unless told f32: fewer bytes to the workers per token
+    for act in q8 f32; do
+        timeout 120 "$run" -m "$q4" --threads 2 --bench --pp 8 --tg 2 --spawn-workers 1 \
+            --wire-act $act >/dev/null 2>"$tmp/bytes-$act.err"
+    done
+    # the inexact option: bf16 results, half the bytes back, logits close
+    timeout 120 "$run" -m "$q4" --threads 2 --bench --pp 8 --tg 2 --spawn-workers 1 \
+        --wire-result bf16 >/dev/null 2>"$tmp/bytes-bf16.err"
+    timeout 120 "$run" -m "$q4" --threads 2 --tokens "$toks" --dump-logits "$tmp/q4c.json" \
+        --spawn-workers 2 --wire-result bf16 2>"$tmp/q4c.err"
+    back() { sed -n 's/.*per token: .* KB to the workers, \([0-9.]*\) KB back.*/\1/p' "$1"; }
+    bq=$(back "$tmp/bytes-q8.err") bb=$(back "$tmp/bytes-bf16.err")
+    err=$($py - "$tmp/q4a.json" "$tmp/q4c.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f))["positions"] for f in sys.argv[1:3])
+d = [abs(va - dict(pb)[t]) for pa, pb in zip(a, b) for t, va in pa if t in dict(pb)]
+print(f"{max(d):.4f}" if len(a) == len(b) and d else "none")
+PY
+)
+    if [ -n "$bq" ] && [ -n "$bb" ] && [ "$err" != none ] &&
+        $py -c "import sys; sys.exit(not (0 < $bb * 1.9 < $bq * 1.02 and $err < 0.1))"; then
+        ok "--wire-result bf16: $bb KB back per token (f32: $bq KB), logits within $err of the local backend's"
+    else
+        bad "--wire-result bf16: $bb KB back vs f32 $bq KB, logit error '$err': $(tail -2 "$tmp/q4c.err")"
+    fi
+    kq=$(sed -n 's/.*per token: \([0-9.]*\) KB to the workers.*/\1/p' "$tmp/bytes-q8.err")
+    kf=$(sed -n 's/.*per token: \([0-9.]*\) KB to the workers.*/\1/p' "$tmp/bytes-f32.err")
+    if [ -n "$kq" ] && [ -n "$kf" ] && $py -c "import sys; sys.exit(not 0 < $kq * 3 < $kf)"; then
+        ok "q8 activations on the wire: $kq KB per token to the workers, f32: $kf KB"
+    else
+        bad "q8 activations: '$kq' KB vs f32 '$kf' KB per token: $(tail -2 "$tmp/bytes-q8.err")"
     fi
 else
     bad "ecs-mkmodel q4_k_m"

@@ -2,6 +2,7 @@
  * the shares' writes visible to the caller, survives idle periods (threads
  * asleep on the futex) and shuts down cleanly. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -71,13 +72,20 @@ Test(threadpool, each_thread_once_per_run)
 
 /* Idle gaps longer than the spin window put the workers to sleep on the
  * futex; every run must still wake all of them. */
-Test(threadpool, wakes_sleeping_threads)
+/* A pool of 3 threads and its zeroed counters. */
+static ecs_threadpool_t *pool3(count_arg_t *a)
 {
     ecs_threadpool_t *tp = NULL;
     cr_assert_eq(ecs_threadpool_create(3, &tp), ECS_OK);
+    memset(a, 0, sizeof(*a));
+    a->seen_nth = 3;
+    return tp;
+}
+
+Test(threadpool, wakes_sleeping_threads)
+{
     count_arg_t a;
-    memset(&a, 0, sizeof(a));
-    a.seen_nth = 3;
+    ecs_threadpool_t *tp = pool3(&a);
     run_rounds(tp, 20, &a, 3);
     for (int i = 0; i < 3; i++)
         cr_assert_eq(atomic_load(&a.count[i]), 20);
@@ -104,6 +112,39 @@ Test(threadpool, caller_waits_for_slow_thread)
         cr_assert_eq(atomic_load(&a.count[1]), r);
         cr_assert_eq(atomic_load(&a.count[0]), r);
     }
+    ecs_threadpool_destroy(tp);
+}
+
+/* ecs_threadpool_park between runs (the workers skip their spin and
+ * sleep at once) and from another thread during runs: every run still
+ * wakes every thread and runs each share once. */
+static void *park_loop(void *p)
+{
+    ecs_threadpool_t *tp = p;
+    for (int i = 0; i < 20000; i++)
+        ecs_threadpool_park(tp);
+    return NULL;
+}
+
+Test(threadpool, parked_threads_wake_for_the_next_run)
+{
+    count_arg_t a;
+    ecs_threadpool_t *tp = pool3(&a);
+    for (int r = 0; r < 200; r++) {
+        run_rounds(tp, 1, &a, 0);
+        ecs_threadpool_park(tp);
+        if (r % 50 == 0)
+            sleep_ms(1);
+    }
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, park_loop, tp), 0);
+    run_rounds(tp, 2000, &a, 0);
+    pthread_join(th, NULL);
+    cr_assert_eq(atomic_load(&a.bad_nth), 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(atomic_load(&a.count[i]), 2200, "thread %d ran %d times", i,
+                     atomic_load(&a.count[i]));
+    ecs_threadpool_park(NULL); /* no pool: nothing to park */
     ecs_threadpool_destroy(tp);
 }
 

@@ -601,3 +601,19 @@ Test(wire, gpu_fields)
     cr_assert_eq(d.stats.tier_slots, 24);
     wire_msg_clear(&d);
 }
+
+/* The quantized activation type both daemons derive from a layer's gate
+ * and up: their common vec_dot type when the wire carries it. */
+Test(wire, act_type_follows_the_weights)
+{
+    cr_assert_eq(wire_act_type(ECS_TYPE_Q4_K, ECS_TYPE_Q4_K, 2048), ECS_TYPE_Q8_K);
+    cr_assert_eq(wire_act_type(ECS_TYPE_Q4_K, ECS_TYPE_Q6_K, 2048), ECS_TYPE_Q8_K);
+    cr_assert_eq(wire_act_type(ECS_TYPE_Q8_0, ECS_TYPE_Q8_0, 256), ECS_TYPE_Q8_0);
+    cr_assert_eq(wire_act_type(ECS_TYPE_Q4_0, ECS_TYPE_Q8_0, 256), ECS_TYPE_Q8_0);
+    /* gate and up would take different rows: one payload cannot carry both */
+    cr_assert_eq(wire_act_type(ECS_TYPE_Q4_K, ECS_TYPE_Q8_0, 2048), ECS_TYPE_F32);
+    /* a width the type's blocks do not divide, float weights, unknown types */
+    cr_assert_eq(wire_act_type(ECS_TYPE_Q4_K, ECS_TYPE_Q4_K, 2048 + 32), ECS_TYPE_F32);
+    cr_assert_eq(wire_act_type(ECS_TYPE_F32, ECS_TYPE_F32, 2048), ECS_TYPE_F32);
+    cr_assert_eq(wire_act_type(9999, ECS_TYPE_Q4_K, 2048), ECS_TYPE_F32);
+}

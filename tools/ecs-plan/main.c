@@ -16,6 +16,7 @@
 
 #include "coordinator/dispatch/dispatch.h"
 #include "kernels/repack/repack.h"
+#include "proto/wire.h"
 #include "tools/ecs-plan/measure.h"
 
 #define MAX_LAYOUTS 16
@@ -27,6 +28,19 @@ typedef struct {
     int worker_threads, threads, cores, replication, pp, tg, batch, reps;
     double ext_threads; /* < 0: estimated */
 } args_t;
+
+/* Bytes of an activation row to a worker as the dispatcher sends it by
+ * default (wire_act_type of the first MoE layer's gate and up). */
+static double wire_act_bytes(const model_t *m)
+{
+    const arch_hparams_t *hp = model_hparams(m);
+    const gguf_tensor_t *g, *u;
+    if (arch_exps_tensor(model_gguf(m), hp, hp->n_layer_dense, ARCH_EXPS_GATE, &g) != ECS_OK ||
+        arch_exps_tensor(model_gguf(m), hp, hp->n_layer_dense, ARCH_EXPS_UP, &u) != ECS_OK)
+        return 4.0 * hp->n_embd;
+    const uint32_t n = (uint32_t)hp->n_embd;
+    return (double)wire_row_bytes(wire_act_type(g->type, u->type, n), n);
+}
 
 static int usage(FILE *f)
 {
@@ -239,6 +253,9 @@ int main(int argc, char **argv)
     plan_inputs_t in = {.n_layer_moe = hp->n_layer - hp->n_layer_dense,
                         .n_expert = hp->n_expert, .k = hp->n_expert_used, .n_embd = hp->n_embd};
     int rc = 1;
+    in.act_row_bytes = wire_act_bytes(m);
+    printf("activations on the wire: %.0f bytes per row (f32: %d)\n", in.act_row_bytes,
+           4 * hp->n_embd);
     /* 1. the link */
     meas_link_t lk;
     if (meas_link(srv.endpoint, hp->n_embd, hp->n_expert_used, a.quick, &lk)) {

@@ -1,0 +1,34 @@
+/* test_dispatch_opts.c - the wire options of the dispatcher's command line:
+ * --wire-act (q8 default, f32) and --wire-result (f32 default, bf16) are
+ * taken with their values and a bad value is refused naming the option. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "coordinator/dispatch/dispatch.h"
+
+Test(dispatch_opts, wire_act)
+{
+    dispatch_opts_t o = {0};
+    cr_assert(dispatch_opt_takes_value("--wire-act"));
+    cr_assert_eq(dispatch_parse_opt(&o, "--wire-act", "f32"), 1);
+    cr_assert(o.wire_f32);
+    cr_assert_eq(dispatch_parse_opt(&o, "--wire-act", "q8"), 1);
+    cr_assert(!o.wire_f32);
+    cr_assert_eq(dispatch_parse_opt(&o, "--wire-act", "q4"), -1);
+    cr_assert(strstr(ecs_errmsg(), "--wire-act"), "%s", ecs_errmsg());
+    cr_assert_eq(dispatch_parse_opt(&o, "--wire-act", NULL), -1);
+}
+
+Test(dispatch_opts, wire_result)
+{
+    dispatch_opts_t o = {0};
+    cr_assert(dispatch_opt_takes_value("--wire-result"));
+    cr_assert_eq(dispatch_parse_opt(&o, "--wire-result", "bf16"), 1);
+    cr_assert(o.wire_bf16);
+    cr_assert_eq(dispatch_parse_opt(&o, "--wire-result", "f32"), 1);
+    cr_assert(!o.wire_bf16);
+    cr_assert_eq(dispatch_parse_opt(&o, "--wire-result", "f16"), -1);
+    cr_assert(strstr(ecs_errmsg(), "--wire-result"), "%s", ecs_errmsg());
+    /* not a dispatcher option: left to the program */
+    cr_assert_eq(dispatch_parse_opt(&o, "--wire", "x"), 0);
+}
