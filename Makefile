@@ -141,7 +141,7 @@ $(BUILD)/deps/%: $(BUILD)/obj/tests/deps/%.o $(LIB_KERNELS) $(LIB_COMMON)
 # ---- installing what the project needs (Debian, as root; idempotent) ----
 DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy \
            protobuf-c-compiler libprotobuf-c-dev libzmq3-dev python3-zmq \
-           libev-dev libhttp-parser-dev libjansson-dev nodejs curl
+           libev-dev libhttp-parser-dev libjansson-dev nodejs curl chromium
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

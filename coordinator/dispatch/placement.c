@@ -544,24 +544,33 @@ ecs_err_t placement_with(const placement_t *p, int wi, const bool *usable, place
     int cnt[PLACEMENT_MAX_WORKERS];
     for (int l = q->shape.first_moe; l < q->shape.n_layer; l++) {
         layer_counts(q, l, cnt);
-        for (int e = 0; e < q->shape.n_expert; e++) {
-            const size_t c = cell(q, l, e);
-            if (holds(q, c, wi))
-                continue;
-            int donor = -1; /* the usable holder with the most of this layer */
-            for (int i = 0; i < q->n_holders[c]; i++) {
-                const int h = q->holders[c * PLACEMENT_MAX_HOLDERS + (size_t)i];
-                if (h != wi && usable[h] && (donor < 0 || cnt[h] > cnt[donor]))
-                    donor = h;
+        int total = cnt[wi], n = 1;
+        for (int i = 0; i < q->n_workers; i++)
+            if (i != wi && usable[i]) {
+                total += cnt[i];
+                n++;
             }
-            /* move while it evens the layer out: the donor keeps at least wi's count */
-            if (donor < 0 || cnt[donor] <= cnt[wi] + 1)
-                continue;
-            remove_holder(q, c, donor);
-            add_holder(q, l, e, wi);
-            cnt[donor]--;
-            cnt[wi]++;
-        }
+        const int target = total / n; /* wi's even share of the layer */
+        /* first from the holders above the share, then from any holder
+         * two or more above wi: the layer ends as even as it can */
+        for (int pass = 0; pass < 2; pass++)
+            for (int e = 0; e < q->shape.n_expert && cnt[wi] < target; e++) {
+                const size_t c = cell(q, l, e);
+                if (holds(q, c, wi))
+                    continue;
+                int donor = -1; /* the usable holder with the most of this layer */
+                for (int i = 0; i < q->n_holders[c]; i++) {
+                    const int h = q->holders[c * PLACEMENT_MAX_HOLDERS + (size_t)i];
+                    if (h != wi && usable[h] && (donor < 0 || cnt[h] > cnt[donor]))
+                        donor = h;
+                }
+                if (donor < 0 || (pass == 0 ? cnt[donor] <= target : cnt[donor] <= cnt[wi] + 1))
+                    continue;
+                remove_holder(q, c, donor);
+                add_holder(q, l, e, wi);
+                cnt[donor]--;
+                cnt[wi]++;
+            }
     }
     *out = q;
     return ECS_OK;
