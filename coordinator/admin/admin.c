@@ -16,6 +16,7 @@
 
 #include "coordinator/admin/admin.h"
 #include "proto/admin.h"
+#include "proto/curve.h"
 
 #define ADMIN_ROUTE_MAX 256
 
@@ -35,6 +36,7 @@ struct admin {
     admin_opts_t o;
     char endpoint[512];
     void *zctx, *sock;
+    curve_auth_t *auth;
     int efd;
     pthread_t thread;
     bool started;
@@ -213,6 +215,13 @@ static void *loop(void *arg)
     return NULL;
 }
 
+static void on_refuse(void *user, const char *address, const char *key)
+{
+    (void)user;
+    fprintf(stderr, "admin: refused a client at %s (key %s): not in the allowed keys\n", address,
+            key);
+}
+
 ecs_err_t admin_start(const admin_opts_t *o, admin_t **out)
 {
     *out = NULL;
@@ -231,6 +240,22 @@ ecs_err_t admin_start(const admin_opts_t *o, admin_t **out)
         !(a->sock = zmq_socket(a->zctx, ZMQ_ROUTER))) {
         rc = ecs_error(ECS_ERR_IO, "admin: cannot make its socket: %s", strerror(errno));
         goto fail;
+    }
+    if ((o->key_file != NULL) != (o->clients_dir != NULL)) {
+        rc = ecs_error(ECS_ERR_INVAL, "admin: --admin-key and --admin-clients go together (the "
+                       "endpoint's key pair and the directory of the clients' .pub keys)");
+        goto fail;
+    }
+    if (o->key_file) {
+        curve_keypair_t kp;
+        if ((rc = curve_load_keypair(o->key_file, &kp)) != ECS_OK ||
+            (rc = curve_auth_start_dir(a->zctx, o->clients_dir, on_refuse, a, &a->auth)) !=
+                ECS_OK ||
+            (rc = curve_server_setup(a->sock, &kp)) != ECS_OK) {
+            rc = ecs_error(rc, "admin: %s", ecs_errmsg());
+            goto fail;
+        }
+        memset(&kp, 0, sizeof kp);
     }
     int64_t mm = maxmsg;
     zmq_setsockopt(a->sock, ZMQ_MAXMSGSIZE, &mm, sizeof mm);
@@ -280,6 +305,8 @@ void admin_stop(admin_t *a)
         zmq_close(a->sock);
         a->sock = NULL;
     }
+    curve_auth_stop(a->auth);
+    a->auth = NULL;
     if (a->zctx)
         zmq_ctx_term(a->zctx);
     a->zctx = NULL;

@@ -12,6 +12,8 @@
  *     other requests go on being answered. The thread sleeps in zmq_poll
  *     (the ROUTER and an eventfd the control thread writes when an
  *     operation ends).
+ *   - With a key (opts.key_file, opts.clients_dir) the endpoint speaks
+ *     only CURVE and a ZAP handler admits the listed client keys alone.
  *   - admin_state_json never touches a socket: any thread may call it.
  *     It holds no secret (no keys, no prompts).
  *
@@ -42,6 +44,10 @@ typedef struct {
 typedef struct {
     const char *endpoint;    /* tcp://127.0.0.1:PORT or ipc://PATH */
     admin_src_t *src;
+    /* CURVE (proto/curve.h), both or neither: the endpoint's key pair
+     * (ecsctl keygen) and a directory of the *.pub keys of the clients
+     * allowed in; any other client is refused and logged */
+    const char *key_file, *clients_dir;
 } admin_opts_t;
 
 typedef struct admin admin_t;

@@ -26,7 +26,8 @@
 #define MAX_KEYS 256
 
 typedef struct {
-    const char *model, *http, *key_file, *model_id, *repack_dir, *cache_dir, *admin;
+    const char *model, *http, *key_file, *model_id, *repack_dir, *cache_dir, *admin,
+               *admin_key, *admin_clients;
     double grace;
     int threads, ctx, max_running, max_queue, chunk;
     size_t kv_mem, max_body, max_header;
@@ -61,6 +62,8 @@ static void usage(FILE *f)
             "                       a clean shutdown, read at start-up)\n"
             "  --admin ADDR         admin endpoint for ecsctl (default ipc:///tmp/ecs-admin-PORT,\n"
             "                       PORT the --http port; mode 0600); tcp://127.0.0.1:P; off\n"
+            "  --admin-key FILE     CURVE key pair of the admin endpoint (ecsctl keygen); with\n"
+            "  --admin-clients DIR  the *.pub keys of the ecsctl clients allowed in\n"
             "  --grace-period S     on SIGTERM/SIGINT, seconds running requests get to finish\n"
             "                       (default 30; new ones get 503 meanwhile)\n"
             "expert workers (default: experts in-process; the tokens are the same):\n"
@@ -139,6 +142,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--repack")) a->repack_dir = v;
         else if (!strcmp(o, "--prefix-cache-dir")) a->cache_dir = v;
         else if (!strcmp(o, "--admin")) a->admin = v;
+        else if (!strcmp(o, "--admin-key")) a->admin_key = v;
+        else if (!strcmp(o, "--admin-clients")) a->admin_clients = v;
         else if (!strcmp(o, "--grace-period")) ok = parse_secs(v, &a->grace) || !strcmp(v, "0");
         else if (!strcmp(o, "--threads")) ok = ecs_parse_int(v, 1, 1024, &a->threads);
         else if (!strcmp(o, "--ctx")) ok = ecs_parse_int(v, 2, MODEL_MAX_CTX, &a->ctx);
@@ -243,7 +248,9 @@ static int start_admin(const args_t *a, int port, admin_src_t *src, admin_t **ou
         snprintf(ep, sizeof ep, "%s", a->admin);
     else
         snprintf(ep, sizeof ep, "ipc:///tmp/ecs-admin-%d", port);
-    if (admin_start(&(admin_opts_t){.endpoint = ep, .src = src}, out) != ECS_OK)
+    admin_opts_t ao = {.endpoint = ep, .src = src, .key_file = a->admin_key,
+                       .clients_dir = a->admin_clients};
+    if (admin_start(&ao, out) != ECS_OK)
         return fail("%s", ecs_errmsg());
     fprintf(stderr, "ecs-coordinator: admin endpoint %s (ecsctl --admin %s status)\n",
             admin_endpoint(*out), admin_endpoint(*out));

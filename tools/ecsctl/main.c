@@ -9,13 +9,15 @@
 
 #include "common/cli.h"
 #include "proto/admin.h"
+#include "proto/curve.h"
 
 #define DEFAULT_ADMIN "ipc:///tmp/ecs-admin-8080"
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ecsctl [--admin ADDR] [--timeout S] [--json] COMMAND [ARG]\n"
+            "usage: ecsctl [--admin ADDR] [--key FILE --server-key FILE] [--timeout S] [--json]\n"
+            "              COMMAND [ARG]\n"
             "  status             the coordinator: workers live, requests, KV, tokens\n"
             "  workers            each worker: state, experts held, calls in flight, latency,\n"
             "                     restarts, last heartbeat\n"
@@ -25,11 +27,18 @@ static void usage(FILE *f)
             "  undrain WORKER     give it an even share of experts again\n"
             "  restart WORKER     restart it (a spawned worker; a remote one is asked to exit\n"
             "                     so that its service manager starts it again)\n"
+            "  keygen PREFIX      make a CURVE key pair: PREFIX.pub (give it to peers) and\n"
+            "                     PREFIX.key (mode 0600, keep it); for --admin-key, workers'\n"
+            "                     and coordinators' keys and this tool's --key\n"
             "  --admin ADDR       the coordinator's --admin endpoint (default $ECS_ADMIN, else\n"
             "                     " DEFAULT_ADMIN ": a coordinator on --http port 8080)\n"
             "  --timeout S        seconds to wait for the answer (default 10; drain, undrain\n"
             "                     and restart 600)\n"
-            "  --json             print the answer's JSON as it came\n");
+            "  --json             print the answer's JSON as it came\n"
+            "  --key FILE         this client's key pair (keygen) for an admin endpoint with\n"
+            "                     --admin-key; its .pub must be in the coordinator's\n"
+            "                     --admin-clients directory\n"
+            "  --server-key FILE  the admin endpoint's public key (the coordinator's .pub)\n");
 }
 
 static int die(const char *msg)
@@ -85,7 +94,11 @@ static void print_workers(json_t *r)
 }
 
 /* Sends the request and waits for its reply (malloc'd, NUL-terminated). */
-static int call(const char *ep, const char *req, int timeout_ms, char **out)
+typedef struct {
+    const char *key, *server_key;
+} creds_t;
+
+static int call(const char *ep, const creds_t *cr, const char *req, int timeout_ms, char **out)
 {
     void *ctx = zmq_ctx_new(), *s = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
     int rc = 1, linger = 0;
@@ -97,6 +110,16 @@ static int call(const char *ep, const char *req, int timeout_ms, char **out)
         goto done;
     }
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    if (cr->key) {
+        curve_keypair_t kp;
+        char spub[CURVE_Z85_LEN + 1];
+        if (curve_load_keypair(cr->key, &kp) != ECS_OK ||
+            curve_load_public(cr->server_key, spub) != ECS_OK ||
+            curve_client_setup(s, &kp, spub) != ECS_OK) {
+            rc = die(ecs_errmsg());
+            goto done;
+        }
+    }
     if (zmq_connect(s, ep) != 0) {
         snprintf(msg, sizeof msg, "--admin %s: %s", ep, zmq_strerror(zmq_errno()));
         rc = die(msg);
@@ -135,6 +158,7 @@ int main(int argc, char **argv)
     const char *ep = getenv("ECS_ADMIN") ? getenv("ECS_ADMIN") : DEFAULT_ADMIN;
     int timeout_s = 0, i = 1;
     bool raw = false;
+    creds_t cr = {0};
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
@@ -143,6 +167,10 @@ int main(int argc, char **argv)
             raw = true;
         } else if (!strcmp(argv[i], "--admin") && i + 1 < argc) {
             ep = argv[++i];
+        } else if (!strcmp(argv[i], "--key") && i + 1 < argc) {
+            cr.key = argv[++i];
+        } else if (!strcmp(argv[i], "--server-key") && i + 1 < argc) {
+            cr.server_key = argv[++i];
         } else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
             if (!ecs_parse_int(argv[++i], 1, 86400, &timeout_s))
                 return die("--timeout: seconds from 1 to 86400");
@@ -155,6 +183,19 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!strcmp(argv[i], "keygen")) {
+        if (argc - i != 2) {
+            fprintf(stderr, "ecsctl: keygen takes a PREFIX (PREFIX.pub and PREFIX.key)\n");
+            return 2;
+        }
+        if (curve_keygen(argv[i + 1]) != ECS_OK)
+            return die(ecs_errmsg());
+        printf("wrote %s.pub (public: give it to peers) and %s.key (secret, mode 0600)\n",
+               argv[i + 1], argv[i + 1]);
+        return 0;
+    }
+    if ((cr.key != NULL) != (cr.server_key != NULL))
+        return die("--key and --server-key go together");
     const int c = admin_cmd_parse(argv[i]);
     if (c < 0) {
         fprintf(stderr, "ecsctl: unknown command '%s'\n", argv[i]);
@@ -176,7 +217,7 @@ int main(int argc, char **argv)
     if (!req)
         return die("bad worker id (printable, no spaces)");
     const int ms = (timeout_s ? timeout_s : needs ? 600 : 10) * 1000;
-    int rc = call(ep, req, ms, &reply);
+    int rc = call(ep, &cr, req, ms, &reply);
     free(req);
     if (rc)
         return rc;
