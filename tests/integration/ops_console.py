@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 
+from ops_lib import check, finish
 from serve_lib import Server, free_port, model_path, request, stream_text, wait_until
 
 root, build = sys.argv[1], sys.argv[2]
@@ -30,14 +31,6 @@ model = model_path(root, build, "tiny-ds2-q8_0")
 art = os.path.join(root, build, "artifacts")
 os.makedirs(art, exist_ok=True)
 tmp = tempfile.mkdtemp(prefix="ecs-console-")
-fails = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        fails.append(what)
-    return cond
 
 
 def browse(url, *extra):
@@ -105,4 +98,4 @@ finally:
     if srv:
         srv.stop()
     shutil.rmtree(tmp, ignore_errors=True)
-sys.exit(1 if fails else 0)
+finish()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 
+from ops_lib import check, finish
 from serve_lib import Server, free_port, model_path
 
 root, build = sys.argv[1], sys.argv[2]
@@ -17,14 +18,6 @@ binary = os.path.join(root, build, "bin", "ecs-coordinator")
 ecsctl = os.path.join(root, build, "bin", "ecsctl")
 model = model_path(root, build, "tiny-ds2-q8_0")
 tmp = tempfile.mkdtemp(prefix="ecs-curve-")
-fails = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        fails.append(what)
-    return cond
 
 
 def run(*args):
@@ -66,4 +59,4 @@ finally:
     if srv:
         srv.stop()
     shutil.rmtree(tmp, ignore_errors=True)
-sys.exit(1 if fails else 0)
+finish()

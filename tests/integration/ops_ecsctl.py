@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 
+from ops_lib import check, finish
 from serve_lib import Server, model_path, post_json, wait_until
 
 root, build = sys.argv[1], sys.argv[2]
@@ -25,14 +26,6 @@ tmp = tempfile.mkdtemp(prefix="ecs-ops-")
 admin = "ipc://%s/admin" % tmp
 ctl = [os.path.join(root, build, "bin", "ecsctl"), "--admin", admin]
 prompts = ["Once upon a time there was", "The capital of France is", "def fibonacci(n):"]
-fails = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        fails.append(what)
-    return cond
 
 
 def ecsctl(*args):
@@ -151,4 +144,4 @@ finally:
     rc = srv.stop()
     check(rc == 0, "coordinator exit status %s" % rc)
     shutil.rmtree(tmp, ignore_errors=True)
-sys.exit(1 if fails else 0)
+finish()

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 
+from ops_lib import check, finish
 from serve_lib import Server, model_path, request, stream_text, wait_until
 
 root, build = sys.argv[1], sys.argv[2]
@@ -18,14 +19,6 @@ binary = os.path.join(root, build, "bin", "ecs-coordinator")
 model = model_path(root, build, "tiny-ds2-q8_0")
 req = {"prompt": "Once upon a time there was", "max_tokens": 400, "temperature": 0,
        "ignore_eos": True}
-fails = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        fails.append(what)
-    return cond
 
 
 def alive(pid):
@@ -79,4 +72,4 @@ try:
             print("     [log] " + line)
 finally:
     srv.stop()
-sys.exit(1 if fails else 0)
+finish()
