@@ -65,7 +65,7 @@ static void usage(FILE *f)
             "  --admin-key FILE     CURVE key pair of the admin endpoint (ecsctl keygen); with\n"
             "  --admin-clients DIR  the *.pub keys of the ecsctl clients allowed in\n"
             "  --grace-period S     on SIGTERM/SIGINT, seconds running requests get to finish\n"
-            "                       (default 30; new ones get 503 meanwhile)\n"
+            "                       (default 30; new ones get 503 meanwhile; 0: stop at once)\n"
             "expert workers (default: experts in-process; the tokens are the same):\n"
             DISPATCH_USAGE
             "  --print-placement  print which worker holds which experts at start-up\n");
@@ -144,7 +144,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--admin")) a->admin = v;
         else if (!strcmp(o, "--admin-key")) a->admin_key = v;
         else if (!strcmp(o, "--admin-clients")) a->admin_clients = v;
-        else if (!strcmp(o, "--grace-period")) ok = parse_secs(v, &a->grace) || !strcmp(v, "0");
+        else if (!strcmp(o, "--grace-period") && !strcmp(v, "0")) a->grace = 0;
+        else if (!strcmp(o, "--grace-period")) ok = parse_secs(v, &a->grace);
         else if (!strcmp(o, "--threads")) ok = ecs_parse_int(v, 1, 1024, &a->threads);
         else if (!strcmp(o, "--ctx")) ok = ecs_parse_int(v, 2, MODEL_MAX_CTX, &a->ctx);
         else if (!strcmp(o, "--max-running")) ok = ecs_parse_int(v, 1, MODEL_MAX_BATCH / 2, &a->max_running);
@@ -159,8 +160,6 @@ static int parse_args(int argc, char **argv, args_t *a)
         if (!ok)
             return fail("%s: bad value '%s'", o, v);
     }
-    if (a->grace > 0 && a->grace < 1e-9)
-        a->grace = 0;
     if (!a->model)
         return fail("-m MODEL.gguf is required (see --help)");
     if (a->cache_dir && a->no_prefix_cache)
