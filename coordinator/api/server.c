@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "api_int.h"
@@ -384,10 +385,23 @@ static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
     ev_break(loop, EVBREAK_ALL);
 }
 
+/* The grace period runs on the monotonic clock: ev_now() is wall-clock
+ * time, which may jump. */
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A balancer's health check takes this server out within seconds: a retry
+ * after the rest of the grace period, at most API_RETRY_AFTER_S, goes
+ * elsewhere. */
+#define API_RETRY_AFTER_S 10
 int api_retry_after(const api_server_t *srv)
 {
-    const double left = srv->drain_deadline - ev_now(srv->loop);
-    return left > 1 ? (int)(left + 0.999) : 1;
+    const double left = srv->drain_deadline - mono_now();
+    return left > API_RETRY_AFTER_S ? API_RETRY_AFTER_S : left > 1 ? (int)(left + 0.999) : 1;
 }
 
 /* Whether every answer queued so far has been written. */
@@ -409,7 +423,7 @@ static void drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
     if (srv->n_jobs == 0 && all_sent(srv)) {
         fprintf(stderr, "ecs-coordinator: every running request finished\n");
         ev_break(loop, EVBREAK_ALL);
-    } else if (ev_now(loop) >= srv->drain_deadline) {
+    } else if (mono_now() >= srv->drain_deadline) {
         fprintf(stderr, "ecs-coordinator: grace period over: cancelling %d requests\n",
                 srv->n_jobs);
         ev_break(loop, EVBREAK_ALL);
@@ -427,7 +441,7 @@ static void signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
     srv->draining = true;
     if (srv->o.shutting_down)
         atomic_store(srv->o.shutting_down, true);
-    srv->drain_deadline = ev_now(loop) + srv->o.grace_s;
+    srv->drain_deadline = mono_now() + srv->o.grace_s;
     fprintf(stderr, "ecs-coordinator: %s: not taking new requests; %d running get up to %.0f s "
             "to finish (another signal stops at once)\n", w->signum == SIGINT ? "SIGINT" : "SIGTERM",
             srv->n_jobs, srv->o.grace_s);

@@ -58,7 +58,7 @@ try:
     srv = Server(binary, model, "--control", ctl, "--min-workers", "2", "--replication", "2",
                  "--admin", "off")
     url = "http://127.0.0.1:%d/console" % srv.port
-    req = {"prompt": "Once upon a time there was", "max_tokens": 1500, "temperature": 0,
+    req = {"prompt": "Once upon a time there was", "max_tokens": 800, "temperature": 0,
            "ignore_eos": True}
     out = {}
     t = threading.Thread(target=lambda: out.update(r=stream_text(srv.port, "/v1/completions", req)))

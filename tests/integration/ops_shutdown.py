@@ -34,7 +34,7 @@ def alive(pid):
 
 
 srv = Server(binary, model, "--spawn-workers", "2", "--worker-threads", "1", "--admin", "off",
-             "--grace-period", "120")
+             "--grace-period", "3600")
 try:
     clean, _ = stream_text(srv.port, "/v1/completions", req)
     pids = [int(p) for p in re.findall(r"worker w\d registered \(pid (\d+)", srv.read_log())]
