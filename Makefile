@@ -39,7 +39,7 @@ PROTO_GEN_H = $(BUILD)/gen/proto/ecs.pb-c.h
 PROTO_SRC   = $(wildcard proto/*.c proto/*/*.c) $(PROTO_GEN_C)
 COORD_SRC   = $(filter-out coordinator/main.c,$(wildcard coordinator/*/*.c))
 WORKER_SRC  = $(wildcard worker/*.c worker/*/*.c)
-TOOLS       = $(notdir $(wildcard tools/ecs-*))
+TOOLS       = $(notdir $(wildcard tools/ecs-* tools/ecsctl))
 UNIT_SRC    = $(wildcard tests/unit/test_*.c)
 BENCH_SRC   = $(wildcard tests/bench/bench_*.c)
 DEPS_SRC    = $(wildcard tests/deps/*.c)
@@ -56,7 +56,8 @@ LIB_WORKER  = $(BUILD)/lib/libecs_worker.a
 LIBS_COORD  = $(LIB_COORD) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
 LIBS_WORKER = $(LIB_WORKER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
 LIBS        = $(LIB_COORD) $(LIB_WORKER) $(LIB_PROTO) $(LIB_KERNELS) $(LIB_COMMON)
-tool_libs   = $(if $(filter ecs-worker,$(1)),$(LIBS_WORKER),$(LIBS_COORD))
+# ecsctl talks to the admin endpoint: proto and common only
+tool_libs   = $(if $(filter ecs-worker,$(1)),$(LIBS_WORKER),$(if $(filter ecsctl,$(1)),$(LIB_PROTO) $(LIB_COMMON),$(LIBS_COORD)))
 BINS        = $(addprefix $(BUILD)/bin/,$(TOOLS))
 UNIT_BINS   = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 BENCH_BINS  = $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
@@ -109,6 +110,14 @@ $(PROTO_GEN_C): proto/ecs.proto
 # whatever may include the generated header waits for it
 $(call obj,$(wildcard proto/*.c) $(WORKER_SRC) $(COORD_SRC) $(wildcard tools/*/*.c) \
     $(wildcard tests/unit/test_*.c) $(wildcard tests/bench/*.c)): | $(PROTO_GEN_H)
+# the console page (coordinator/api/console.html) as a byte array, made with
+# od (coreutils) so that the page is served from the binary
+CONSOLE_H = $(BUILD)/gen/coordinator/api/console_html.h
+$(CONSOLE_H): coordinator/api/console.html
+	@mkdir -p $(dir $@)
+	{ echo 'static const unsigned char api_console_html[] = {'; \
+	  od -An -v -tx1 $< | sed 's/ *\([0-9a-f][0-9a-f]\)/0x\1,/g'; echo '};'; } >$@.tmp && mv $@.tmp $@
+$(BUILD)/obj/coordinator/api/console.o: $(CONSOLE_H)
 $(BUILD)/lib/%.a:
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
@@ -132,7 +141,7 @@ $(BUILD)/deps/%: $(BUILD)/obj/tests/deps/%.o $(LIB_KERNELS) $(LIB_COMMON)
 # ---- installing what the project needs (Debian, as root; idempotent) ----
 DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev python3-numpy \
            protobuf-c-compiler libprotobuf-c-dev libzmq3-dev python3-zmq \
-           libev-dev libhttp-parser-dev libjansson-dev nodejs curl haproxy prometheus
+           libev-dev libhttp-parser-dev libjansson-dev nodejs curl haproxy prometheus chromium
 # the RDMA data plane (proto/dplane/rdma.c) compiles its verbs code where the
 # header is, and loads libibverbs with dlopen: nothing links it
 DEB_PKGS += libibverbs-dev
@@ -159,7 +168,7 @@ FUZZ_BINS = $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
 FUZZ_LIB_SRC = $(COMMON_SRC) $(wildcard proto/*.c) build/gen/proto/ecs.pb-c.c
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC) $(wildcard common/*.h proto/*.h)
 	@mkdir -p $(dir $@)
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -Ibuild/gen -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB_SRC) -lprotobuf-c -lzmq -lm -lpthread
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -Ibuild/gen -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB_SRC) -lprotobuf-c -lzmq -ljansson -lm -lpthread
 ifneq ($(BUILD),build)
 build/gen/proto/ecs.pb-c.c: proto/ecs.proto
 	@mkdir -p build/gen

@@ -6,7 +6,8 @@
  *     socket. Generation requests go to the scheduler (sched.h); its
  *     progress comes back through an ev_async wake-up, never by polling.
  *   - Routes: POST /v1/chat/completions, /v1/completions, /v1/messages;
- *     GET /v1/models, /health, /ready, /metrics. Errors are each API's
+ *     GET /v1/models, /health, /ready, /metrics, /console (the live console,
+ *     console.html compiled in) and /console/state. Errors are each API's
  *     error JSON with a message naming what was wrong.
  *   - HTTP/1.1 keep-alive and pipelining (one request at a time per
  *     connection, answered in order), chunked request bodies, limits on
@@ -27,6 +28,7 @@
 #ifndef ECS_API_H
 #define ECS_API_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -48,6 +50,16 @@ typedef struct {
     int max_conns;           /* accepted connections at once (503 past it) */
     const char *const *api_keys; /* NULL or NULL-terminated list */
     bool handle_signals;     /* SIGINT/SIGTERM stop the loop */
+    /* Graceful shutdown (with handle_signals): on the first SIGTERM or
+     * SIGINT new generation requests get 503 with Retry-After and /ready
+     * turns 503, running ones finish for up to grace_s seconds (then they
+     * are cancelled), and the loop ends; a second signal ends it at once.
+     * grace_s 0: stop at once. *shutting_down (if given) is set then. */
+    double grace_s;
+    atomic_bool *shutting_down;
+    /* GET /console/state: the console's JSON (malloc'd), NULL: 404 */
+    char *(*state_json)(void *arg);
+    void *state_arg;
 } api_opts_t;
 
 api_opts_t api_opts_default(void);

@@ -40,7 +40,7 @@ void api_buf_free(api_buf_t *b);
 
 /* Metrics: route label index of a request and counts per status. */
 enum { API_M_CHAT, API_M_COMPLETIONS, API_M_MESSAGES, API_M_MODELS, API_M_HEALTH, API_M_READY,
-       API_M_METRICS, API_M_OTHER, API_M_ROUTES };
+       API_M_METRICS, API_M_OTHER, API_M_CONSOLE, API_M_CONSOLE_STATE, API_M_ROUTES };
 #define API_M_STATUSES 10
 
 typedef struct api_conn api_conn_t;
@@ -65,6 +65,11 @@ struct api_server {
     uint64_t seq;
     uint64_t req_count[API_M_ROUTES][API_M_STATUSES];
     uint64_t conns_total, disconnects;
+    /* graceful shutdown (server.c) */
+    int n_jobs;             /* requests handed to the scheduler, not yet freed */
+    bool draining;
+    double drain_deadline;
+    ev_timer drain_w;
 };
 
 struct api_conn {
@@ -81,6 +86,7 @@ struct api_conn {
     double req_t0, last_t;
     int m_route;
     api_job_t *job;
+    const char *extra_hdr;  /* one more header line for the next answer, "" */
     api_conn_t *prev, *next;
 };
 
@@ -105,6 +111,12 @@ void api_send_simple(api_conn_t *c, int status, const char *ctype, const char *b
 void api_send_error(api_conn_t *c, api_route_t route, int status, const char *msg);
 void api_count(api_server_t *srv, int m_route, int status);
 const char *api_status_text(int status);
+
+/* console.c: GET /console and /console/state */
+void api_console_page(api_conn_t *c);
+void api_console_state(api_conn_t *c);
+/* Seconds a client should wait before trying again (while shutting down). */
+int api_retry_after(const api_server_t *srv);
 
 /* routes.c */
 void api_handle(api_conn_t *c);

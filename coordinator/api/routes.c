@@ -48,10 +48,12 @@ static void fail(api_conn_t *c, api_route_t route, int status, const char *msg)
     api_conn_done(c);
 }
 
-static void job_free(api_job_t *j)
+static void job_free(api_server_t *srv, api_job_t *j)
 {
-    if (j->r)
+    if (j->r) {
         sched_release(j->r);
+        srv->n_jobs--;
+    }
     api_req_free(&j->req);
     free(j);
 }
@@ -122,13 +124,13 @@ static void generate(api_conn_t *c, api_route_t route)
     if (q->model && strcmp(q->model, srv->o.model_id) != 0) {
         snprintf(err, sizeof err, "model '%.200s' not found: this server serves '%.200s'", q->model,
                  srv->o.model_id);
-        job_free(j);
+        job_free(srv, j);
         fail(c, route, 404, err);
         return;
     }
     sched_params_t p = {.top_logprobs = q->top_logprobs, .ignore_eos = q->ignore_eos, .sp = q->sp};
     if (!tokenize(c, q, &p.prompt, &p.n_prompt)) {
-        job_free(j);
+        job_free(srv, j);
         return;
     }
     p.max_tokens = q->max_tokens > 0 ? q->max_tokens : sched_n_ctx(srv->sched);
@@ -143,9 +145,11 @@ static void generate(api_conn_t *c, api_route_t route)
              (unsigned long long)j->created, (unsigned long long)++srv->seq);
     int n_prompt = p.n_prompt;
     ecs_err_t e = sched_submit(srv->sched, &p, j, &j->r);
+    if (e == ECS_OK)
+        srv->n_jobs++;
     if (e != ECS_OK) {
         free(p.prompt);
-        job_free(j);
+        job_free(srv, j);
         fail(c, route, e == ECS_ERR_NOMEM ? 503 : 400, ecs_errmsg());
         return;
     }
@@ -171,7 +175,7 @@ void api_on_update(void *arg, sched_req_t *r)
     api_conn_t *c = j->c;
     if (!c) { /* answered already, or the client is gone */
         if (v.last)
-            job_free(j);
+            job_free(srv, j);
         return;
     }
     api_buf_t b = {0};
@@ -201,7 +205,7 @@ void api_on_update(void *arg, sched_req_t *r)
     }
     j->c = NULL; /* answered: a queued update for it only frees it */
     if (v.last)
-        job_free(j);
+        job_free(srv, j);
     api_conn_done(c);
     api_conn_kick(c);
 }
@@ -229,7 +233,8 @@ void api_handle(api_conn_t *c)
         {"/v1/chat/completions", API_M_CHAT, true}, {"/v1/completions", API_M_COMPLETIONS, true},
         {"/v1/messages", API_M_MESSAGES, true},     {"/v1/models", API_M_MODELS, false},
         {"/health", API_M_HEALTH, false},           {"/ready", API_M_READY, false},
-        {"/metrics", API_M_METRICS, false},
+        {"/metrics", API_M_METRICS, false},         {"/console", API_M_CONSOLE, false},
+        {"/console/state", API_M_CONSOLE_STATE, false},
     };
     int k = -1;
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
@@ -253,9 +258,25 @@ void api_handle(api_conn_t *c)
         fail(c, route, 401, "a valid API key is required (Authorization: Bearer KEY or x-api-key)");
         return;
     }
+    if (srv->draining && (table[k].post || table[k].m == API_M_READY)) {
+        /* shutting down: the balancer sends these elsewhere */
+        static char retry[48];
+        snprintf(retry, sizeof retry, "Retry-After: %d\r\n", api_retry_after(srv));
+        c->extra_hdr = retry;
+        if (table[k].m == API_M_READY) {
+            const char *body = "{\"status\":\"shutting down\"}";
+            api_send_simple(c, 503, "application/json", body, strlen(body));
+            api_conn_done(c);
+        } else {
+            fail(c, route, 503, "the server is shutting down: try again elsewhere or later");
+        }
+        return;
+    }
     switch (table[k].m) {
     case API_M_HEALTH: send_json(c, "{\"status\":\"ok\"}"); return;
     case API_M_READY: send_json(c, "{\"status\":\"ready\"}"); return;
+    case API_M_CONSOLE: api_console_page(c); return;
+    case API_M_CONSOLE_STATE: api_console_state(c); return;
     case API_M_MODELS: models(c); return;
     case API_M_METRICS: {
         api_buf_t b = {0};

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "api_int.h"
@@ -196,8 +197,10 @@ void api_send_simple(api_conn_t *c, int status, const char *ctype, const char *b
     bool keep = !c->close_after && status != 408 && status != 413 && status != 431;
     char hdr[256];
     int hn = snprintf(hdr, sizeof hdr,
-                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n", status,
-                      api_status_text(status), ctype, n, keep ? "" : "Connection: close\r\n");
+                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%s\r\n",
+                      status, api_status_text(status), ctype, n,
+                      keep ? "" : "Connection: close\r\n", c->extra_hdr ? c->extra_hdr : "");
+    c->extra_hdr = NULL;
     api_conn_write(c, hdr, (size_t)hn);
     api_conn_write(c, body, n);
     if (!keep)
@@ -382,11 +385,70 @@ static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
     ev_break(loop, EVBREAK_ALL);
 }
 
+/* The grace period runs on the monotonic clock: ev_now() is wall-clock
+ * time, which may jump. */
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A balancer's health check takes this server out within seconds: a retry
+ * after the rest of the grace period, at most API_RETRY_AFTER_S, goes
+ * elsewhere. */
+#define API_RETRY_AFTER_S 10
+int api_retry_after(const api_server_t *srv)
+{
+    const double left = srv->drain_deadline - mono_now();
+    return left > API_RETRY_AFTER_S ? API_RETRY_AFTER_S : left > 1 ? (int)(left + 0.999) : 1;
+}
+
+/* Whether every answer queued so far has been written. */
+static bool all_sent(const api_server_t *srv)
+{
+    for (const api_conn_t *c = srv->conns; c; c = c->next)
+        if (c->out.len > c->out_off)
+            return false;
+    return true;
+}
+
+/* While shutting down: ends the loop when the last request has been
+ * answered, or when the grace period is over (api_server_run then
+ * cancels what is left). */
+static void drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    api_server_t *srv = w->data;
+    if (srv->n_jobs == 0 && all_sent(srv)) {
+        fprintf(stderr, "ecs-coordinator: every running request finished\n");
+        ev_break(loop, EVBREAK_ALL);
+    } else if (mono_now() >= srv->drain_deadline) {
+        fprintf(stderr, "ecs-coordinator: grace period over: cancelling %d requests\n",
+                srv->n_jobs);
+        ev_break(loop, EVBREAK_ALL);
+    }
+}
+
 static void signal_cb(struct ev_loop *loop, ev_signal *w, int revents)
 {
-    (void)w;
     (void)revents;
-    ev_break(loop, EVBREAK_ALL);
+    api_server_t *srv = w->data;
+    if (srv->draining || srv->o.grace_s <= 0) {
+        ev_break(loop, EVBREAK_ALL);
+        return;
+    }
+    srv->draining = true;
+    if (srv->o.shutting_down)
+        atomic_store(srv->o.shutting_down, true);
+    srv->drain_deadline = mono_now() + srv->o.grace_s;
+    fprintf(stderr, "ecs-coordinator: %s: not taking new requests; %d running get up to %.0f s "
+            "to finish (another signal stops at once)\n", w->signum == SIGINT ? "SIGINT" : "SIGTERM",
+            srv->n_jobs, srv->o.grace_s);
+    /* a short poll only while shutting down: the end is two conditions */
+    ev_timer_init(&srv->drain_w, drain_cb, 0, 0.05);
+    srv->drain_w.data = srv;
+    ev_timer_start(loop, &srv->drain_w);
 }
 
 static void sched_notify(void *arg)
@@ -461,6 +523,7 @@ ecs_err_t api_server_new(const api_opts_t *o, model_t *m, const tok_t *tok, sche
     if (o->handle_signals) {
         ev_signal_init(&srv->sigint_w, signal_cb, SIGINT);
         ev_signal_init(&srv->sigterm_w, signal_cb, SIGTERM);
+        srv->sigint_w.data = srv->sigterm_w.data = srv;
         ev_signal_start(srv->loop, &srv->sigint_w);
         ev_signal_start(srv->loop, &srv->sigterm_w);
     }
@@ -471,6 +534,7 @@ ecs_err_t api_server_new(const api_opts_t *o, model_t *m, const tok_t *tok, sche
 ecs_err_t api_server_run(api_server_t *srv)
 {
     ev_run(srv->loop, 0);
+    ev_timer_stop(srv->loop, &srv->drain_w);
     while (srv->conns)
         conn_close(srv->conns);
     return ECS_OK;

@@ -347,24 +347,31 @@ static ecs_err_t make_placement(dispatch_t *d)
     return placement_make(&s, pw, d->n_workers, repl, &d->pl);
 }
 
+/* Sends worker wi what it must hold now (hold while a placement change
+ * runs, else pl) under a new generation. */
 ecs_err_t dispatch_send_assign(dispatch_t *d, int wi)
 {
-    const int n = placement_held(d->pl, wi);
+    pthread_mutex_lock(&d->lock);
+    const placement_t *pl = d->hold ? d->hold : d->pl;
+    const int n = placement_held(pl, wi);
     int32_t *pairs = malloc(2 * (size_t)(n > 0 ? n : 1) * sizeof *pairs);
     uint32_t *ls = malloc((size_t)(n > 0 ? n : 1) * sizeof *ls);
     uint32_t *es = malloc((size_t)(n > 0 ? n : 1) * sizeof *es);
     ecs_err_t rc = ECS_OK;
+    if (pairs)
+        placement_worker_pairs(pl, wi, pairs, n);
+    d->w[wi].assign_gen++;
+    pthread_mutex_unlock(&d->lock);
     if (!pairs || !ls || !es) {
         rc = ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory");
         goto done;
     }
-    placement_worker_pairs(d->pl, wi, pairs, n);
     for (int i = 0; i < n; i++) {
         ls[i] = (uint32_t)pairs[2 * i];
         es[i] = (uint32_t)pairs[2 * i + 1];
     }
     wire_msg_t m = {.kind = WIRE_ASSIGN,
-                    .assign = {.generation = (uint64_t)d->w[wi].deaths + 1, .n = (size_t)n, .layers = ls, .experts = es}};
+                    .assign = {.generation = d->w[wi].assign_gen, .n = (size_t)n, .layers = ls, .experts = es}};
     if ((rc = mux_ctrl_send(d->mux, &d->w[wi].route, &m)) != ECS_OK)
         rc = ecs_error(rc, "dispatch: assigning worker %s: %s", d->w[wi].id, ecs_errmsg());
 done:
@@ -423,6 +430,7 @@ static ecs_err_t wait_ready(dispatch_t *d, uint64_t deadline)
             d->w[wi].last_seen_ms = now_ms();
         if (wi >= 0 && m.kind == WIRE_READY && !d->w[wi].ready) {
             d->w[wi].ready = true;
+            d->w[wi].ready_gen = m.ready.generation;
             d->w[wi].bytes_held = m.ready.bytes_mapped;
             ready++;
             logmsg(d, "worker %s ready: %d experts, %.1f MiB, loaded in %.0f ms", d->w[wi].id,
@@ -501,6 +509,7 @@ ecs_err_t dispatch_cluster_start(dispatch_t *d)
         if (d->w[i].child >= 0)
             d->children[d->w[i].child].ready = true;
     }
+    d->started_ms = now_ms();
     if (pthread_create(&d->ctl, NULL, dispatch_control_loop, d) != 0)
         return ecs_error(ECS_ERR_INTERNAL, "dispatch: cannot start the control thread");
     d->ctl_started = true;
@@ -513,6 +522,7 @@ void dispatch_cluster_stop(dispatch_t *d)
     if (d->ctl_started)
         pthread_join(d->ctl, NULL);
     d->ctl_started = false;
+    dispatch_ops_cancel(d);
     mux_free(d->mux);
     d->mux = NULL;
     mux_curve_keys_free(&d->keys);

@@ -300,14 +300,19 @@ static ecs_err_t dispatch_submit(void *ctx, int layer, int n_tok, const float *x
 {
     dispatch_t *d = ctx;
     release_calls(d);
+    dispatch_layer_begin(d);
     const int X = d->hp.n_expert;
     if (layer < 0 || layer >= d->hp.n_layer || !arch_layer_moe(&d->hp, layer) || n_tok < 1 ||
-        n_tok > MODEL_MAX_BATCH || k != d->hp.n_expert_used)
+        n_tok > MODEL_MAX_BATCH || k != d->hp.n_expert_used) {
+        dispatch_layer_end(d);
         return ecs_error(ECS_ERR_INVAL, "dispatch: layer %d, %d rows x %d slots", layer, n_tok,
                          k);
+    }
     for (int p = 0; p < n_tok * k; p++)
-        if (ids[p] < 0 || ids[p] >= X)
+        if (ids[p] < 0 || ids[p] >= X) {
+            dispatch_layer_end(d);
             return ecs_error(ECS_ERR_RANGE, "dispatch: expert id %d out of range", ids[p]);
+        }
     d->layer = layer;
     d->n_tok = n_tok;
     d->k = k;
@@ -323,8 +328,11 @@ static ecs_err_t dispatch_submit(void *ctx, int layer, int n_tok, const float *x
         d->pair_call[p] = -1;
     int busiest, sent;
     ecs_err_t rc = send_todo(d, &busiest, &sent);
-    if (rc != ECS_OK)
+    if (rc != ECS_OK) {
+        release_calls(d);
+        dispatch_layer_end(d);
         return rc;
+    }
     pthread_mutex_lock(&d->lock);
     d->layer_calls++;
     d->step_rows += (uint64_t)n_tok;
@@ -455,9 +463,11 @@ static bool orphaned(const dispatch_t *d)
 static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
 {
     dispatch_t *d = ctx;
-    if (layer != d->layer)
+    if (layer != d->layer) {
+        dispatch_layer_end(d);
         return ecs_error(ECS_ERR_INVAL, "dispatch: wait for layer %d, submitted %d", layer,
                          d->layer);
+    }
     const int timeout = d->o.call_timeout_ms > 0 ? d->o.call_timeout_ms : 120000;
     const uint64_t t0 = dispatch_now_ms(), deadline = t0 + (uint64_t)timeout;
     uint64_t retry = (uint64_t)(d->o.call_retry_ms > 0 ? d->o.call_retry_ms
@@ -544,6 +554,7 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
         }
     }
     release_calls(d);
+    dispatch_layer_end(d);
     if (rc != ECS_OK)
         return rc;
     if (resent || held)
@@ -580,7 +591,21 @@ ecs_err_t dispatch_worker_stats(const dispatch_t *d, int wi, dispatch_worker_sta
     out->threads = w->threads;
     out->mem_budget = w->mem_budget;
     out->bytes_held = w->bytes_held;
-    out->pairs_held = placement_held(d->pl, wi);
+    pthread_mutex_lock((pthread_mutex_t *)&d->lock);
+    out->pairs_held = placement_held(d->hold ? d->hold : d->pl, wi);
+    const int st = atomic_load(&w->state);
+    const bool reloading = w->ready_gen != w->assign_gen;
+    out->state = st == DW_LOADING ? "loading" : st == DW_DEAD ? "dead" : st == DW_FAILED ? "failed"
+                 : w->drained ? (reloading || w->bytes_held ? "draining" : "drained")
+                 : reloading ? "reloading" : "live";
+    if (st != DW_LIVE)
+        snprintf(out->why, sizeof out->why, "%s", w->why);
+    out->restarts = w->child >= 0 && d->children ? d->children[w->child].restarts
+                                                 : w->registrations;
+    out->deaths = w->deaths;
+    out->spawned = w->child >= 0;
+    out->last_heard_ms = w->last_seen_ms ? (int64_t)(dispatch_now_ms() - w->last_seen_ms) : -1;
+    pthread_mutex_unlock((pthread_mutex_t *)&d->lock);
     out->calls = w->calls;
     out->rows = w->rows;
     const int peer = atomic_load(&w->peer);

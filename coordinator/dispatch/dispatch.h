@@ -79,6 +79,20 @@ int placement_worker_pairs(const placement_t *p, int wi, int32_t *pairs, int cap
 /* The placement in the file format above. */
 ecs_err_t placement_write(const placement_t *p, FILE *f);
 
+/* New placements from p, for drain and undrain (p is untouched; the
+ * replication is kept, usable[n_workers] says which workers may take
+ * pairs). clone: a copy. union: every holder of a or of b. without:
+ * worker wi holds nothing, each of its pairs goes to the usable worker not
+ * holding it that holds the fewest of that layer (ECS_ERR_NOTFOUND if a
+ * pair would lose its last holder). with: wi takes pairs from the usable
+ * holders with the most of each layer until the layer is even.
+ * same_share: whether wi holds the same pairs in a and b. */
+ecs_err_t placement_clone(const placement_t *p, placement_t **out);
+ecs_err_t placement_union(const placement_t *a, const placement_t *b, placement_t **out);
+ecs_err_t placement_without(const placement_t *p, int wi, const bool *usable, placement_t **out);
+ecs_err_t placement_with(const placement_t *p, int wi, const bool *usable, placement_t **out);
+bool placement_same_share(const placement_t *a, const placement_t *b, int wi);
+
 /* ---- the dispatcher ---- */
 
 typedef enum {
@@ -143,6 +157,13 @@ typedef struct {
     int pairs_held;
     uint64_t calls_in_flight, rows_in_flight, calls, rows, bytes_out, bytes_in;
     uint64_t latency_p50_us, latency_p99_us;
+    const char *state;           /* "loading", "live", "dead", "failed", "draining",
+                                  * "drained", "reloading" */
+    int restarts;                /* restarts by the supervisor or new processes registered */
+    int deaths;
+    int64_t last_heard_ms;       /* ms since its last message, -1: never */
+    char why[256];               /* why it died, if it is not live */
+    bool spawned;
 } dispatch_worker_stats_t;
 
 typedef struct {
@@ -152,6 +173,30 @@ typedef struct {
 } dispatch_stats_t;
 
 void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s);
+
+/* ---- operators' requests (ecsctl through the admin endpoint) ----
+ * drain: the worker's experts go to the other live workers (Assign, wait
+ * for Ready), then calls stop going to it (between two layers, so no call
+ * in flight is lost), then it is told to hold nothing; it stays
+ * registered, idle. undrain: it takes an even share of every layer again,
+ * the same way round. restart: a spawned worker gets SIGTERM and the
+ * supervisor starts it again; a remote one is sent Drain (it exits and
+ * systemd starts it again); done when it is back and loaded. One request
+ * runs at a time, others queue; done(arg, rc, message) is called once,
+ * from the control thread (or from dispatch_free with ECS_ERR_IO). */
+typedef enum { DISPATCH_OP_DRAIN, DISPATCH_OP_UNDRAIN, DISPATCH_OP_RESTART } dispatch_op_kind_t;
+typedef void (*dispatch_op_done_fn)(void *arg, ecs_err_t rc, const char *msg);
+ecs_err_t dispatch_op_start(dispatch_t *d, dispatch_op_kind_t kind, const char *worker,
+                            dispatch_op_done_fn done, void *arg);
+int dispatch_n_workers(const dispatch_t *d);
+/* The placement now (file format), malloc'd text; what a drain in
+ * progress has changed so far included. */
+ecs_err_t dispatch_placement_text(dispatch_t *d, char **out);
+/* Experts of each MoE layer each worker holds now (malloc'd):
+ * counts[(layer - *first) * n_workers + worker], *n_layer MoE layers. */
+ecs_err_t dispatch_layer_counts(dispatch_t *d, int **counts, int *first, int *n_layer);
+/* "" when no request runs, else e.g. "drain w1: moving its experts". */
+void dispatch_op_status(dispatch_t *d, char *buf, size_t cap);
 
 /* ---- command-line options (ecs-run, ecs-coordinator) ---- */
 

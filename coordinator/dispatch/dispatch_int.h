@@ -67,7 +67,19 @@ typedef struct {
     int deaths;
     char why[256];              /* why it died (under lock) */
     _Atomic uint64_t caps;      /* Hello.capabilities (WIRE_CAP_*); control thread writes */
+    uint64_t assign_gen, ready_gen; /* last Assign sent, last Ready heard: reloading if != */
+    int registrations;          /* Hellos of new processes with its id */
+    bool drained;               /* holds nothing on purpose (under lock) */
 } dispatch_worker_t;
+
+/* An operator's request (drain.c), queued for the control thread. */
+typedef struct dispatch_op {
+    dispatch_op_kind_t kind;
+    char worker[PLACEMENT_ID_MAX];
+    dispatch_op_done_fn done;
+    void *arg;
+    struct dispatch_op *next;
+} dispatch_op_t;
 
 struct dispatch {
     model_t *m;
@@ -90,6 +102,22 @@ struct dispatch {
     bool ctl_started;
     atomic_bool stop;
     pthread_mutex_t lock;       /* stats read by other threads */
+
+    /* Placement changes (drain.c). The model thread routes by pl; pl is
+     * replaced by pl_next (under lock) only between layers (in_layer
+     * false), by the model thread at its next submit or by the control
+     * thread when the model is idle. hold: what each worker must hold
+     * while a change runs (the union of old and new), NULL: pl. Threads
+     * other than the model's read pl under lock. */
+    placement_t *pl_next, *hold;
+    bool in_layer;              /* under lock */
+    dispatch_op_t *ops;         /* queued (under lock) */
+    dispatch_op_t *op;          /* running (control thread) */
+    int op_phase, op_wi;
+    placement_t *op_target;
+    uint64_t op_deadline_ms;
+    int op_pid;
+    uint64_t started_ms;
 
     /* one layer call at a time (the model runs one step at a time); a
      * call slot per expert at most (calls in flight hold disjoint experts) */
@@ -133,6 +161,12 @@ int dispatch_find_worker(const dispatch_t *d, const char *id);
 int dispatch_on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t *h, int cap,
                       bool *renewed);
 void dispatch_heartbeat_all(dispatch_t *d, uint64_t now);
+/* drain.c: operators' requests, run by the control thread each tick */
+void dispatch_ops_tick(dispatch_t *d, uint64_t now);
+void dispatch_ops_cancel(dispatch_t *d);
+/* The model thread, at a layer's start: takes pl_next if one waits. */
+void dispatch_layer_begin(dispatch_t *d);
+void dispatch_layer_end(dispatch_t *d);
 /* supervise.c: the control thread */
 void *dispatch_control_loop(void *arg);
 void dispatch_state_changed(dispatch_t *d);

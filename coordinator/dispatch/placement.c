@@ -434,3 +434,166 @@ ecs_err_t placement_write(const placement_t *p, FILE *f)
         return ecs_error(ECS_ERR_IO, "placement: write failed: %s", strerror(errno));
     return ECS_OK;
 }
+
+/* ---- changing a placement (drain, undrain): new placements, the old one untouched ---- */
+
+ecs_err_t placement_clone(const placement_t *p, placement_t **out)
+{
+    placement_worker_t w[PLACEMENT_MAX_WORKERS];
+    for (int i = 0; i < p->n_workers; i++)
+        w[i] = (placement_worker_t){.id = p->ids[i], .weight = 1};
+    ecs_err_t rc = alloc_placement(&p->shape, w, p->n_workers, out);
+    if (rc != ECS_OK)
+        return rc;
+    const size_t cells = (size_t)p->shape.n_layer * (size_t)p->shape.n_expert;
+    memcpy((*out)->n_holders, p->n_holders, cells);
+    memcpy((*out)->holders, p->holders, cells * PLACEMENT_MAX_HOLDERS * sizeof *p->holders);
+    memcpy((*out)->held, p->held, (size_t)p->n_workers * sizeof *p->held);
+    (*out)->replication = p->replication;
+    return ECS_OK;
+}
+
+static void remove_holder(placement_t *p, size_t c, int wi)
+{
+    int16_t *h = p->holders + c * PLACEMENT_MAX_HOLDERS;
+    for (int i = 0; i < p->n_holders[c]; i++)
+        if (h[i] == wi) {
+            memmove(h + i, h + i + 1, (size_t)(p->n_holders[c] - i - 1) * sizeof *h);
+            p->n_holders[c]--;
+            p->held[wi]--;
+            return;
+        }
+}
+
+ecs_err_t placement_union(const placement_t *a, const placement_t *b, placement_t **out)
+{
+    if (a->n_workers != b->n_workers || a->shape.n_layer != b->shape.n_layer ||
+        a->shape.n_expert != b->shape.n_expert)
+        return ecs_error(ECS_ERR_INVAL, "placement: union of placements of other shapes");
+    ecs_err_t rc = placement_clone(a, out);
+    for (int l = b->shape.first_moe; rc == ECS_OK && l < b->shape.n_layer; l++)
+        for (int e = 0; rc == ECS_OK && e < b->shape.n_expert; e++) {
+            const size_t c = cell(b, l, e);
+            for (int i = 0; rc == ECS_OK && i < b->n_holders[c]; i++)
+                rc = add_holder(*out, l, e, b->holders[c * PLACEMENT_MAX_HOLDERS + (size_t)i]);
+        }
+    if (rc != ECS_OK) {
+        placement_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* How many experts of layer l each worker holds, into cnt[n_workers]. */
+static void layer_counts(const placement_t *p, int l, int *cnt)
+{
+    memset(cnt, 0, (size_t)p->n_workers * sizeof *cnt);
+    for (int e = 0; e < p->shape.n_expert; e++) {
+        const size_t c = cell(p, l, e);
+        for (int i = 0; i < p->n_holders[c]; i++)
+            cnt[p->holders[c * PLACEMENT_MAX_HOLDERS + (size_t)i]]++;
+    }
+}
+
+/* Worker wi's pairs of layer l go to the usable workers not holding them. */
+static ecs_err_t drain_layer(placement_t *q, int l, int wi, const bool *usable, int *cnt)
+{
+    for (int e = 0; e < q->shape.n_expert; e++) {
+        const size_t c = cell(q, l, e);
+        if (!holds(q, c, wi))
+            continue;
+        int best = -1; /* fewest of this layer, then fewest in all */
+        for (int i = 0; i < q->n_workers; i++)
+            if (i != wi && usable[i] && !holds(q, c, i) &&
+                (best < 0 || cnt[i] < cnt[best] ||
+                 (cnt[i] == cnt[best] && q->held[i] < q->held[best])))
+                best = i;
+        remove_holder(q, c, wi);
+        if (best >= 0) {
+            add_holder(q, l, e, best); /* cannot overflow: wi's place was freed */
+            cnt[best]++;
+        } else if (q->n_holders[c] == 0) {
+            return ecs_error(ECS_ERR_NOTFOUND, "no other live worker can take layer %d "
+                             "expert %d of worker %s", l, e, q->ids[wi]);
+        }
+    }
+    return ECS_OK;
+}
+
+/* Worker wi takes its even share of layer l from the usable holders. */
+static ecs_err_t fill_layer(placement_t *q, int l, int wi, const bool *usable, int *cnt)
+{
+    int total = cnt[wi], n = 1;
+    for (int i = 0; i < q->n_workers; i++)
+        if (i != wi && usable[i]) {
+            total += cnt[i];
+            n++;
+        }
+    const int target = total / n;
+    /* first from the holders above the share, then from any holder two or
+     * more above wi: the layer ends as even as it can */
+    for (int pass = 0; pass < 2; pass++)
+        for (int e = 0; e < q->shape.n_expert && cnt[wi] < target; e++) {
+            const size_t c = cell(q, l, e);
+            if (holds(q, c, wi))
+                continue;
+            int donor = -1; /* the usable holder with the most of this layer */
+            for (int i = 0; i < q->n_holders[c]; i++) {
+                const int h = q->holders[c * PLACEMENT_MAX_HOLDERS + (size_t)i];
+                if (h != wi && usable[h] && (donor < 0 || cnt[h] > cnt[donor]))
+                    donor = h;
+            }
+            if (donor < 0 || (pass == 0 ? cnt[donor] <= target : cnt[donor] <= cnt[wi] + 1))
+                continue;
+            remove_holder(q, c, donor);
+            add_holder(q, l, e, wi);
+            cnt[donor]--;
+            cnt[wi]++;
+        }
+    return ECS_OK;
+}
+
+typedef ecs_err_t (*layer_fn)(placement_t *q, int l, int wi, const bool *usable, int *cnt);
+
+/* A copy of p with fn applied to every MoE layer for worker wi. */
+static ecs_err_t change_layers(const placement_t *p, int wi, const bool *usable, layer_fn fn,
+                               placement_t **out)
+{
+    *out = NULL;
+    if (wi < 0 || wi >= p->n_workers)
+        return ecs_error(ECS_ERR_RANGE, "placement: no worker %d", wi);
+    placement_t *q;
+    ecs_err_t rc = placement_clone(p, &q);
+    int cnt[PLACEMENT_MAX_WORKERS];
+    for (int l = p->shape.first_moe; rc == ECS_OK && l < p->shape.n_layer; l++) {
+        layer_counts(q, l, cnt);
+        rc = fn(q, l, wi, usable, cnt);
+    }
+    if (rc != ECS_OK) {
+        placement_free(q);
+        return rc;
+    }
+    *out = q;
+    return ECS_OK;
+}
+
+ecs_err_t placement_without(const placement_t *p, int wi, const bool *usable, placement_t **out)
+{
+    return change_layers(p, wi, usable, drain_layer, out);
+}
+
+ecs_err_t placement_with(const placement_t *p, int wi, const bool *usable, placement_t **out)
+{
+    return change_layers(p, wi, usable, fill_layer, out);
+}
+
+bool placement_same_share(const placement_t *a, const placement_t *b, int wi)
+{
+    if (a->held[wi] != b->held[wi])
+        return false;
+    for (int l = a->shape.first_moe; l < a->shape.n_layer; l++)
+        for (int e = 0; e < a->shape.n_expert; e++)
+            if (holds(a, cell(a, l, e), wi) != holds(b, cell(b, l, e), wi))
+                return false;
+    return true;
+}

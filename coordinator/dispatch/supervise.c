@@ -79,6 +79,12 @@ static void make_live(dispatch_t *d, int wi, uint64_t now, const char *how)
     dispatch_state_changed(d);
 }
 
+static void logmsg_ready(const dispatch_t *d, const dispatch_worker_t *w, const wire_ready_t *r)
+{
+    dispatch_log(d, "worker %s holds its new assignment %llu (%.1f MiB, loaded in %.0f ms)", w->id,
+                 (unsigned long long)r->generation, r->bytes_mapped / 1048576.0, r->load_ns / 1e6);
+}
+
 static int worker_by_route(const dispatch_t *d, const mux_route_t *r)
 {
     for (int i = 0; i < d->n_workers; i++)
@@ -106,6 +112,7 @@ static void on_message(dispatch_t *d, const mux_route_t *from, const wire_msg_t 
             return;
         if (renewed) { /* a new process: it holds nothing yet */
             declare_dead(d, wi, "replaced by a new process", now);
+            d->w[wi].registrations++;
             atomic_store(&d->w[wi].state, DW_LOADING);
             if (dispatch_send_assign(d, wi) != ECS_OK)
                 fprintf(stderr, "%s\n", ecs_errmsg());
@@ -119,11 +126,20 @@ static void on_message(dispatch_t *d, const mux_route_t *from, const wire_msg_t 
     dispatch_worker_t *w = &d->w[wi];
     w->last_seen_ms = now;
     const int st = atomic_load(&w->state);
-    if (m->kind == WIRE_READY && st == DW_LOADING) {
-        fprintf(stderr, "dispatch: worker %s reloaded its %d experts in %.0f ms\n", w->id,
-                placement_held(d->pl, wi), m->ready.load_ns / 1e6);
+    if (m->kind == WIRE_READY) {
+        pthread_mutex_lock(&d->lock);
+        if (m->ready.generation <= w->assign_gen)
+            w->ready_gen = m->ready.generation;
         w->bytes_held = m->ready.bytes_mapped;
+        pthread_mutex_unlock(&d->lock);
+    }
+    if (m->kind == WIRE_READY && st == DW_LOADING) {
+        fprintf(stderr, "dispatch: worker %s reloaded its experts (%.1f MiB) in %.0f ms\n", w->id,
+                m->ready.bytes_mapped / 1048576.0, m->ready.load_ns / 1e6);
         make_live(d, wi, now, "restarted and loaded");
+    } else if (m->kind == WIRE_READY) {
+        logmsg_ready(d, w, &m->ready);
+        dispatch_state_changed(d);
     } else if (m->kind == WIRE_ERROR) {
         fprintf(stderr, "dispatch: worker %s says %s: %s\n", w->id,
                 wire_status_name(m->error.code), m->error.message);
@@ -207,7 +223,8 @@ static void check_liveness(dispatch_t *d, uint64_t now)
             continue;
         }
         /* not while loading: the worker's control loop waits for its load */
-        if (st == DW_LIVE && now - d->w[i].last_seen_ms > limit) {
+        if (st == DW_LIVE && d->w[i].ready_gen == d->w[i].assign_gen &&
+            now - d->w[i].last_seen_ms > limit) {
             char why[96];
             snprintf(why, sizeof why, "silent for %u heartbeats of %d ms", WIRE_LIVENESS,
                      DISPATCH_HEARTBEAT_MS);
@@ -232,6 +249,7 @@ void *dispatch_control_loop(void *arg)
         restart_due(d, now);
         check_liveness(d, now);
         dispatch_heartbeat_all(d, now);
+        dispatch_ops_tick(d, now);
     }
     return NULL;
 }

@@ -31,6 +31,16 @@ for b in "${bins[@]}"; do
     echo "ok   $(basename "$b"): $(wc -l <"$tmp/bin.sym") symbols, none of the coordinator's"
 done
 
+# ecsctl (the admin client) links proto and common only
+if [ -d tools/ecsctl ]; then
+    nm --defined-only "$build/bin/ecsctl" | awk 'NF == 3 { print $3 }' | sort -u >"$tmp/ctl.sym"
+    comm -12 "$tmp/coord.sym" "$tmp/ctl.sym" >"$tmp/both"
+    if [ -s "$tmp/both" ]; then bad "ecsctl holds coordinator symbols: $(head -5 "$tmp/both" | tr '\n' ' ')"
+    elif ! grep -qx admin_req_encode "$tmp/ctl.sym"; then bad "ecsctl has no admin_req_encode"
+    elif grep -qx kmoe_prepare "$tmp/ctl.sym"; then bad "ecsctl holds the kernels"
+    else echo "ok   ecsctl: proto and common only"; fi
+fi
+
 # moe_only works: a layer's experts split over two holders, one with the
 # interleaved copy of just its experts, summed: the one-holder bits
 model="$tmp/ds2.gguf"

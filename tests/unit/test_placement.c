@@ -172,3 +172,67 @@ Test(placement, written_file_loads_back_identical)
     placement_free(q);
     unlink(path);
 }
+
+/* Drain and undrain: without(w1) leaves w1 nothing, every pair keeps its
+ * replication on distinct workers, w1's pairs spread over the others;
+ * with(w1) gives it an even share back; union holds both. */
+Test(placement, without_and_with_keep_replication_and_balance)
+{
+    placement_worker_t w[] = {{"w0", 1}, {"w1", 1}, {"w2", 1}, {"w3", 1}};
+    placement_t *p, *d, *u, *b;
+    cr_assert_eq(placement_make(&ds2, w, 4, 2, &p), ECS_OK, "%s", ecs_errmsg());
+    const bool usable[] = {true, false, true, true};
+    cr_assert_eq(placement_without(p, 1, usable, &d), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(placement_held(d, 1), 0);
+    cr_assert_eq(placement_held(p, 1), 26 * 64 * 2 / 4, "the old placement changed");
+    for (int l = 1; l < ds2.n_layer; l++) {
+        int cnt[4];
+        layer_counts(d, l, cnt);
+        /* w1's pairs go to the two workers not already holding each: no
+         * one takes more than half of them */
+        cr_assert_eq(cnt[0] + cnt[2] + cnt[3], 128);
+        for (int i = 0; i < 4; i++)
+            if (i != 1)
+                cr_assert(cnt[i] >= 32 && cnt[i] <= 48, "layer %d worker %d holds %d", l, i,
+                          cnt[i]);
+        for (int e = 0; e < ds2.n_expert; e++) {
+            const int16_t *h;
+            cr_assert_eq(placement_holders(d, l, e, &h), 2, "layer %d expert %d", l, e);
+            cr_assert_neq(h[0], h[1]);
+        }
+    }
+    cr_assert_eq(placement_union(p, d, &u), ECS_OK);
+    cr_assert(placement_same_share(u, p, 1), "the union keeps w1's pairs");
+    cr_assert(!placement_same_share(u, p, 2) || !placement_same_share(u, p, 3),
+              "the union gives the others more");
+    cr_assert(placement_same_share(d, d, 0));
+    const bool all[] = {true, true, true, true};
+    cr_assert_eq(placement_with(d, 1, all, &b), ECS_OK);
+    for (int l = 1; l < ds2.n_layer; l++) {
+        int cnt[4];
+        layer_counts(b, l, cnt);
+        for (int i = 0; i < 4; i++)
+            cr_assert(cnt[i] >= 31 && cnt[i] <= 33, "undrained layer %d worker %d holds %d", l,
+                      i, cnt[i]);
+        for (int e = 0; e < ds2.n_expert; e++) {
+            const int16_t *h;
+            cr_assert_eq(placement_holders(b, l, e, &h), 2);
+        }
+    }
+    placement_free(p);
+    placement_free(d);
+    placement_free(u);
+    placement_free(b);
+}
+
+Test(placement, without_refuses_to_orphan_a_pair)
+{
+    placement_worker_t w[] = {{"w0", 1}, {"w1", 1}};
+    placement_t *p, *d = (placement_t *)1;
+    cr_assert_eq(placement_make(&ds2, w, 2, 1, &p), ECS_OK);
+    const bool none[] = {false, false};
+    cr_assert_eq(placement_without(p, 1, none, &d), ECS_ERR_NOTFOUND);
+    cr_assert_null(d);
+    cr_assert(strstr(ecs_errmsg(), "w1"), "%s", ecs_errmsg());
+    placement_free(p);
+}

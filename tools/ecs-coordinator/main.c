@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "common/cli.h"
+#include "coordinator/admin/admin.h"
 #include "coordinator/api/api.h"
 #include "coordinator/dispatch/dispatch.h"
 #include "coordinator/model/model.h"
@@ -25,7 +26,9 @@
 #define MAX_KEYS 256
 
 typedef struct {
-    const char *model, *http, *key_file, *model_id, *repack_dir, *cache_dir;
+    const char *model, *http, *key_file, *model_id, *repack_dir, *cache_dir, *admin,
+               *admin_key, *admin_clients;
+    double grace;
     int threads, ctx, max_running, max_queue, chunk;
     size_t kv_mem, max_body, max_header;
     double read_timeout, idle_timeout;
@@ -57,6 +60,12 @@ static void usage(FILE *f)
             "  --repack DIR         decode copy directory (see ecs-run); --no-repack: none\n"
             "  --prefix-cache-dir DIR  keep the prefix cache in DIR across restarts (written at\n"
             "                       a clean shutdown, read at start-up)\n"
+            "  --admin ADDR         admin endpoint for ecsctl (default ipc:///tmp/ecs-admin-PORT,\n"
+            "                       PORT the --http port; mode 0600); tcp://127.0.0.1:P; off\n"
+            "  --admin-key FILE     CURVE key pair of the admin endpoint (ecsctl keygen); with\n"
+            "  --admin-clients DIR  the *.pub keys of the ecsctl clients allowed in\n"
+            "  --grace-period S     on SIGTERM/SIGINT, seconds running requests get to finish\n"
+            "                       (default 30; new ones get 503 meanwhile; 0: stop at once)\n"
             "expert workers (default: experts in-process; the tokens are the same):\n"
             DISPATCH_USAGE
             "  --print-placement  print which worker holds which experts at start-up\n");
@@ -98,7 +107,7 @@ static int parse_args(int argc, char **argv, args_t *a)
 {
     *a = (args_t){.http = "127.0.0.1:8080", .max_running = 8, .max_queue = 256, .chunk = 256,
                   .max_body = 8u << 20, .max_header = 16u << 10, .read_timeout = 30,
-                  .idle_timeout = 60};
+                  .idle_timeout = 60, .grace = 30};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -132,6 +141,11 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--model-id")) a->model_id = v;
         else if (!strcmp(o, "--repack")) a->repack_dir = v;
         else if (!strcmp(o, "--prefix-cache-dir")) a->cache_dir = v;
+        else if (!strcmp(o, "--admin")) a->admin = v;
+        else if (!strcmp(o, "--admin-key")) a->admin_key = v;
+        else if (!strcmp(o, "--admin-clients")) a->admin_clients = v;
+        else if (!strcmp(o, "--grace-period") && !strcmp(v, "0")) a->grace = 0;
+        else if (!strcmp(o, "--grace-period")) ok = parse_secs(v, &a->grace);
         else if (!strcmp(o, "--threads")) ok = ecs_parse_int(v, 1, 1024, &a->threads);
         else if (!strcmp(o, "--ctx")) ok = ecs_parse_int(v, 2, MODEL_MAX_CTX, &a->ctx);
         else if (!strcmp(o, "--max-running")) ok = ecs_parse_int(v, 1, MODEL_MAX_BATCH / 2, &a->max_running);
@@ -220,7 +234,30 @@ static void model_id_of(const char *path, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)n, b);
 }
 
-static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
+static char *state_json(void *arg) { return admin_state_json(arg); }
+
+/* The admin endpoint (unless --admin off): ADDR, or ipc beside /tmp named
+ * after the HTTP port. */
+static int start_admin(const args_t *a, int port, admin_src_t *src, admin_t **out)
+{
+    char ep[300];
+    if (a->admin && !strcmp(a->admin, "off"))
+        return 0;
+    if (a->admin)
+        snprintf(ep, sizeof ep, "%s", a->admin);
+    else
+        snprintf(ep, sizeof ep, "ipc:///tmp/ecs-admin-%d", port);
+    admin_opts_t ao = {.endpoint = ep, .src = src, .key_file = a->admin_key,
+                       .clients_dir = a->admin_clients};
+    if (admin_start(&ao, out) != ECS_OK)
+        return fail("%s", ecs_errmsg());
+    fprintf(stderr, "ecs-coordinator: admin endpoint %s (ecsctl --admin %s status)\n",
+            admin_endpoint(*out), admin_endpoint(*out));
+    return 0;
+}
+
+static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dispatch_t *dsp,
+                 admin_src_t *src, admin_t **adm)
 {
     char host[256], id[256];
     int port;
@@ -244,12 +281,20 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
     ao.read_timeout_s = a->read_timeout;
     ao.idle_timeout_s = a->idle_timeout;
     ao.api_keys = (const char *const *)keys;
+    ao.grace_s = a->grace;
+    *src = (admin_src_t){.dispatch = dsp, .sched = s, .model_id = ao.model_id,
+                         .started = admin_now()};
+    ao.shutting_down = &src->shutting_down;
+    ao.state_json = state_json;
+    ao.state_arg = src;
     api_server_t *srv = NULL;
     int rc = 0;
     if (api_server_new(&ao, m, tok, s, &srv) != ECS_OK)
         rc = fail("%s", ecs_errmsg());
     else if (sched_start(s) != ECS_OK)
         rc = fail("%s", ecs_errmsg());
+    else
+        rc = start_admin(a, api_server_port(srv), src, adm);
     if (a->cache_dir) {
         int n_in, n_bad;
         long n_tok;
@@ -282,6 +327,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
         api_server_run(srv);
         fprintf(stderr, "ecs-coordinator: shutting down\n");
     }
+    admin_stop(*adm); /* reads the scheduler: before it goes */
     sched_stop(s);
     if (a->cache_dir && rc == 0) {
         int n_out;
@@ -312,6 +358,8 @@ int main(int argc, char **argv)
     model_t *m = NULL;
     tok_t *tok = NULL;
     dispatch_t *dsp = NULL;
+    admin_t *adm = NULL;
+    static admin_src_t src; /* read by the admin thread until admin_stop */
     int rc = 0;
     a.dispatch.worker_repack = mo.repack_dir ? mo.repack_dir : "";
     if (model_load(a.model, &mo, &m) != ECS_OK)
@@ -323,11 +371,12 @@ int main(int argc, char **argv)
     if (rc == 0 && dsp && a.print_placement)
         placement_write(dispatch_placement(dsp), stdout);
     if (rc == 0)
-        rc = serve(&a, m, tok, keys);
+        rc = serve(&a, m, tok, keys, dsp, &src, &adm);
     if (m && model_repack_note(m))
         fprintf(stderr, "ecs-coordinator: note: %s\n", model_repack_note(m));
     tok_free(tok);
-    dispatch_free(dsp);
+    dispatch_free(dsp); /* stops the workers it spawned */
+    admin_free(adm);
     model_free(m);
     for (char **k = keys; k && *k; k++)
         free(*k);
