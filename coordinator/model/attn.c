@@ -57,12 +57,37 @@ static void put_query(const model_simd_t *sd, float *dst, const float *src, int 
         memcpy(dst, src, (size_t)n * sizeof *dst);
 }
 
-/* The cached rows of one layer of c. */
+/* The cached rows of one layer of c: the pool's rows of that layer in
+ * block 0, located per block through c's table. */
 static model_kv_t ctx_kv(const model_ctx_t *c, int layer)
 {
-    return (model_kv_t){.k = (const char *)c->k + (size_t)layer * c->k_layer * c->elt,
-                        .v = (const char *)c->v + (size_t)layer * c->v_layer * c->elt,
-                        .k_row = c->k_row, .v_row = c->v_row, .f16 = !c->f32};
+    const model_kv_geom_t *g = &c->pool->g;
+    const char *base = c->pool->mem + (size_t)layer * g->lay_bytes;
+    return (model_kv_t){.k = base, .v = base + g->v_off, .k_row = c->k_row, .v_row = c->v_row,
+                        .f16 = !c->f32, .tab = c->tab, .blk = g->blk_bytes};
+}
+
+/* Contiguous runs of the cached rows: [t0, t0 + *run) of kv start at
+ * *k / *v (one run of nt when kv is not paged, else one per block). */
+static void kv_run(const model_kv_t *kv, const char *k, const char *v, int t0, int nt,
+                   const char **kr, const char **vr, int *run)
+{
+    if (!kv->tab) {
+        *kr = k, *vr = v, *run = nt - t0;
+        return;
+    }
+    const size_t at = (size_t)kv->tab[t0 / MODEL_KV_BLOCK] * kv->blk;
+    *kr = k + at, *vr = v + at;
+    *run = nt - t0 < MODEL_KV_BLOCK ? nt - t0 : MODEL_KV_BLOCK;
+}
+
+/* len of the queries within the run [t0, t0 + run). */
+static void run_len(const int *len, int nq, int t0, int run, int *out)
+{
+    for (int j = 0; j < nq; j++) {
+        const int l = len[j] - t0;
+        out[j] = l < 0 ? 0 : l > run ? run : l;
+    }
 }
 
 /* Queries of tile tl x heads [h0, h0 + hg) against the tile's cache. */
@@ -105,10 +130,23 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     const int kvh = h0 / a->group;
     const char *K = (const char *)kv.k + (size_t)kvh * a->dk * elt;
     const char *V = (const char *)kv.v + (size_t)kvh * a->dv * elt;
-    sd->scores(Q, nqp, dkp, K, kv.k_row, f16, a->dk, dkp, len, nt, hp->kq_scale, S, ws->t_pad,
-               kbuf);
+    /* per contiguous run of keys (a KV block): a score is one query's
+     * product with one key, and P.V continues its sums run after run, so
+     * the results are those of one run over all keys, bit for bit */
+    int rl[MODEL_ATT_QMAX], run;
+    const char *kr, *vr;
+    for (int t0 = 0; t0 < nt; t0 += run) {
+        kv_run(&kv, K, V, t0, nt, &kr, &vr, &run);
+        run_len(len, nqp, t0, run, rl);
+        sd->scores(Q, nqp, dkp, kr, kv.k_row, f16, a->dk, dkp, rl, run, hp->kq_scale, S + t0,
+                   ws->t_pad, kbuf);
+    }
     sd->softmax(S, nqp, ws->t_pad, len, nt, f16);
-    sd->pv(S, nqp, ws->t_pad, V, kv.v_row, f16, a->dv, len, O, ws->dvp);
+    for (int t0 = 0; t0 < nt; t0 += run) {
+        kv_run(&kv, K, V, t0, nt, &kr, &vr, &run);
+        run_len(len, nqp, t0, run, rl);
+        sd->pv(S + t0, nqp, ws->t_pad, vr, kv.v_row, f16, a->dv, rl, O, ws->dvp, t0 > 0);
+    }
     for (int j = 0; j < nq; j++) {
         const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
         memcpy(a->out + (size_t)r * a->out_ld + (size_t)h * a->dv, O + (size_t)j * ws->dvp,
@@ -369,16 +407,15 @@ void model_attend_kv(model_t *m, const model_step_row_t *rows, int n, const mode
 void model_cache_put(const model_step_row_t *r, int layer, const float *k, const float *v)
 {
     model_ctx_t *c = r->ctx;
-    const size_t ko = (size_t)layer * c->k_layer + (size_t)r->pos * c->k_row;
-    const size_t vo = (size_t)layer * c->v_layer + (size_t)r->pos * c->v_row;
+    void *kd = model_kv_krow(c, layer, r->pos), *vd = v ? model_kv_vrow(c, layer, r->pos) : NULL;
     if (c->f32) {
-        memcpy((float *)c->k + ko, k, c->k_row * sizeof(float));
+        memcpy(kd, k, c->k_row * sizeof(float));
         if (v)
-            memcpy((float *)c->v + vo, v, c->v_row * sizeof(float));
+            memcpy(vd, v, c->v_row * sizeof(float));
         return;
     }
     const model_simd_t *sd = model_simd();
-    sd->to_f16((ecs_fp16_t *)c->k + ko, k, (int64_t)c->k_row);
+    sd->to_f16(kd, k, (int64_t)c->k_row);
     if (v)
-        sd->to_f16((ecs_fp16_t *)c->v + vo, v, (int64_t)c->v_row);
+        sd->to_f16(vd, v, (int64_t)c->v_row);
 }

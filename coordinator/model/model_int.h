@@ -34,9 +34,11 @@ typedef struct {
     void (*softmax)(float *S, int nq, int lds, const int *len, int nt, bool f16);
     /* O[j][d] = sum_t P[j][t] V[t][d] over t < len[j] (P is zero past it,
      * and adding 0 * V changes no sum), j < nq (multiple of 4), d < dv; V
-     * rows vs elements apart (F16 when vf16). */
+     * rows vs elements apart (F16 when vf16). acc: the sums start from O's
+     * values instead of zero (each a sequential sum: P.V over blocks of
+     * keys, one call each, equals one call over all of them bit for bit). */
     void (*pv)(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
-               const int *len, float *O, int ldo);
+               const int *len, float *O, int ldo, bool acc);
     /* dst = src rounded to F16 and back / converted to F16 */
     void (*round_f16)(float *dst, const float *src, int64_t n);
     void (*to_f16)(ecs_fp16_t *dst, const float *src, int64_t n);
@@ -183,9 +185,32 @@ typedef struct {
 void prof_start(const model_t *m, prof_mark_t *mk);
 void prof_end(model_t *m, model_phase_t ph, prof_mark_t *mk);
 
-/* KV cache geometry: per layer, token rows of k_row (and v_row) values,
- * F16 or (MODEL_CTX_KV_F32) F32. In the ds2 latent layout V aliases K (the
- * first kv_lora values of a row). */
+/* KV memory (paged): a pool of blocks of MODEL_KV_BLOCK tokens. Block b
+ * holds, per layer, its tokens' K rows then (unless latent) their V rows:
+ * layer l's rows of block b start at mem + b * blk_bytes + l * lay_bytes,
+ * V at + v_off. Rows are F16 or (MODEL_CTX_KV_F32) F32; in the ds2
+ * latent layout V aliases K (the first kv_lora values of a row). */
+typedef struct {
+    unsigned flags;
+    bool latent;
+    bool f32;
+    int n_kv_head;      /* heads stored; the latent has one shared by all */
+    int dk, dv;         /* per head */
+    size_t k_row, v_row;      /* elements per token */
+    size_t elt;               /* bytes per element */
+    size_t lay_bytes, v_off, blk_bytes;
+} model_kv_geom_t;
+
+struct model_kvpool {
+    model_t *m;
+    model_kv_geom_t g;
+    int n_blocks;
+    char *mem;
+};
+
+/* A sequence: its block table (tab[i] holds tokens [i * MODEL_KV_BLOCK,
+ * (i + 1) * MODEL_KV_BLOCK)), of which n_blk entries are filled. A context
+ * made by model_ctx_new owns a pool of its own with the identity table. */
 struct model_ctx {
     model_t *m;
     unsigned flags;
@@ -193,15 +218,31 @@ struct model_ctx {
     int n_past;
     bool latent;
     bool f32;
-    int n_kv_head;      /* heads stored; the latent has one shared by all */
-    int dk, dv;         /* per head */
-    size_t k_row, v_row;      /* elements per token */
-    size_t k_layer, v_layer;  /* elements per layer */
-    size_t elt;               /* bytes per element */
-    void *k, *v;
-    void *mem;
-    size_t bytes;
+    int n_kv_head;
+    int dk, dv;
+    size_t k_row, v_row;
+    size_t elt;
+    model_kvpool_t *pool;
+    bool own_pool;
+    int32_t *tab;
+    int n_blk;
 };
+
+/* Token t's K (V) row of c at layer. Every access to cached rows goes
+ * through these or model_ctx_kv (attn.c). */
+static inline char *model_kv_krow(const model_ctx_t *c, int layer, int t)
+{
+    const model_kv_geom_t *g = &c->pool->g;
+    return c->pool->mem + (size_t)c->tab[t / MODEL_KV_BLOCK] * g->blk_bytes +
+           (size_t)layer * g->lay_bytes + (size_t)(t % MODEL_KV_BLOCK) * g->k_row * g->elt;
+}
+
+static inline char *model_kv_vrow(const model_ctx_t *c, int layer, int t)
+{
+    const model_kv_geom_t *g = &c->pool->g;
+    return c->pool->mem + (size_t)c->tab[t / MODEL_KV_BLOCK] * g->blk_bytes +
+           (size_t)layer * g->lay_bytes + g->v_off + (size_t)(t % MODEL_KV_BLOCK) * g->v_row * g->elt;
+}
 
 /* Row of a step: which sequence, at which position; seq_rows: how many
  * rows of its sequence the step has (it picks the deepseek2 attention form,
@@ -251,11 +292,15 @@ ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n,
 void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                      const model_step_row_t *rows, int n, int layer);
 /* One layer's K and V rows: token t, head h at t * k_row + h * dk (V
- * likewise), F16 or F32. */
+ * likewise), F16 or F32; contiguous (tab NULL) or paged: token t at
+ * k + tab[t / MODEL_KV_BLOCK] * blk bytes + (t % MODEL_KV_BLOCK) * k_row
+ * elements (attn.c reads each block's rows as one contiguous run). */
 typedef struct {
     const void *k, *v;
     size_t k_row, v_row; /* elements between tokens */
     bool f16;
+    const int32_t *tab;  /* paged: the block table; NULL: contiguous */
+    size_t blk;          /* paged: bytes between blocks */
 } model_kv_t;
 
 /* Ordinary multi-head attention (one K/V head per query head, dk / dv per

@@ -180,7 +180,7 @@ static inline __attribute__((always_inline)) __m512 load_v(const void *V, size_t
  * for all of them. */
 static inline __attribute__((always_inline)) void
 pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, int d0, int nt,
-         float *O, int ldo, bool six)
+         float *O, int ldo, bool six, bool acc)
 {
     const __mmask16 m0 = ecs_tail_mask16(dv - d0), m1 = ecs_tail_mask16(dv - d0 - 16);
     const __mmask16 m2 = ecs_tail_mask16(dv - d0 - 32), m3 = ecs_tail_mask16(dv - d0 - 48);
@@ -190,6 +190,18 @@ pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, i
     __m512 a30 = a00, a31 = a00, a32 = a00, a33 = a00;
     __m512 a40 = a00, a41 = a00, a42 = a00, a43 = a00;
     __m512 a50 = a00, a51 = a00, a52 = a00, a53 = a00;
+    if (acc) { /* continue the sums of earlier keys */
+#define PV_LOAD(a, r, c) a = _mm512_maskz_loadu_ps(m##c, O + (size_t)(r) * ldo + d0 + 16 * (c))
+        PV_LOAD(a00, 0, 0), PV_LOAD(a01, 0, 1), PV_LOAD(a02, 0, 2), PV_LOAD(a03, 0, 3);
+        PV_LOAD(a10, 1, 0), PV_LOAD(a11, 1, 1), PV_LOAD(a12, 1, 2), PV_LOAD(a13, 1, 3);
+        PV_LOAD(a20, 2, 0), PV_LOAD(a21, 2, 1), PV_LOAD(a22, 2, 2), PV_LOAD(a23, 2, 3);
+        PV_LOAD(a30, 3, 0), PV_LOAD(a31, 3, 1), PV_LOAD(a32, 3, 2), PV_LOAD(a33, 3, 3);
+        if (six) {
+            PV_LOAD(a40, 4, 0), PV_LOAD(a41, 4, 1), PV_LOAD(a42, 4, 2), PV_LOAD(a43, 4, 3);
+            PV_LOAD(a50, 5, 0), PV_LOAD(a51, 5, 1), PV_LOAD(a52, 5, 2), PV_LOAD(a53, 5, 3);
+        }
+#undef PV_LOAD
+    }
     const float *p0 = P, *p1 = P + ldp, *p2 = P + 2 * (size_t)ldp, *p3 = P + 3 * (size_t)ldp;
     const float *p4 = P + 4 * (size_t)ldp, *p5 = P + 5 * (size_t)ldp;
     for (int t = 0; t < nt; t++) {
@@ -218,13 +230,13 @@ pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, i
 }
 
 typedef void (*pv_fn)(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,
-                      float *O, int ldo);
+                      float *O, int ldo, bool acc);
 
 #define PV_VARIANT(name, f16, six)                                                                 \
     static void name(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,    \
-                     float *O, int ldo)                                                            \
+                     float *O, int ldo, bool acc)                                                  \
     {                                                                                              \
-        pv_block(P, ldp, V, vs, f16, dv, d0, nt, O, ldo, six);                                     \
+        pv_block(P, ldp, V, vs, f16, dv, d0, nt, O, ldo, six, acc);                                \
     }
 PV_VARIANT(pv4_f16, true, false)
 PV_VARIANT(pv6_f16, true, true)
@@ -232,7 +244,7 @@ PV_VARIANT(pv4_f32, false, false)
 PV_VARIANT(pv6_f32, false, true)
 
 static void pv_avx512(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
-                      const int *len, float *O, int ldo)
+                      const int *len, float *O, int ldo, bool acc)
 {
     /* blocks of six rows where what is left still splits into sixes and
      * fours (nq is a multiple of 4); each over the keys its rows see */
@@ -241,7 +253,7 @@ static void pv_avx512(const float *P, int nq, int ldp, const void *V, size_t vs,
         const pv_fn fn = rows == 6 ? (vf16 ? pv6_f16 : pv6_f32) : (vf16 ? pv4_f16 : pv4_f32);
         const int nt = max_len(len, j, j + rows);
         for (int d0 = 0; d0 < dv; d0 += 64)
-            fn(P + (size_t)j * ldp, ldp, V, vs, dv, d0, nt, O + (size_t)j * ldo, ldo);
+            fn(P + (size_t)j * ldp, ldp, V, vs, dv, d0, nt, O + (size_t)j * ldo, ldo, acc);
         j += rows;
     }
 }

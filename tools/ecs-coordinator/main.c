@@ -256,21 +256,25 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
         if (sched_cache_load(s, a->cache_dir, &n_in, &n_bad, &n_tok) != ECS_OK)
             fprintf(stderr, "ecs-coordinator: warning: %s\n", ecs_errmsg());
         else
-            fprintf(stderr, "prefix cache: %d slots (%ld tokens) restored from %s%s\n", n_in, n_tok,
-                    a->cache_dir, n_bad ? " (files of another model or damaged ones skipped)" : "");
+            fprintf(stderr, "prefix cache: %d blocks (%ld tokens) restored from %s%s\n", n_in, n_tok,
+                    a->cache_dir, n_bad ? " (a file of another model or damaged blocks skipped)" : "");
     }
     struct stat sb;
     size_t wbytes = stat(a->model, &sb) == 0 ? (size_t)sb.st_size : 0;
+    const int per_ctx = (so.n_ctx + MODEL_KV_BLOCK - 1) / MODEL_KV_BLOCK;
     fprintf(stderr,
-            "memory: weights %.1f MB mapped, workspace %.1f MB, KV %d slots x %d tokens = %.1f MB "
-            "(%.1f KB/token)%s\n",
-            wbytes / 1e6, model_workspace_bytes(m) / 1e6, st.slots, so.n_ctx, st.kv_bytes / 1e6,
-            st.slot_bytes / 1e3 / so.n_ctx,
-            st.slots < a->max_running ? " - fewer slots than --max-running: KV bounds concurrency" : "");
+            "memory: weights %.1f MB mapped, workspace %.1f MB, KV pool %d blocks x %d tokens = "
+            "%.1f MB (%.1f KB/token, %s; %.1f contexts of %d tokens)%s\n",
+            wbytes / 1e6, model_workspace_bytes(m) / 1e6, st.kv_blocks, MODEL_KV_BLOCK,
+            st.kv_bytes / 1e6, st.kv_block_bytes / 1e3 / MODEL_KV_BLOCK,
+            a->kv_mem ? "--kv-mem" : "from free memory", (double)st.kv_blocks / per_ctx, so.n_ctx,
+            st.kv_blocks < per_ctx * a->max_running
+                ? " - less than --max-running whole contexts: long requests may wait or be preempted"
+                : "");
     if (rc == 0) {
         fprintf(stderr, "ecs-coordinator: serving '%s' on http://%s:%d (context %d, %d running, "
                         "chat template %s)\n",
-                ao.model_id, host, api_server_port(srv), so.n_ctx, st.slots,
+                ao.model_id, host, api_server_port(srv), so.n_ctx, a->max_running,
                 tok_chat_kind_name(tok_chat_kind(tok)));
         fprintf(stderr,
                 "  open  http://%s:%d/v1/models\n"
@@ -289,7 +293,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
         if (sched_cache_save(s, a->cache_dir, &n_out, &n_tok) != ECS_OK)
             rc = fail("%s", ecs_errmsg());
         else
-            fprintf(stderr, "prefix cache: %d slots (%ld tokens) written to %s\n", n_out, n_tok,
+            fprintf(stderr, "prefix cache: %d blocks (%ld tokens) written to %s\n", n_out, n_tok,
                     a->cache_dir);
     }
     api_server_free(srv);
