@@ -28,7 +28,7 @@ struct sched_req {
     int chunk_i, n_chunks;
     bool decoding;
     bool admitted_once;
-    int replay;               /* after a preemption: generated tokens re-fed so far */
+    int replay, replay_end;   /* after a preemption: generated tokens re-fed so far, of */
     int step_rows;            /* rows in the step being built */
     int32_t next_tok;
     int32_t *gen;             /* generated ids [max_tokens] (recomputation re-feeds them) */

@@ -202,6 +202,7 @@ static void preempt(sched_t *s, sched_req_t *r)
     sched_kv_release(s, r);
     running_remove(s, r);
     r->n_fed = r->chunk_i = r->replay = 0;
+    r->replay_end = r->n_gen > 0 ? r->n_gen - 1 : 0;
     r->decoding = false;
     pthread_mutex_lock(&s->mu);
     r->next = s->wait_head;
@@ -246,14 +247,15 @@ static int plan(sched_t *s)
             prompts_wait = true;
             continue;
         }
-        if (!reserve(s, r, model_ctx_n_past(r->ctx) + want)) {
+        const bool ok = reserve(s, r, model_ctx_n_past(r->ctx) + want);
+        next = r->next; /* reserve's victims were after r */
+        if (!ok) {
             if (r->decoding)
                 preempt(s, r);
             else
                 prompts_wait = true;
             continue;
         }
-        next = r->next; /* victims were after r */
         r->step_rows = want;
         n += want;
     }
@@ -262,7 +264,7 @@ static int plan(sched_t *s)
 
 /* Decoding rows: after a preemption the generated tokens before the last
  * are re-fed without logits, then the last as an ordinary decode row. */
-static bool replaying(const sched_req_t *r) { return r->replay < r->n_gen - 1; }
+static bool replaying(const sched_req_t *r) { return r->replay < r->replay_end; }
 
 static void step(sched_t *s)
 {
