@@ -352,4 +352,5 @@ void api_metrics_text(api_server_t *srv, api_buf_t *b)
          st.ttft_bucket, st.ttft_count, st.ttft_sum);
     hist(b, "ecs_time_between_tokens_seconds", "Seconds between two tokens of a stream.",
          st.tbt_bucket, st.tbt_count, st.tbt_sum);
+    api_metrics_workers(srv, b);
 }

@@ -133,6 +133,10 @@ typedef struct {
     int pairs_held;
     uint64_t calls_in_flight, rows_in_flight, calls, rows, bytes_out, bytes_in;
     uint64_t latency_p50_us, latency_p99_us;
+    /* round trips of completed calls: bucket i counts [2^i, 2^(i+1)) us
+     * (bucket 0 also those under 1 us), for a histogram on /metrics */
+#define DISPATCH_LAT_BUCKETS 32
+    uint64_t latency_hist[DISPATCH_LAT_BUCKETS];
 } dispatch_worker_stats_t;
 
 typedef struct {

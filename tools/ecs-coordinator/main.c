@@ -220,7 +220,7 @@ static void model_id_of(const char *path, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)n, b);
 }
 
-static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
+static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, const dispatch_t *dsp)
 {
     char host[256], id[256];
     int port;
@@ -248,7 +248,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys)
     int rc = 0;
     if (api_server_new(&ao, m, tok, s, &srv) != ECS_OK)
         rc = fail("%s", ecs_errmsg());
-    else if (sched_start(s) != ECS_OK)
+    else if (api_server_set_dispatch(srv, dsp), sched_start(s) != ECS_OK)
         rc = fail("%s", ecs_errmsg());
     if (a->cache_dir) {
         int n_in, n_bad;
@@ -327,7 +327,7 @@ int main(int argc, char **argv)
     if (rc == 0 && dsp && a.print_placement)
         placement_write(dispatch_placement(dsp), stdout);
     if (rc == 0)
-        rc = serve(&a, m, tok, keys);
+        rc = serve(&a, m, tok, keys, dsp);
     if (m && model_repack_note(m))
         fprintf(stderr, "ecs-coordinator: note: %s\n", model_repack_note(m));
     tok_free(tok);
