@@ -190,18 +190,21 @@ pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, i
     __m512 a30 = a00, a31 = a00, a32 = a00, a33 = a00;
     __m512 a40 = a00, a41 = a00, a42 = a00, a43 = a00;
     __m512 a50 = a00, a51 = a00, a52 = a00, a53 = a00;
-    if (acc) { /* continue the sums of earlier keys */
+/* OP(accumulator, row, column) for each accumulator in use */
+#define PV_EACH(OP)                                                                                \
+    do {                                                                                           \
+        OP(a00, 0, 0), OP(a01, 0, 1), OP(a02, 0, 2), OP(a03, 0, 3);                               \
+        OP(a10, 1, 0), OP(a11, 1, 1), OP(a12, 1, 2), OP(a13, 1, 3);                               \
+        OP(a20, 2, 0), OP(a21, 2, 1), OP(a22, 2, 2), OP(a23, 2, 3);                               \
+        OP(a30, 3, 0), OP(a31, 3, 1), OP(a32, 3, 2), OP(a33, 3, 3);                               \
+        if (six) {                                                                                 \
+            OP(a40, 4, 0), OP(a41, 4, 1), OP(a42, 4, 2), OP(a43, 4, 3);                           \
+            OP(a50, 5, 0), OP(a51, 5, 1), OP(a52, 5, 2), OP(a53, 5, 3);                           \
+        }                                                                                          \
+    } while (0)
 #define PV_LOAD(a, r, c) a = _mm512_maskz_loadu_ps(m##c, O + (size_t)(r) * ldo + d0 + 16 * (c))
-        PV_LOAD(a00, 0, 0), PV_LOAD(a01, 0, 1), PV_LOAD(a02, 0, 2), PV_LOAD(a03, 0, 3);
-        PV_LOAD(a10, 1, 0), PV_LOAD(a11, 1, 1), PV_LOAD(a12, 1, 2), PV_LOAD(a13, 1, 3);
-        PV_LOAD(a20, 2, 0), PV_LOAD(a21, 2, 1), PV_LOAD(a22, 2, 2), PV_LOAD(a23, 2, 3);
-        PV_LOAD(a30, 3, 0), PV_LOAD(a31, 3, 1), PV_LOAD(a32, 3, 2), PV_LOAD(a33, 3, 3);
-        if (six) {
-            PV_LOAD(a40, 4, 0), PV_LOAD(a41, 4, 1), PV_LOAD(a42, 4, 2), PV_LOAD(a43, 4, 3);
-            PV_LOAD(a50, 5, 0), PV_LOAD(a51, 5, 1), PV_LOAD(a52, 5, 2), PV_LOAD(a53, 5, 3);
-        }
-#undef PV_LOAD
-    }
+    if (acc) /* continue the sums of earlier keys */
+        PV_EACH(PV_LOAD);
     const float *p0 = P, *p1 = P + ldp, *p2 = P + 2 * (size_t)ldp, *p3 = P + 3 * (size_t)ldp;
     const float *p4 = P + 4 * (size_t)ldp, *p5 = P + 5 * (size_t)ldp;
     for (int t = 0; t < nt; t++) {
@@ -218,15 +221,10 @@ pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, i
         }
     }
 #define PV_STORE(a, r, c) _mm512_mask_storeu_ps(O + (size_t)(r) * ldo + d0 + 16 * (c), m##c, a)
-    PV_STORE(a00, 0, 0), PV_STORE(a01, 0, 1), PV_STORE(a02, 0, 2), PV_STORE(a03, 0, 3);
-    PV_STORE(a10, 1, 0), PV_STORE(a11, 1, 1), PV_STORE(a12, 1, 2), PV_STORE(a13, 1, 3);
-    PV_STORE(a20, 2, 0), PV_STORE(a21, 2, 1), PV_STORE(a22, 2, 2), PV_STORE(a23, 2, 3);
-    PV_STORE(a30, 3, 0), PV_STORE(a31, 3, 1), PV_STORE(a32, 3, 2), PV_STORE(a33, 3, 3);
-    if (six) {
-        PV_STORE(a40, 4, 0), PV_STORE(a41, 4, 1), PV_STORE(a42, 4, 2), PV_STORE(a43, 4, 3);
-        PV_STORE(a50, 5, 0), PV_STORE(a51, 5, 1), PV_STORE(a52, 5, 2), PV_STORE(a53, 5, 3);
-    }
+    PV_EACH(PV_STORE);
 #undef PV_STORE
+#undef PV_LOAD
+#undef PV_EACH
 }
 
 typedef void (*pv_fn)(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,

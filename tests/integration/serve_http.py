@@ -7,6 +7,7 @@ chat message stays text; API keys. Every server is started here and stopped
 by pid.
 usage: serve_http.py ROOT BUILD"""
 import json
+import os
 import shutil
 import socket
 import sys
@@ -335,6 +336,19 @@ for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
             assert r1["choices"][0]["text"] == cold[1]["choices"][0]["text"], (r1, cold[1])
         finally:
             assert again.stop() == 0
+        path_kv = os.path.join(cache_dir, "kv-blocks.ecs")
+        with open(path_kv, "r+b") as f:  # damage a byte inside the block records
+            f.seek(os.path.getsize(path_kv) // 2)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0xFF]))
+        damaged = Server(binary, path, "--ctx", "1024", "--max-running", "2", "--prefix-cache-dir", cache_dir)
+        try:  # the damaged block is skipped, the others serve, the tokens are unchanged
+            assert "skipped" in damaged.read_log() and "restored" in damaged.read_log(), damaged.read_log()
+            st, r2 = post_json(damaged.port, "/v1/completions", turns()[1])
+            assert st == 200 and r2["choices"][0]["text"] == cold[1]["choices"][0]["text"], (r2, cold[1])
+        finally:
+            assert damaged.stop() == 0
         other = model_path(root, build, "tiny-qwen3moe-q8_0" if "ds2" in name else "tiny-ds2-q8_0")
         wrong = Server(binary, other, "--ctx", "1024", "--max-running", "2", "--prefix-cache-dir", cache_dir)
         try:  # another model's cache files are not used
