@@ -57,28 +57,32 @@ static void put_query(const model_simd_t *sd, float *dst, const float *src, int 
         memcpy(dst, src, (size_t)n * sizeof *dst);
 }
 
-/* The cached rows of one layer of c: the pool's rows of that layer in
- * block 0, located per block through c's table. */
+/* The cached rows of one layer of c: the pool's rows of that layer,
+ * located through c's table. */
 static model_kv_t ctx_kv(const model_ctx_t *c, int layer)
 {
     const model_kv_geom_t *g = &c->pool->g;
-    const char *base = c->pool->mem + (size_t)layer * g->lay_bytes;
-    return (model_kv_t){.k = base, .v = base + g->v_off, .k_row = c->k_row, .v_row = c->v_row,
-                        .f16 = !c->f32, .tab = c->tab, .blk = g->blk_bytes};
+    const char *base = c->pool->mem + (size_t)layer * g->lay_stride;
+    return (model_kv_t){.k = base, .v = base + g->v_base, .k_row = c->k_row, .v_row = c->v_row,
+                        .f16 = !c->f32, .tab = c->tab};
 }
 
 /* Contiguous runs of the cached rows: [t0, t0 + *run) of kv start at
- * *k / *v (one run of nt when kv is not paged, else one per block). */
-static void kv_run(const model_kv_t *kv, const char *k, const char *v, int t0, int nt,
+ * *kr / *vr (one run of nt when kv is not paged, else one per run of
+ * consecutive block ids). elt: bytes per element. */
+static void kv_run(const model_kv_t *kv, const char *k, const char *v, size_t elt, int t0, int nt,
                    const char **kr, const char **vr, int *run)
 {
     if (!kv->tab) {
         *kr = k, *vr = v, *run = nt - t0;
         return;
     }
-    const size_t at = (size_t)kv->tab[t0 / MODEL_KV_BLOCK] * kv->blk;
-    *kr = k + at, *vr = v + at;
-    *run = nt - t0 < MODEL_KV_BLOCK ? nt - t0 : MODEL_KV_BLOCK;
+    int b = t0 / MODEL_KV_BLOCK, end = (b + 1) * MODEL_KV_BLOCK;
+    while (end < nt && kv->tab[b + 1] == kv->tab[b] + 1)
+        b++, end += MODEL_KV_BLOCK;
+    const size_t row = (size_t)kv->tab[t0 / MODEL_KV_BLOCK] * MODEL_KV_BLOCK + t0 % MODEL_KV_BLOCK;
+    *kr = k + row * kv->k_row * elt, *vr = v + row * kv->v_row * elt;
+    *run = (end < nt ? end : nt) - t0;
 }
 
 /* len of the queries within the run [t0, t0 + run). */
@@ -130,20 +134,20 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     const int kvh = h0 / a->group;
     const char *K = (const char *)kv.k + (size_t)kvh * a->dk * elt;
     const char *V = (const char *)kv.v + (size_t)kvh * a->dv * elt;
-    /* per contiguous run of keys (a KV block): a score is one query's
+    /* per contiguous run of keys (KV blocks): a score is one query's
      * product with one key, and P.V continues its sums run after run, so
      * the results are those of one run over all keys, bit for bit */
     int rl[MODEL_ATT_QMAX], run;
     const char *kr, *vr;
     for (int t0 = 0; t0 < nt; t0 += run) {
-        kv_run(&kv, K, V, t0, nt, &kr, &vr, &run);
+        kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
         run_len(len, nqp, t0, run, rl);
         sd->scores(Q, nqp, dkp, kr, kv.k_row, f16, a->dk, dkp, rl, run, hp->kq_scale, S + t0,
                    ws->t_pad, kbuf);
     }
     sd->softmax(S, nqp, ws->t_pad, len, nt, f16);
     for (int t0 = 0; t0 < nt; t0 += run) {
-        kv_run(&kv, K, V, t0, nt, &kr, &vr, &run);
+        kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
         run_len(len, nqp, t0, run, rl);
         sd->pv(S + t0, nqp, ws->t_pad, vr, kv.v_row, f16, a->dv, rl, O, ws->dvp, t0 > 0);
     }

@@ -452,9 +452,8 @@ static void kv_geometry(const model_t *m, unsigned flags, model_kv_geom_t *g)
         g->k_row = (size_t)g->n_kv_head * g->dk;
         g->v_row = (size_t)g->n_kv_head * g->dv;
     }
-    g->v_off = g->latent ? 0 : (size_t)MODEL_KV_BLOCK * g->k_row * g->elt;
-    g->lay_bytes = (size_t)MODEL_KV_BLOCK * (g->k_row + (g->latent ? 0 : g->v_row)) * g->elt;
-    g->blk_bytes = (size_t)hp->n_layer * g->lay_bytes;
+    g->blk_bytes = (size_t)hp->n_layer * MODEL_KV_BLOCK * (g->k_row + (g->latent ? 0 : g->v_row)) *
+                   g->elt;
 }
 
 static bool flags_ok(unsigned flags)
@@ -484,6 +483,9 @@ ecs_err_t model_kvpool_new(model_t *m, int n_blocks, unsigned flags, model_kvpoo
     p->m = m;
     p->n_blocks = n_blocks;
     kv_geometry(m, flags, &p->g);
+    const size_t rows = (size_t)n_blocks * MODEL_KV_BLOCK;
+    p->g.v_base = p->g.latent ? 0 : rows * p->g.k_row * p->g.elt;
+    p->g.lay_stride = rows * (p->g.k_row + (p->g.latent ? 0 : p->g.v_row)) * p->g.elt;
     const size_t bytes = (size_t)n_blocks * p->g.blk_bytes;
     p->mem = bytes / p->g.blk_bytes == (size_t)n_blocks ? ecs_alloc_huge(bytes) : NULL;
     if (!p->mem) {
@@ -505,7 +507,29 @@ void model_kvpool_free(model_kvpool_t *p)
 
 int model_kvpool_n_blocks(const model_kvpool_t *p) { return p->n_blocks; }
 
-void *model_kvpool_block(model_kvpool_t *p, int b) { return p->mem + (size_t)b * p->g.blk_bytes; }
+/* Block b's rows, layer by layer (K, then V), to or from buf. */
+static void block_copy(model_kvpool_t *p, int b, char *buf, bool to_buf)
+{
+    const model_kv_geom_t *g = &p->g;
+    const size_t row0 = (size_t)b * MODEL_KV_BLOCK;
+    for (int l = 0; l < p->m->hp.n_layer; l++)
+        for (int kv = 0; kv < (g->latent ? 1 : 2); kv++) {
+            const size_t row = (kv ? g->v_row : g->k_row) * g->elt, n = MODEL_KV_BLOCK * row;
+            char *at = p->mem + (size_t)l * g->lay_stride + (kv ? g->v_base : 0) + row0 * row;
+            memcpy(to_buf ? buf : at, to_buf ? at : buf, n);
+            buf += n;
+        }
+}
+
+void model_kvpool_block_get(const model_kvpool_t *p, int b, void *out)
+{
+    block_copy((model_kvpool_t *)p, b, out, true);
+}
+
+void model_kvpool_block_put(model_kvpool_t *p, int b, const void *in)
+{
+    block_copy(p, b, (char *)in, false);
+}
 
 size_t model_ctx_bytes(const model_t *m, int n_ctx, unsigned flags)
 {

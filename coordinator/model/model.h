@@ -226,8 +226,8 @@ enum {
 #define MODEL_MLA_EXPAND_ROWS 64
 
 /* Tokens per KV block. 64: a multiple of the attention kernels' 16-key
- * tiles, so a block is whole tiles and each block's rows are one
- * contiguous run for them, long enough that the per-run overhead is lost
+ * tiles, so a block is whole tiles and each run of blocks (consecutive
+ * ids are contiguous rows) one contiguous run for them, long enough that the per-run overhead is lost
  * in the work (a decode query reads ~72 KB of a V2-Lite latent block per
  * layer); MODEL_MLA_EXPAND_ROWS, the least a deepseek2 prompt chunk
  * computes, so prefix-cache blocks line up with what prompts compute; and
@@ -244,8 +244,10 @@ size_t model_kv_block_bytes(const model_t *m, unsigned flags);
 ecs_err_t model_kvpool_new(model_t *m, int n_blocks, unsigned flags, model_kvpool_t **out);
 void model_kvpool_free(model_kvpool_t *p);
 int model_kvpool_n_blocks(const model_kvpool_t *p);
-/* Block b's bytes (model_kv_block_bytes long), e.g. to keep it on disk. */
-void *model_kvpool_block(model_kvpool_t *p, int b);
+/* Block b's rows as model_kv_block_bytes bytes (every layer's K rows,
+ * then its V rows), e.g. to keep it on disk; put writes them back. */
+void model_kvpool_block_get(const model_kvpool_t *p, int b, void *out);
+void model_kvpool_block_put(model_kvpool_t *p, int b, const void *in);
 /* A sequence over p's blocks: its table (model_ctx_table, n_ctx /
  * MODEL_KV_BLOCK entries rounded up) is filled by the caller, which keeps
  * model_ctx_set_blocks up to date; a step that would write past the filled

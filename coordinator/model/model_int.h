@@ -185,11 +185,14 @@ typedef struct {
 void prof_start(const model_t *m, prof_mark_t *mk);
 void prof_end(model_t *m, model_phase_t ph, prof_mark_t *mk);
 
-/* KV memory (paged): a pool of blocks of MODEL_KV_BLOCK tokens. Block b
- * holds, per layer, its tokens' K rows then (unless latent) their V rows:
- * layer l's rows of block b start at mem + b * blk_bytes + l * lay_bytes,
- * V at + v_off. Rows are F16 or (MODEL_CTX_KV_F32) F32; in the ds2
- * latent layout V aliases K (the first kv_lora values of a row). */
+/* KV memory (paged): a pool of n_blocks blocks of MODEL_KV_BLOCK tokens,
+ * laid out layer by layer: layer l's K rows of every block, block after
+ * block, at mem + l * lay_stride, then (unless latent) its V rows at
+ * + v_base. So token i of block b is K row b * MODEL_KV_BLOCK + i of the
+ * layer, and blocks with consecutive ids are one contiguous run of rows
+ * (the identity table of model_ctx_new is the whole context's run, the
+ * layout of one contiguous cache). Rows are F16 or (MODEL_CTX_KV_F32)
+ * F32; in the ds2 latent layout V aliases K (the first kv_lora values). */
 typedef struct {
     unsigned flags;
     bool latent;
@@ -198,7 +201,8 @@ typedef struct {
     int dk, dv;         /* per head */
     size_t k_row, v_row;      /* elements per token */
     size_t elt;               /* bytes per element */
-    size_t lay_bytes, v_off, blk_bytes;
+    size_t blk_bytes;         /* one block, every layer */
+    size_t lay_stride, v_base; /* set by the pool: bytes per layer, V's offset in it */
 } model_kv_geom_t;
 
 struct model_kvpool {
@@ -228,20 +232,25 @@ struct model_ctx {
     int n_blk;
 };
 
+/* Row of token t of c in its layer's rows of the pool. */
+static inline size_t model_kv_prow(const model_ctx_t *c, int t)
+{
+    return (size_t)c->tab[t / MODEL_KV_BLOCK] * MODEL_KV_BLOCK + (size_t)(t % MODEL_KV_BLOCK);
+}
+
 /* Token t's K (V) row of c at layer. Every access to cached rows goes
  * through these or model_ctx_kv (attn.c). */
 static inline char *model_kv_krow(const model_ctx_t *c, int layer, int t)
 {
     const model_kv_geom_t *g = &c->pool->g;
-    return c->pool->mem + (size_t)c->tab[t / MODEL_KV_BLOCK] * g->blk_bytes +
-           (size_t)layer * g->lay_bytes + (size_t)(t % MODEL_KV_BLOCK) * g->k_row * g->elt;
+    return c->pool->mem + (size_t)layer * g->lay_stride + model_kv_prow(c, t) * g->k_row * g->elt;
 }
 
 static inline char *model_kv_vrow(const model_ctx_t *c, int layer, int t)
 {
     const model_kv_geom_t *g = &c->pool->g;
-    return c->pool->mem + (size_t)c->tab[t / MODEL_KV_BLOCK] * g->blk_bytes +
-           (size_t)layer * g->lay_bytes + g->v_off + (size_t)(t % MODEL_KV_BLOCK) * g->v_row * g->elt;
+    return c->pool->mem + (size_t)layer * g->lay_stride + g->v_base +
+           model_kv_prow(c, t) * g->v_row * g->elt;
 }
 
 /* Row of a step: which sequence, at which position; seq_rows: how many
@@ -292,15 +301,14 @@ ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n,
 void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                      const model_step_row_t *rows, int n, int layer);
 /* One layer's K and V rows: token t, head h at t * k_row + h * dk (V
- * likewise), F16 or F32; contiguous (tab NULL) or paged: token t at
- * k + tab[t / MODEL_KV_BLOCK] * blk bytes + (t % MODEL_KV_BLOCK) * k_row
- * elements (attn.c reads each block's rows as one contiguous run). */
+ * likewise), F16 or F32; contiguous (tab NULL) or paged: token t is row
+ * tab[t / MODEL_KV_BLOCK] * MODEL_KV_BLOCK + t % MODEL_KV_BLOCK from k
+ * (attn.c reads each run of consecutive block ids as one contiguous run). */
 typedef struct {
     const void *k, *v;
     size_t k_row, v_row; /* elements between tokens */
     bool f16;
     const int32_t *tab;  /* paged: the block table; NULL: contiguous */
-    size_t blk;          /* paged: bytes between blocks */
 } model_kv_t;
 
 /* Ordinary multi-head attention (one K/V head per query head, dk / dv per

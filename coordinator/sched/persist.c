@@ -37,7 +37,7 @@ static void file_path(char *out, size_t cap, const char *dir, const char *suffix
     snprintf(out, cap, "%s/%s%s", dir, FILE_NAME, suffix);
 }
 
-static bool write_all(sched_t *s, FILE *f, int *n_saved)
+static bool write_all(sched_t *s, FILE *f, int *n_saved, void *data)
 {
     file_hdr_t h = {.seed = s->seed, .block_bytes = s->block_bytes,
                     .block_tokens = MODEL_KV_BLOCK};
@@ -52,7 +52,7 @@ static bool write_all(sched_t *s, FILE *f, int *n_saved)
         rec_hdr_t r;
         if (!kvc_key(s->kvc, b, &r.key))
             continue;
-        const void *data = model_kvpool_block(s->pool, b);
+        model_kvpool_block_get(s->pool, b, data);
         r.parent = s->blk_parent[b];
         r.sum = ecs_hash64(data, s->block_bytes, r.key);
         memcpy(r.toks, s->blk_toks + (size_t)b * MODEL_KV_BLOCK, sizeof r.toks);
@@ -72,10 +72,12 @@ ecs_err_t sched_cache_save(sched_t *s, const char *dir, int *n_saved, long *n_to
     char path[4096], tmp[4200];
     file_path(path, sizeof path, dir, "");
     file_path(tmp, sizeof tmp, dir, ".tmp");
-    FILE *f = fopen(tmp, "wb");
-    bool ok = f && write_all(s, f, n_saved);
+    void *data = malloc(s->block_bytes);
+    FILE *f = data ? fopen(tmp, "wb") : NULL;
+    bool ok = f && write_all(s, f, n_saved, data);
     if (f && fclose(f) != 0)
         ok = false;
+    free(data);
     if (!ok || rename(tmp, path) != 0) {
         ecs_err_t e = ecs_error(ECS_ERR_IO, "prefix cache: cannot write %s: %s", path, strerror(errno));
         unlink(tmp);
@@ -100,7 +102,7 @@ static bool load_block(sched_t *s, const rec_hdr_t *r, const void *data)
     const int b = kvc_alloc(s->kvc);
     if (b < 0)
         return false;
-    memcpy(model_kvpool_block(s->pool, b), data, s->block_bytes);
+    model_kvpool_block_put(s->pool, b, data);
     memcpy(s->blk_toks + (size_t)b * MODEL_KV_BLOCK, r->toks, sizeof r->toks);
     s->blk_parent[b] = r->parent;
     kvc_publish(s->kvc, b, r->key);
