@@ -85,6 +85,23 @@ static void kv_run(const model_kv_t *kv, const char *k, const char *v, size_t el
     *run = (end < nt ? end : nt) - t0;
 }
 
+/* The kernels prefetch the keys ahead of them within a run; the first
+ * keys of the next run (another block) are asked for here, into L2, so a
+ * run boundary does not stall on them (16: the kernels' tile). */
+static void prefetch_next_run(const model_kv_t *kv, const char *k, const char *v, size_t elt,
+                              int t0, int nt, int dk)
+{
+    if (!kv->tab || t0 >= nt)
+        return;
+    const char *kr, *vr;
+    int run;
+    kv_run(kv, k, v, elt, t0, nt, &kr, &vr, &run);
+    const size_t row = kv->k_row * elt, bytes = (size_t)dk * elt;
+    for (int i = 0; i < (run < 16 ? run : 16); i++)
+        for (size_t o = 0; o < bytes; o += 64)
+            __builtin_prefetch(kr + (size_t)i * row + o, 0, 2);
+}
+
 /* len of the queries within the run [t0, t0 + run). */
 static void run_len(const int *len, int nq, int t0, int run, int *out)
 {
@@ -142,6 +159,7 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     for (int t0 = 0; t0 < nt; t0 += run) {
         kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
         run_len(len, nqp, t0, run, rl);
+        prefetch_next_run(&kv, K, V, elt, t0 + run, nt, a->dk);
         sd->scores(Q, nqp, dkp, kr, kv.k_row, f16, a->dk, dkp, rl, run, hp->kq_scale, S + t0,
                    ws->t_pad, kbuf);
     }
