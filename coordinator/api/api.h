@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "coordinator/dispatch/dispatch.h"
 #include "coordinator/model/model.h"
 #include "coordinator/sampler/sampler.h"
 #include "coordinator/sched/sched.h"
@@ -73,6 +74,9 @@ ecs_err_t api_server_new(const api_opts_t *o, model_t *m, const tok_t *tok, sche
 ecs_err_t api_server_run(api_server_t *srv);
 /* From any thread. */
 void api_server_stop(api_server_t *srv);
+/* The dispatcher whose per-worker figures /metrics shows (NULL: none);
+ * before api_server_run. */
+void api_server_set_dispatch(api_server_t *srv, const dispatch_t *d);
 /* The port actually bound (for port 0). */
 int api_server_port(const api_server_t *srv);
 void api_server_free(api_server_t *srv);

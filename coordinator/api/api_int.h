@@ -47,6 +47,7 @@ typedef struct api_conn api_conn_t;
 typedef struct api_job api_job_t;
 
 struct api_server {
+    const dispatch_t *dispatch; /* workers' figures for /metrics (NULL: local experts) */
     api_opts_t o;
     model_t *m;
     const tok_t *tok;
@@ -133,5 +134,8 @@ void api_reply_full(api_job_t *j, api_buf_t *b, const sched_view_t *v, const cha
                     const tok_t *tok);
 void api_error_body(api_buf_t *b, api_route_t route, int status, const char *msg);
 void api_metrics_text(api_server_t *srv, api_buf_t *b);
+/* metrics_workers.c: the dispatcher's per-worker figures (nothing when
+ * the experts run in-process). */
+void api_metrics_workers(const api_server_t *srv, api_buf_t *b);
 
 #endif

@@ -325,14 +325,22 @@ void api_metrics_text(api_server_t *srv, api_buf_t *b)
     metric(b, "ecs_prompt_tokens_total", "counter", "Prompt tokens evaluated.", (double)st.prompt_tokens);
     metric(b, "ecs_generation_tokens_total", "counter", "Tokens generated.", (double)st.gen_tokens);
     metric(b, "ecs_steps_total", "counter", "Model steps run by the scheduler.", (double)st.steps);
-    metric(b, "ecs_requests_running", "gauge", "Requests holding a KV slot.", st.running);
-    metric(b, "ecs_requests_waiting", "gauge", "Requests waiting for a KV slot.", st.waiting);
-    metric(b, "ecs_kv_slots", "gauge", "Whole-context KV slots allocated at start-up.", st.slots);
-    metric(b, "ecs_kv_slots_used", "gauge", "KV slots in use.", st.running);
-    metric(b, "ecs_kv_cache_bytes", "gauge", "Bytes of the KV slots.", (double)st.kv_bytes);
+    metric(b, "ecs_requests_running", "gauge", "Requests admitted (holding KV blocks).", st.running);
+    metric(b, "ecs_requests_waiting", "gauge", "Requests waiting for admission.", st.waiting);
+    metric(b, "ecs_kv_blocks", "gauge", "KV blocks in the pool allocated at start-up.", st.kv_blocks);
+    metric(b, "ecs_kv_block_tokens", "gauge", "Tokens per KV block.", MODEL_KV_BLOCK);
+    metric(b, "ecs_kv_blocks_used", "gauge", "KV blocks referenced by requests.", st.kv_blocks_used);
+    metric(b, "ecs_kv_blocks_free", "gauge",
+           "KV blocks no request references (free or kept by the prefix cache).",
+           st.kv_blocks - st.kv_blocks_used);
+    metric(b, "ecs_kv_blocks_cached", "gauge",
+           "Unreferenced KV blocks kept by the prefix cache (evicted LRU when needed).",
+           st.kv_blocks_cached);
+    metric(b, "ecs_kv_cache_bytes", "gauge", "Bytes of the KV block pool.", (double)st.kv_bytes);
+    metric(b, "ecs_kv_block_evictions_total", "counter",
+           "Cached KV blocks reused for other requests.", (double)st.kv_evictions);
     metric(b, "ecs_preemptions_total", "counter",
-           "Running requests preempted for KV (whole-context slots never need it).",
-           (double)st.preemptions);
+           "Running requests preempted for KV blocks (recomputed later).", (double)st.preemptions);
     metric(b, "ecs_prefix_cache_hit_tokens_total", "counter",
            "Prompt tokens served from the prefix cache.", (double)st.prefix_hit_tokens);
     metric(b, "ecs_prefix_cache_lookup_tokens_total", "counter",
@@ -345,4 +353,5 @@ void api_metrics_text(api_server_t *srv, api_buf_t *b)
          st.ttft_bucket, st.ttft_count, st.ttft_sum);
     hist(b, "ecs_time_between_tokens_seconds", "Seconds between two tokens of a stream.",
          st.tbt_bucket, st.tbt_count, st.tbt_sum);
+    api_metrics_workers(srv, b);
 }

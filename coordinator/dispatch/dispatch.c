@@ -618,6 +618,8 @@ ecs_err_t dispatch_worker_stats(const dispatch_t *d, int wi, dispatch_worker_sta
             out->bytes_in = ps.bytes_in;
             out->latency_p50_us = mux_latency_quantile(ps.latency_us, 0.5);
             out->latency_p99_us = mux_latency_quantile(ps.latency_us, 0.99);
+            _Static_assert(DISPATCH_LAT_BUCKETS == MUX_LAT_BUCKETS, "latency buckets");
+            memcpy(out->latency_hist, ps.latency_us, sizeof out->latency_hist);
         }
     }
     return ECS_OK;

@@ -164,6 +164,10 @@ typedef struct {
     int64_t last_heard_ms;       /* ms since its last message, -1: never */
     char why[256];               /* why it died, if it is not live */
     bool spawned;
+    /* round trips of completed calls: bucket i counts [2^i, 2^(i+1)) us
+     * (bucket 0 also those under 1 us), for a histogram on /metrics */
+#define DISPATCH_LAT_BUCKETS 32
+    uint64_t latency_hist[DISPATCH_LAT_BUCKETS];
 } dispatch_worker_stats_t;
 
 typedef struct {

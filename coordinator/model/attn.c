@@ -57,12 +57,58 @@ static void put_query(const model_simd_t *sd, float *dst, const float *src, int 
         memcpy(dst, src, (size_t)n * sizeof *dst);
 }
 
-/* The cached rows of one layer of c. */
+/* The cached rows of one layer of c: the pool's rows of that layer,
+ * located through c's table. */
 static model_kv_t ctx_kv(const model_ctx_t *c, int layer)
 {
-    return (model_kv_t){.k = (const char *)c->k + (size_t)layer * c->k_layer * c->elt,
-                        .v = (const char *)c->v + (size_t)layer * c->v_layer * c->elt,
-                        .k_row = c->k_row, .v_row = c->v_row, .f16 = !c->f32};
+    const model_kv_geom_t *g = &c->pool->g;
+    const char *base = c->pool->mem + (size_t)layer * g->lay_stride;
+    return (model_kv_t){.k = base, .v = base + g->v_base, .k_row = c->k_row, .v_row = c->v_row,
+                        .f16 = !c->f32, .tab = c->tab};
+}
+
+/* Contiguous runs of the cached rows: [t0, t0 + *run) of kv start at
+ * *kr / *vr (one run of nt when kv is not paged, else one per run of
+ * consecutive block ids). elt: bytes per element. */
+static void kv_run(const model_kv_t *kv, const char *k, const char *v, size_t elt, int t0, int nt,
+                   const char **kr, const char **vr, int *run)
+{
+    if (!kv->tab) {
+        *kr = k, *vr = v, *run = nt - t0;
+        return;
+    }
+    int b = t0 / MODEL_KV_BLOCK, end = (b + 1) * MODEL_KV_BLOCK;
+    while (end < nt && kv->tab[b + 1] == kv->tab[b] + 1)
+        b++, end += MODEL_KV_BLOCK;
+    const size_t row = (size_t)kv->tab[t0 / MODEL_KV_BLOCK] * MODEL_KV_BLOCK + t0 % MODEL_KV_BLOCK;
+    *kr = k + row * kv->k_row * elt, *vr = v + row * kv->v_row * elt;
+    *run = (end < nt ? end : nt) - t0;
+}
+
+/* The kernels prefetch the keys ahead of them within a run; the first
+ * keys of the next run (another block) are asked for here, into L2, so a
+ * run boundary does not stall on them (16: the kernels' tile). */
+static void prefetch_next_run(const model_kv_t *kv, const char *k, const char *v, size_t elt,
+                              int t0, int nt, int dk)
+{
+    if (!kv->tab || t0 >= nt)
+        return;
+    const char *kr, *vr;
+    int run;
+    kv_run(kv, k, v, elt, t0, nt, &kr, &vr, &run);
+    const size_t row = kv->k_row * elt, bytes = (size_t)dk * elt;
+    for (int i = 0; i < (run < 16 ? run : 16); i++)
+        for (size_t o = 0; o < bytes; o += 64)
+            __builtin_prefetch(kr + (size_t)i * row + o, 0, 2);
+}
+
+/* len of the queries within the run [t0, t0 + run). */
+static void run_len(const int *len, int nq, int t0, int run, int *out)
+{
+    for (int j = 0; j < nq; j++) {
+        const int l = len[j] - t0;
+        out[j] = l < 0 ? 0 : l > run ? run : l;
+    }
 }
 
 /* Query j of tile tl x heads [h0, h0 + hg) into q (dk values, rounded to
@@ -111,10 +157,24 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     const int kvh = h0 / a->group;
     const char *K = (const char *)kv.k + (size_t)kvh * a->dk * elt;
     const char *V = (const char *)kv.v + (size_t)kvh * a->dv * elt;
-    sd->scores(Q, nqp, dkp, K, kv.k_row, f16, a->dk, dkp, len, nt, hp->kq_scale, S, ws->t_pad,
-               kbuf);
+    /* per contiguous run of keys (KV blocks): a score is one query's
+     * product with one key, and P.V continues its sums run after run, so
+     * the results are those of one run over all keys, bit for bit */
+    int rl[MODEL_ATT_QMAX], run;
+    const char *kr, *vr;
+    for (int t0 = 0; t0 < nt; t0 += run) {
+        kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
+        run_len(len, nqp, t0, run, rl);
+        prefetch_next_run(&kv, K, V, elt, t0 + run, nt, a->dk);
+        sd->scores(Q, nqp, dkp, kr, kv.k_row, f16, a->dk, dkp, rl, run, hp->kq_scale, S + t0,
+                   ws->t_pad, kbuf);
+    }
     sd->softmax(S, nqp, ws->t_pad, len, nt, f16);
-    sd->pv(S, nqp, ws->t_pad, V, kv.v_row, f16, a->dv, len, O, ws->dvp);
+    for (int t0 = 0; t0 < nt; t0 += run) {
+        kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
+        run_len(len, nqp, t0, run, rl);
+        sd->pv(S + t0, nqp, ws->t_pad, vr, kv.v_row, f16, a->dv, rl, O, ws->dvp, t0 > 0);
+    }
     for (int j = 0; j < nq; j++) {
         const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
         memcpy(a->out + (size_t)r * a->out_ld + (size_t)h * a->dv, O + (size_t)j * ws->dvp,
@@ -319,9 +379,16 @@ static void split_scores(void *arg, int item, int ith)
     const size_t elt = sp->kv.f16 ? sizeof(ecs_fp16_t) : sizeof(float);
     const int t0 = item * SPLIT_KEYS, nt = sp->nt - t0 < SPLIT_KEYS ? sp->nt - t0 : SPLIT_KEYS;
     float *kbuf = thr(a->m, ith) + (size_t)ws->att_qmax * (ws->dkp + ws->t_pad);
-    const char *K = (const char *)sp->kv.k + (size_t)t0 * sp->kv.k_row * elt;
-    model_simd()->scores_t(sp->QT, sp->nq, K, sp->kv.k_row, sp->kv.f16, a->dk, nt,
-                           a->m->hp.kq_scale, sp->S + t0, ws->t_pad, kbuf);
+    /* per contiguous run of KV blocks inside the item: a score is one
+     * query's product with one key, the same however the keys are cut */
+    const char *kr, *vr;
+    int run;
+    for (int t = t0; t < t0 + nt; t += run) {
+        kv_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t, t0 + nt, &kr, &vr, &run);
+        prefetch_next_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t + run, t0 + nt, a->dk);
+        model_simd()->scores_t(sp->QT, sp->nq, kr, sp->kv.k_row, sp->kv.f16, a->dk, run,
+                               a->m->hp.kq_scale, sp->S + t, ws->t_pad, kbuf);
+    }
 }
 
 static void split_softmax(void *arg, int item, int ith)
@@ -340,8 +407,16 @@ static void split_pv(void *arg, int item, int ith)
     (void)ith;
     const size_t elt = sp->kv.f16 ? sizeof(ecs_fp16_t) : sizeof(float);
     const int d0 = item * SPLIT_COLS, nd = a->dv - d0 < SPLIT_COLS ? a->dv - d0 : SPLIT_COLS;
-    model_simd()->pv(sp->S, sp->nqp, ws->t_pad, (const char *)sp->kv.v + (size_t)d0 * elt,
-                     sp->kv.v_row, sp->kv.f16, nd, sp->len, sp->O + d0, ws->dvp);
+    /* P.V continues its sums run after run (KV blocks): the same bits as
+     * one run over all keys */
+    const char *V = (const char *)sp->kv.v + (size_t)d0 * elt, *kr, *vr;
+    int rl[MODEL_ATT_QMAX], run;
+    for (int t = 0; t < sp->nt; t += run) {
+        kv_run(&sp->kv, sp->kv.k, V, elt, t, sp->nt, &kr, &vr, &run);
+        run_len(sp->len, sp->nqp, t, run, rl);
+        model_simd()->pv(sp->S + t, sp->nqp, ws->t_pad, vr, sp->kv.v_row, sp->kv.f16, nd, rl,
+                         sp->O + d0, ws->dvp, t > 0);
+    }
     /* a tile holds all heads: its output rows are consecutive */
     for (int j = 0; j < sp->nq; j++)
         memcpy(sp->out0 + (size_t)j * a->dv + d0, sp->O + (size_t)j * ws->dvp + d0,
@@ -509,16 +584,15 @@ void model_attend_kv(model_t *m, const model_step_row_t *rows, int n, const mode
 void model_cache_put(const model_step_row_t *r, int layer, const float *k, const float *v)
 {
     model_ctx_t *c = r->ctx;
-    const size_t ko = (size_t)layer * c->k_layer + (size_t)r->pos * c->k_row;
-    const size_t vo = (size_t)layer * c->v_layer + (size_t)r->pos * c->v_row;
+    void *kd = model_kv_krow(c, layer, r->pos), *vd = v ? model_kv_vrow(c, layer, r->pos) : NULL;
     if (c->f32) {
-        memcpy((float *)c->k + ko, k, c->k_row * sizeof(float));
+        memcpy(kd, k, c->k_row * sizeof(float));
         if (v)
-            memcpy((float *)c->v + vo, v, c->v_row * sizeof(float));
+            memcpy(vd, v, c->v_row * sizeof(float));
         return;
     }
     const model_simd_t *sd = model_simd();
-    sd->to_f16((ecs_fp16_t *)c->k + ko, k, (int64_t)c->k_row);
+    sd->to_f16(kd, k, (int64_t)c->k_row);
     if (v)
-        sd->to_f16((ecs_fp16_t *)c->v + vo, v, (int64_t)c->v_row);
+        sd->to_f16(vd, v, (int64_t)c->v_row);
 }

@@ -67,8 +67,7 @@ typedef struct {
 /* Latent row t of c at layer, [c | k_pe]. */
 static const char *latent_row(const block_t *b, int t)
 {
-    const model_ctx_t *c = b->c;
-    return (const char *)c->k + ((size_t)b->layer * c->k_layer + (size_t)t * c->k_row) * c->elt;
+    return model_kv_krow(b->c, b->layer, t);
 }
 
 /* The block's latent rows as F32 in ws->exc. */

@@ -4,9 +4,11 @@
  * model_load() maps a GGUF, reads the architecture's metadata and describes
  * the model as a plain struct of tensor views (model_weights_t) pointing into
  * the mapping: weights are never copied. All scratch memory for a forward
- * step of up to MODEL_MAX_BATCH rows is allocated at load; each sequence's
- * KV cache is allocated whole by model_ctx_new(). Evaluating tokens
- * allocates nothing.
+ * step of up to MODEL_MAX_BATCH rows is allocated at load. KV rows live in
+ * blocks of MODEL_KV_BLOCK tokens: a sequence reads and writes them through
+ * its block table, over blocks of a shared pool (model_kvpool_new; the
+ * serving scheduler hands them out) or of a pool of its own
+ * (model_ctx_new, one whole context). Evaluating tokens allocates nothing.
  *
  * Routed experts are computed behind model_experts_ops, so the same model
  * code runs with experts in-process (the local backend, the default) or on
@@ -230,7 +232,41 @@ enum {
  * steps of at least this many rows gives the same logits however it is cut. */
 #define MODEL_MLA_EXPAND_ROWS 64
 
-/* KV bytes model_ctx_new(m, n_ctx, flags) allocates. */
+/* Tokens per KV block. 64: a multiple of the attention kernels' 16-key
+ * tiles, so a block is whole tiles and each run of blocks (consecutive
+ * ids are contiguous rows) one contiguous run for them, long enough that the per-run overhead is lost
+ * in the work (a decode query reads ~72 KB of a V2-Lite latent block per
+ * layer); MODEL_MLA_EXPAND_ROWS, the least a deepseek2 prompt chunk
+ * computes, so prefix-cache blocks line up with what prompts compute; and
+ * small enough that a request wastes under one block per sequence and the
+ * prefix cache shares conversations at 64-token granularity. */
+#define MODEL_KV_BLOCK 64
+
+/* ---- paged KV ---- */
+typedef struct model_kvpool model_kvpool_t;
+/* Bytes of one block (every layer's K and V rows of MODEL_KV_BLOCK tokens)
+ * for contexts with flags. */
+size_t model_kv_block_bytes(const model_t *m, unsigned flags);
+/* n_blocks blocks allocated at once (ECS_ERR_NOMEM if they cannot be). */
+ecs_err_t model_kvpool_new(model_t *m, int n_blocks, unsigned flags, model_kvpool_t **out);
+void model_kvpool_free(model_kvpool_t *p);
+int model_kvpool_n_blocks(const model_kvpool_t *p);
+/* Block b's rows as model_kv_block_bytes bytes (every layer's K rows,
+ * then its V rows), e.g. to keep it on disk; put writes them back. */
+void model_kvpool_block_get(const model_kvpool_t *p, int b, void *out);
+void model_kvpool_block_put(model_kvpool_t *p, int b, const void *in);
+/* A sequence over p's blocks: its table (model_ctx_table, n_ctx /
+ * MODEL_KV_BLOCK entries rounded up) is filled by the caller, which keeps
+ * model_ctx_set_blocks up to date; a step that would write past the filled
+ * blocks fails with ECS_ERR_NOMEM and changes nothing. */
+ecs_err_t model_ctx_new_paged(model_kvpool_t *p, int n_ctx, model_ctx_t **out);
+int32_t *model_ctx_table(model_ctx_t *c);
+/* The first n_blk table entries are the sequence's blocks, and its first
+ * n_past tokens are cached in them (<= n_blk * MODEL_KV_BLOCK; e.g. full
+ * blocks another sequence computed: shared blocks are only read). */
+ecs_err_t model_ctx_set_blocks(model_ctx_t *c, int n_blk, int n_past);
+
+/* KV bytes model_ctx_new(m, n_ctx, flags) allocates (whole blocks). */
 size_t model_ctx_bytes(const model_t *m, int n_ctx, unsigned flags);
 ecs_err_t model_ctx_new(model_t *m, int n_ctx, unsigned flags, model_ctx_t **out);
 void model_ctx_free(model_ctx_t *c);

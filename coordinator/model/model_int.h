@@ -45,9 +45,11 @@ typedef struct {
     void (*softmax)(float *S, int nq, int lds, const int *len, int nt, bool f16);
     /* O[j][d] = sum_t P[j][t] V[t][d] over t < len[j] (P is zero past it,
      * and adding 0 * V changes no sum), j < nq (multiple of 4), d < dv; V
-     * rows vs elements apart (F16 when vf16). */
+     * rows vs elements apart (F16 when vf16). acc: the sums start from O's
+     * values instead of zero (each a sequential sum: P.V over blocks of
+     * keys, one call each, equals one call over all of them bit for bit). */
     void (*pv)(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
-               const int *len, float *O, int ldo);
+               const int *len, float *O, int ldo, bool acc);
     /* dst = src rounded to F16 and back / converted to F16 */
     void (*round_f16)(float *dst, const float *src, int64_t n);
     void (*to_f16)(ecs_fp16_t *dst, const float *src, int64_t n);
@@ -194,9 +196,36 @@ typedef struct {
 void prof_start(const model_t *m, prof_mark_t *mk);
 void prof_end(model_t *m, model_phase_t ph, prof_mark_t *mk);
 
-/* KV cache geometry: per layer, token rows of k_row (and v_row) values,
- * F16 or (MODEL_CTX_KV_F32) F32. In the ds2 latent layout V aliases K (the
- * first kv_lora values of a row). */
+/* KV memory (paged): a pool of n_blocks blocks of MODEL_KV_BLOCK tokens,
+ * laid out layer by layer: layer l's K rows of every block, block after
+ * block, at mem + l * lay_stride, then (unless latent) its V rows at
+ * + v_base. So token i of block b is K row b * MODEL_KV_BLOCK + i of the
+ * layer, and blocks with consecutive ids are one contiguous run of rows
+ * (the identity table of model_ctx_new is the whole context's run, the
+ * layout of one contiguous cache). Rows are F16 or (MODEL_CTX_KV_F32)
+ * F32; in the ds2 latent layout V aliases K (the first kv_lora values). */
+typedef struct {
+    unsigned flags;
+    bool latent;
+    bool f32;
+    int n_kv_head;      /* heads stored; the latent has one shared by all */
+    int dk, dv;         /* per head */
+    size_t k_row, v_row;      /* elements per token */
+    size_t elt;               /* bytes per element */
+    size_t blk_bytes;         /* one block, every layer */
+    size_t lay_stride, v_base; /* set by the pool: bytes per layer, V's offset in it */
+} model_kv_geom_t;
+
+struct model_kvpool {
+    model_t *m;
+    model_kv_geom_t g;
+    int n_blocks;
+    char *mem;
+};
+
+/* A sequence: its block table (tab[i] holds tokens [i * MODEL_KV_BLOCK,
+ * (i + 1) * MODEL_KV_BLOCK)), of which n_blk entries are filled. A context
+ * made by model_ctx_new owns a pool of its own with the identity table. */
 struct model_ctx {
     model_t *m;
     unsigned flags;
@@ -204,15 +233,36 @@ struct model_ctx {
     int n_past;
     bool latent;
     bool f32;
-    int n_kv_head;      /* heads stored; the latent has one shared by all */
-    int dk, dv;         /* per head */
-    size_t k_row, v_row;      /* elements per token */
-    size_t k_layer, v_layer;  /* elements per layer */
-    size_t elt;               /* bytes per element */
-    void *k, *v;
-    void *mem;
-    size_t bytes;
+    int n_kv_head;
+    int dk, dv;
+    size_t k_row, v_row;
+    size_t elt;
+    model_kvpool_t *pool;
+    bool own_pool;
+    int32_t *tab;
+    int n_blk;
 };
+
+/* Row of token t of c in its layer's rows of the pool. */
+static inline size_t model_kv_prow(const model_ctx_t *c, int t)
+{
+    return (size_t)c->tab[t / MODEL_KV_BLOCK] * MODEL_KV_BLOCK + (size_t)(t % MODEL_KV_BLOCK);
+}
+
+/* Token t's K (V) row of c at layer. Every access to cached rows goes
+ * through these or model_ctx_kv (attn.c). */
+static inline char *model_kv_krow(const model_ctx_t *c, int layer, int t)
+{
+    const model_kv_geom_t *g = &c->pool->g;
+    return c->pool->mem + (size_t)layer * g->lay_stride + model_kv_prow(c, t) * g->k_row * g->elt;
+}
+
+static inline char *model_kv_vrow(const model_ctx_t *c, int layer, int t)
+{
+    const model_kv_geom_t *g = &c->pool->g;
+    return c->pool->mem + (size_t)layer * g->lay_stride + g->v_base +
+           model_kv_prow(c, t) * g->v_row * g->elt;
+}
 
 /* Row of a step: which sequence, at which position; seq_rows: how many
  * rows of its sequence the step has (it picks the deepseek2 attention form,
@@ -262,11 +312,14 @@ ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n,
 void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                      const model_step_row_t *rows, int n, int layer);
 /* One layer's K and V rows: token t, head h at t * k_row + h * dk (V
- * likewise), F16 or F32. */
+ * likewise), F16 or F32; contiguous (tab NULL) or paged: token t is row
+ * tab[t / MODEL_KV_BLOCK] * MODEL_KV_BLOCK + t % MODEL_KV_BLOCK from k
+ * (attn.c reads each run of consecutive block ids as one contiguous run). */
 typedef struct {
     const void *k, *v;
     size_t k_row, v_row; /* elements between tokens */
     bool f16;
+    const int32_t *tab;  /* paged: the block table; NULL: contiguous */
 } model_kv_t;
 
 /* Ordinary multi-head attention (one K/V head per query head, dk / dv per

@@ -77,11 +77,12 @@ static void softmax_plain(float *S, int nq, int lds, const int *len, int nt, boo
 }
 
 static void pv_plain(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
-                     const int *len, float *O, int ldo)
+                     const int *len, float *O, int ldo, bool acc)
 {
     for (int j = 0; j < nq; j++) {
         float *o = O + (size_t)j * ldo;
-        memset(o, 0, (size_t)dv * sizeof *o);
+        if (!acc)
+            memset(o, 0, (size_t)dv * sizeof *o);
         for (int t = 0; t < len[j]; t++) {
             const float p = P[(size_t)j * ldp + t];
             for (int d = 0; d < dv; d++)

@@ -237,7 +237,7 @@ static inline __attribute__((always_inline)) __m512 load_v(const void *V, size_t
  * for all of them. */
 static inline __attribute__((always_inline)) void
 pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, int d0, int nt,
-         float *O, int ldo, bool six)
+         float *O, int ldo, bool six, bool acc)
 {
     const __mmask16 m0 = ecs_tail_mask16(dv - d0), m1 = ecs_tail_mask16(dv - d0 - 16);
     const __mmask16 m2 = ecs_tail_mask16(dv - d0 - 32), m3 = ecs_tail_mask16(dv - d0 - 48);
@@ -247,6 +247,21 @@ pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, i
     __m512 a30 = a00, a31 = a00, a32 = a00, a33 = a00;
     __m512 a40 = a00, a41 = a00, a42 = a00, a43 = a00;
     __m512 a50 = a00, a51 = a00, a52 = a00, a53 = a00;
+/* OP(accumulator, row, column) for each accumulator in use */
+#define PV_EACH(OP)                                                                                \
+    do {                                                                                           \
+        OP(a00, 0, 0), OP(a01, 0, 1), OP(a02, 0, 2), OP(a03, 0, 3);                               \
+        OP(a10, 1, 0), OP(a11, 1, 1), OP(a12, 1, 2), OP(a13, 1, 3);                               \
+        OP(a20, 2, 0), OP(a21, 2, 1), OP(a22, 2, 2), OP(a23, 2, 3);                               \
+        OP(a30, 3, 0), OP(a31, 3, 1), OP(a32, 3, 2), OP(a33, 3, 3);                               \
+        if (six) {                                                                                 \
+            OP(a40, 4, 0), OP(a41, 4, 1), OP(a42, 4, 2), OP(a43, 4, 3);                           \
+            OP(a50, 5, 0), OP(a51, 5, 1), OP(a52, 5, 2), OP(a53, 5, 3);                           \
+        }                                                                                          \
+    } while (0)
+#define PV_LOAD(a, r, c) a = _mm512_maskz_loadu_ps(m##c, O + (size_t)(r) * ldo + d0 + 16 * (c))
+    if (acc) /* continue the sums of earlier keys */
+        PV_EACH(PV_LOAD);
     const float *p0 = P, *p1 = P + ldp, *p2 = P + 2 * (size_t)ldp, *p3 = P + 3 * (size_t)ldp;
     const float *p4 = P + 4 * (size_t)ldp, *p5 = P + 5 * (size_t)ldp;
     const size_t eb = vf16 ? sizeof(ecs_fp16_t) : sizeof(float);
@@ -274,25 +289,20 @@ pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, i
         }
     }
 #define PV_STORE(a, r, c) _mm512_mask_storeu_ps(O + (size_t)(r) * ldo + d0 + 16 * (c), m##c, a)
-    PV_STORE(a00, 0, 0), PV_STORE(a01, 0, 1), PV_STORE(a02, 0, 2), PV_STORE(a03, 0, 3);
-    PV_STORE(a10, 1, 0), PV_STORE(a11, 1, 1), PV_STORE(a12, 1, 2), PV_STORE(a13, 1, 3);
-    PV_STORE(a20, 2, 0), PV_STORE(a21, 2, 1), PV_STORE(a22, 2, 2), PV_STORE(a23, 2, 3);
-    PV_STORE(a30, 3, 0), PV_STORE(a31, 3, 1), PV_STORE(a32, 3, 2), PV_STORE(a33, 3, 3);
-    if (six) {
-        PV_STORE(a40, 4, 0), PV_STORE(a41, 4, 1), PV_STORE(a42, 4, 2), PV_STORE(a43, 4, 3);
-        PV_STORE(a50, 5, 0), PV_STORE(a51, 5, 1), PV_STORE(a52, 5, 2), PV_STORE(a53, 5, 3);
-    }
+    PV_EACH(PV_STORE);
 #undef PV_STORE
+#undef PV_LOAD
+#undef PV_EACH
 }
 
 typedef void (*pv_fn)(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,
-                      float *O, int ldo);
+                      float *O, int ldo, bool acc);
 
 #define PV_VARIANT(name, f16, six)                                                                 \
     static void name(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,    \
-                     float *O, int ldo)                                                            \
+                     float *O, int ldo, bool acc)                                                  \
     {                                                                                              \
-        pv_block(P, ldp, V, vs, f16, dv, d0, nt, O, ldo, six);                                     \
+        pv_block(P, ldp, V, vs, f16, dv, d0, nt, O, ldo, six, acc);                                \
     }
 PV_VARIANT(pv4_f16, true, false)
 PV_VARIANT(pv6_f16, true, true)
@@ -300,7 +310,7 @@ PV_VARIANT(pv4_f32, false, false)
 PV_VARIANT(pv6_f32, false, true)
 
 static void pv_avx512(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
-                      const int *len, float *O, int ldo)
+                      const int *len, float *O, int ldo, bool acc)
 {
     /* blocks of six rows where what is left still splits into sixes and
      * fours (nq is a multiple of 4); each over the keys its rows see */
@@ -309,7 +319,7 @@ static void pv_avx512(const float *P, int nq, int ldp, const void *V, size_t vs,
         const pv_fn fn = rows == 6 ? (vf16 ? pv6_f16 : pv6_f32) : (vf16 ? pv4_f16 : pv4_f32);
         const int nt = max_len(len, j, j + rows);
         for (int d0 = 0; d0 < dv; d0 += 64)
-            fn(P + (size_t)j * ldp, ldp, V, vs, dv, d0, nt, O + (size_t)j * ldo, ldo);
+            fn(P + (size_t)j * ldp, ldp, V, vs, dv, d0, nt, O + (size_t)j * ldo, ldo, acc);
         j += rows;
     }
 }

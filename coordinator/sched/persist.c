@@ -1,9 +1,13 @@
 /* persist.c - the prefix cache on disk (--prefix-cache-dir): at a clean
- * shutdown each slot's cached rows are written as DIR/slot-N.kv (token ids
- * and KV rows, under the model's fingerprint); at start-up they are read
- * back into the slots, so an agent's long conversation is warm again after
- * a restart. A file for another model, geometry or a damaged one is
- * skipped (and overwritten at the next shutdown). */
+ * shutdown every published KV block is written to DIR/kv-blocks.ecs (its
+ * key, the key before it, its token ids, a checksum and its rows); at
+ * start-up they are read back into free blocks of the pool as cached
+ * blocks, so an agent's long conversation is warm again after a restart.
+ * The file names the model identity the keys chain from (GGUF fingerprint
+ * and row layout): another model's file is skipped whole, a damaged record
+ * is skipped alone (its key, tokens or checksum do not match), and the
+ * file is replaced at the next shutdown. Written to a temporary name and
+ * renamed, so a crash mid-write leaves the old file. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,48 +15,52 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/hash.h"
 #include "sched_int.h"
 
-#define MAGIC "ECSKVC1"
+#define MAGIC "ECSKVB1"
+#define FILE_NAME "kv-blocks.ecs"
 
 typedef struct {
     char magic[8];
-    uint64_t fingerprint;
-    uint32_t n_tok, n_exp;
-    uint64_t kv_bytes;
-    uint64_t tok_hash;
+    uint64_t seed, block_bytes;
+    uint32_t block_tokens, n_blocks;
 } file_hdr_t;
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
+typedef struct {
+    uint64_t key, parent, sum;
+    int32_t toks[MODEL_KV_BLOCK];
+} rec_hdr_t;
+
+static void file_path(char *out, size_t cap, const char *dir, const char *suffix)
 {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 1099511628211ull;
-    return h;
+    snprintf(out, cap, "%s/%s%s", dir, FILE_NAME, suffix);
 }
 
-/* The GGUF's tensor table and its small float tensors (the norms, which
- * differ between any two trained models), and the KV row geometry. */
-static uint64_t fingerprint(const sched_t *s)
+static bool write_all(sched_t *s, FILE *f, int *n_saved, void *data)
 {
-    const gguf_file_t *f = model_gguf(s->m);
-    uint64_t h = 1469598103934665603ull, sz = gguf_file_size(f);
-    h = fnv(h, &sz, sizeof sz);
-    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
-        const gguf_tensor_t *t = gguf_tensor_at(f, i);
-        h = fnv(h, t->name, strlen(t->name));
-        h = fnv(h, &t->type, sizeof t->type);
-        h = fnv(h, t->ne, sizeof t->ne);
-        if (t->type == ECS_TYPE_F32 && t->nbytes <= 65536)
-            h = fnv(h, t->data, t->nbytes);
+    file_hdr_t h = {.seed = s->seed, .block_bytes = s->block_bytes,
+                    .block_tokens = MODEL_KV_BLOCK};
+    memcpy(h.magic, MAGIC, sizeof h.magic);
+    for (int b = 0; b < s->n_blocks; b++) {
+        uint64_t key;
+        h.n_blocks += kvc_key(s->kvc, b, &key);
     }
-    uint64_t rb = model_ctx_rows_bytes(s->slots[0], 1);
-    return fnv(h, &rb, sizeof rb);
-}
-
-static void slot_path(char *out, size_t cap, const char *dir, int i)
-{
-    snprintf(out, cap, "%s/slot-%d.kv", dir, i);
+    if (fwrite(&h, sizeof h, 1, f) != 1)
+        return false;
+    for (int b = 0; b < s->n_blocks; b++) {
+        rec_hdr_t r;
+        if (!kvc_key(s->kvc, b, &r.key))
+            continue;
+        model_kvpool_block_get(s->pool, b, data);
+        r.parent = s->blk_parent[b];
+        r.sum = ecs_hash64(data, s->block_bytes, r.key);
+        memcpy(r.toks, s->blk_toks + (size_t)b * MODEL_KV_BLOCK, sizeof r.toks);
+        if (fwrite(&r, sizeof r, 1, f) != 1 || fwrite(data, 1, s->block_bytes, f) != s->block_bytes)
+            return false;
+        (*n_saved)++;
+    }
+    return true;
 }
 
 ecs_err_t sched_cache_save(sched_t *s, const char *dir, int *n_saved, long *n_tokens)
@@ -61,62 +69,44 @@ ecs_err_t sched_cache_save(sched_t *s, const char *dir, int *n_saved, long *n_to
     *n_tokens = 0;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return ecs_error(ECS_ERR_IO, "--prefix-cache-dir %s: %s", dir, strerror(errno));
-    void *buf = malloc(model_ctx_rows_bytes(s->slots[0], s->o.n_ctx));
-    if (!buf)
-        return ecs_error(ECS_ERR_NOMEM, "prefix cache: out of memory");
-    uint64_t fp = fingerprint(s);
     char path[4096], tmp[4200];
-    ecs_err_t e = ECS_OK;
-    for (int i = 0; i < s->n_slots && e == ECS_OK; i++) {
-        slot_path(path, sizeof path, dir, i);
-        int n = s->slot_n[i];
-        if (n == 0) {
-            unlink(path);
-            continue;
-        }
-        file_hdr_t h = {.fingerprint = fp, .n_tok = (uint32_t)n, .n_exp = (uint32_t)s->slot_exp[i],
-                        .kv_bytes = model_ctx_rows_bytes(s->slots[i], n),
-                        .tok_hash = fnv(1469598103934665603ull, s->slot_toks[i], (size_t)n * 4)};
-        memcpy(h.magic, MAGIC, sizeof h.magic);
-        model_ctx_export(s->slots[i], n, buf);
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        FILE *f = fopen(tmp, "wb");
-        bool ok = f && fwrite(&h, sizeof h, 1, f) == 1 &&
-                  fwrite(s->slot_toks[i], 4, (size_t)n, f) == (size_t)n &&
-                  fwrite(buf, 1, h.kv_bytes, f) == h.kv_bytes;
-        if (f && fclose(f) != 0)
-            ok = false;
-        if (!ok || rename(tmp, path) != 0) {
-            e = ecs_error(ECS_ERR_IO, "prefix cache: cannot write %s: %s", path, strerror(errno));
-            unlink(tmp);
-            break;
-        }
-        (*n_saved)++;
-        *n_tokens += n;
+    file_path(path, sizeof path, dir, "");
+    file_path(tmp, sizeof tmp, dir, ".tmp");
+    void *data = malloc(s->block_bytes);
+    FILE *f = data ? fopen(tmp, "wb") : NULL;
+    bool ok = f && write_all(s, f, n_saved, data);
+    if (f && fclose(f) != 0)
+        ok = false;
+    free(data);
+    if (!ok || rename(tmp, path) != 0) {
+        ecs_err_t e = ecs_error(ECS_ERR_IO, "prefix cache: cannot write %s: %s", path, strerror(errno));
+        unlink(tmp);
+        *n_saved = 0;
+        return e;
     }
-    free(buf);
-    return e;
+    *n_tokens = (long)*n_saved * MODEL_KV_BLOCK;
+    return ECS_OK;
 }
 
-/* Reads one slot's file; false (slot untouched) if it is not one of ours. */
-static bool load_slot(sched_t *s, int i, FILE *f, uint64_t fp, void *buf)
+/* One record into a free block, cached; false if it is not sound. */
+static bool load_block(sched_t *s, const rec_hdr_t *r, const void *data)
 {
-    file_hdr_t h;
-    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, MAGIC, sizeof h.magic) != 0 ||
-        h.fingerprint != fp || h.n_tok == 0 || h.n_tok > (uint32_t)s->o.n_ctx ||
-        h.n_exp > h.n_tok || h.kv_bytes != model_ctx_rows_bytes(s->slots[i], (int)h.n_tok))
+    if (kvc_chain(r->parent, r->toks, MODEL_KV_BLOCK) != r->key ||
+        ecs_hash64(data, s->block_bytes, r->key) != r->sum)
         return false;
-    if (fread(s->slot_toks[i], 4, h.n_tok, f) != h.n_tok ||
-        fnv(1469598103934665603ull, s->slot_toks[i], (size_t)h.n_tok * 4) != h.tok_hash ||
-        fread(buf, 1, h.kv_bytes, f) != h.kv_bytes)
-        return false;
-    for (uint32_t k = 0; k < h.n_tok; k++)
-        if (s->slot_toks[i][k] < 0 || s->slot_toks[i][k] >= s->n_vocab)
+    for (int i = 0; i < MODEL_KV_BLOCK; i++)
+        if (r->toks[i] < 0 || r->toks[i] >= s->n_vocab)
             return false;
-    model_ctx_import(s->slots[i], (int)h.n_tok, buf);
-    s->slot_n[i] = (int)h.n_tok;
-    s->slot_exp[i] = (int)h.n_exp;
-    s->slot_used[i] = ++s->tick;
+    if (kvc_lookup(s->kvc, r->key) >= 0)
+        return true; /* already there */
+    const int b = kvc_alloc(s->kvc);
+    if (b < 0)
+        return false;
+    model_kvpool_block_put(s->pool, b, data);
+    memcpy(s->blk_toks + (size_t)b * MODEL_KV_BLOCK, r->toks, sizeof r->toks);
+    s->blk_parent[b] = r->parent;
+    kvc_publish(s->kvc, b, r->key);
+    kvc_unref(s->kvc, b);
     return true;
 }
 
@@ -124,26 +114,40 @@ ecs_err_t sched_cache_load(sched_t *s, const char *dir, int *n_loaded, int *n_sk
 {
     *n_loaded = *n_skipped = 0;
     *n_tokens = 0;
-    void *buf = malloc(model_ctx_rows_bytes(s->slots[0], s->o.n_ctx));
-    if (!buf)
-        return ecs_error(ECS_ERR_NOMEM, "prefix cache: out of memory");
-    uint64_t fp = fingerprint(s);
     char path[4096];
-    for (int i = 0; i < s->n_slots; i++) {
-        slot_path(path, sizeof path, dir, i);
-        FILE *f = fopen(path, "rb");
-        if (!f)
-            continue;
-        if (load_slot(s, i, f, fp, buf)) {
-            (*n_loaded)++;
-            *n_tokens += s->slot_n[i];
-        } else {
-            model_ctx_reset(s->slots[i]);
-            s->slot_n[i] = s->slot_exp[i] = 0;
-            (*n_skipped)++;
-        }
+    file_path(path, sizeof path, dir, "");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ECS_OK; /* nothing kept yet */
+    void *buf = malloc(s->block_bytes);
+    if (!buf) {
         fclose(f);
+        return ecs_error(ECS_ERR_NOMEM, "prefix cache: out of memory");
+    }
+    file_hdr_t h;
+    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, MAGIC, sizeof h.magic) != 0 ||
+        h.seed != s->seed || h.block_bytes != s->block_bytes || h.block_tokens != MODEL_KV_BLOCK) {
+        *n_skipped = 1; /* another model's (or layout's) file, or not ours */
+        h.n_blocks = 0;
+    }
+    rec_hdr_t r;
+    /* the free blocks only: a restart with a smaller pool keeps what fits,
+     * and the warm-up step still finds blocks */
+    for (uint32_t i = 0; i < h.n_blocks && kvc_n_free(s->kvc) > sched_blocks_for(s->o.n_ctx); i++) {
+        if (fread(&r, sizeof r, 1, f) != 1 || fread(buf, 1, s->block_bytes, f) != s->block_bytes) {
+            (*n_skipped)++;
+            break;
+        }
+        if (load_block(s, &r, buf))
+            (*n_loaded)++;
+        else
+            (*n_skipped)++;
     }
     free(buf);
+    fclose(f);
+    *n_tokens = (long)*n_loaded * MODEL_KV_BLOCK;
+    pthread_mutex_lock(&s->mu);
+    s->stats.kv_blocks_cached = kvc_n_cached(s->kvc);
+    pthread_mutex_unlock(&s->mu);
     return ECS_OK;
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sched_int.h"
 
@@ -31,6 +32,19 @@ static void hist_add(uint64_t *bucket, uint64_t *count, double *sum, double v)
             bucket[i]++;
     (*count)++;
     *sum += v;
+}
+
+/* Without --kv-mem: max_running whole contexts, but at most half of the
+ * memory the system has available now (and at least one context). */
+static size_t sched_default_blocks(size_t block_bytes, int per_ctx, int max_running)
+{
+    size_t want = (size_t)per_ctx * (size_t)max_running;
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && psz > 0) {
+        size_t cap = (size_t)pages * (size_t)psz / 2 / block_bytes;
+        want = want < cap ? want : cap;
+    }
+    return want > (size_t)per_ctx ? want : (size_t)per_ctx;
 }
 
 int sched_n_ctx(const sched_t *s)
@@ -56,32 +70,29 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     s->m = m;
     s->tok = tok;
     s->o = *o;
-    s->slot_bytes = model_ctx_bytes(m, o->n_ctx, 0);
-    size_t fit = o->kv_mem ? o->kv_mem / (s->slot_bytes ? s->slot_bytes : 1) : (size_t)o->max_running;
-    if (fit < 1) {
-        size_t need = s->slot_bytes;
+    const size_t bb = model_kv_block_bytes(m, 0);
+    const int per_ctx = sched_blocks_for(o->n_ctx);
+    size_t fit = o->kv_mem ? o->kv_mem / bb : sched_default_blocks(bb, per_ctx, o->max_running);
+    if (fit < (size_t)per_ctx) {
         free(s);
         return ecs_error(ECS_ERR_NOMEM,
-                         "sched: --kv-mem %zu bytes is less than one context of %d tokens (%zu bytes)",
-                         o->kv_mem, o->n_ctx, need);
+                         "sched: --kv-mem %zu bytes is less than one context of %d tokens (%d "
+                         "blocks of %d tokens, %zu bytes)",
+                         o->kv_mem, o->n_ctx, per_ctx, MODEL_KV_BLOCK, (size_t)per_ctx * bb);
     }
-    s->n_slots = fit < (size_t)o->max_running ? (int)fit : o->max_running;
+    s->n_blocks = fit > (size_t)INT32_MAX / MODEL_KV_BLOCK ? INT32_MAX / MODEL_KV_BLOCK : (int)fit;
     s->n_vocab = model_n_vocab(m);
-    s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
-    s->logits = malloc((size_t)s->n_slots * (size_t)s->n_vocab * sizeof *s->logits);
+    s->logits = malloc((size_t)o->max_running * (size_t)s->n_vocab * sizeof *s->logits);
     s->lp_row = malloc((size_t)s->n_vocab * sizeof *s->lp_row);
     s->rows = malloc(MODEL_MAX_BATCH * sizeof *s->rows);
     s->row_req = malloc(MODEL_MAX_BATCH * sizeof *s->row_req);
-    if (!s->slots || !s->logits || !s->lp_row || !s->rows || !s->row_req)
+    if (!s->logits || !s->lp_row || !s->rows || !s->row_req)
         goto nomem;
-    for (int i = 0; i < s->n_slots; i++)
-        if (model_ctx_new(m, o->n_ctx, 0, &s->slots[i]) != ECS_OK)
-            goto fail;
-    if (sched_slots_init(s) != ECS_OK)
-        goto fail;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->inited = true;
+    if (sched_kv_init(s) != ECS_OK)
+        goto fail;
     *out = s;
     return ECS_OK;
 nomem:
@@ -96,10 +107,7 @@ void sched_free(sched_t *s)
     if (!s)
         return;
     sched_stop(s);
-    for (int i = 0; s->slots && i < s->n_slots; i++)
-        model_ctx_free(s->slots[i]);
-    free(s->slots);
-    sched_slots_free(s);
+    sched_kv_free(s);
     free(s->logits);
     free(s->lp_row);
     free(s->rows);
@@ -118,6 +126,7 @@ static void req_free(sched_req_t *r)
     free(r->p.prompt);
     free(r->text);
     free(r->toks);
+    free(r->gen);
     free(r);
 }
 
@@ -157,9 +166,10 @@ ecs_err_t sched_submit(sched_t *s, sched_params_t *p, void *user, sched_req_t **
         return ecs_error(ECS_ERR_NOMEM, "out of memory");
     r->text_cap = (size_t)p->max_tokens * tok_decoder_max_out(s->tok) + 2 * tok_decoder_max_out(s->tok);
     r->text = malloc(r->text_cap);
+    r->gen = malloc((size_t)p->max_tokens * sizeof *r->gen);
     if (p->top_logprobs >= 0)
         r->toks = malloc((size_t)p->max_tokens * sizeof *r->toks);
-    if (!r->text || (p->top_logprobs >= 0 && !r->toks)) {
+    if (!r->text || !r->gen || (p->top_logprobs >= 0 && !r->toks)) {
         req_free(r);
         return ecs_error(ECS_ERR_NOMEM, "out of memory");
     }
@@ -256,11 +266,11 @@ void sched_stats(sched_t *s, sched_stats_t *out)
 {
     pthread_mutex_lock(&s->mu);
     *out = s->stats;
-    out->slots = s->n_slots;
     out->waiting = s->n_waiting;
     out->running = s->n_running_pub;
-    out->slot_bytes = s->slot_bytes;
-    out->kv_bytes = s->slot_bytes * (size_t)s->n_slots;
+    out->kv_blocks = s->n_blocks;
+    out->kv_block_bytes = s->block_bytes;
+    out->kv_bytes = s->block_bytes * (size_t)s->n_blocks;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -11,11 +11,15 @@
  *     shorter): a request's tokens never depend on what else is running.
  *   - Admission is first come, first served: a prompt chunk that does not fit
  *     in this step's budget waits, and no later request overtakes it.
- *   - Memory is fixed at sched_new: n_slots whole-context KV caches (from the
- *     --kv-mem budget), the logits rows of one step. A freed slot keeps its
- *     rows: a later prompt with the same start reuses them (prefix cache,
- *     slots.c), without changing its tokens. A request past the free
- *     slots waits in the queue (bounded by max_queue; past that, submit says
+ *   - Memory is fixed at sched_new: one pool of KV blocks of MODEL_KV_BLOCK
+ *     tokens (from the --kv-mem budget, at least one whole context),
+ *     max_running block tables, the logits rows of one step. A request's
+ *     table grows block by block; its blocks come back however it ends.
+ *     Full blocks stay cached after it (prefix cache, kv.c): a later
+ *     prompt with the same start reuses them without changing its tokens.
+ *     When blocks run out, new requests wait and the newest running one is
+ *     preempted (recomputed later, same tokens). Past max_running requests
+ *     wait in the queue (bounded by max_queue; past that, submit says
  *     ECS_ERR_NOMEM); per request, only buffers bounded by the context size
  *     are allocated (sampler, text, token records).
  *   - Other threads talk to it through two queues: sched_submit /
@@ -25,7 +29,7 @@
  *     to call sched_drain.
  *
  * Usage:
- *   sched_new(model, tok, &opts, &s);           // allocates every KV slot
+ *   sched_new(model, tok, &opts, &s);           // allocates the KV block pool
  *   sched_start(s);                             // starts the thread
  *   sched_req_t *r; sched_submit(s, &params, user, &r);
  *   ... notify() -> sched_drain(s, on_update, arg): read sched_req_view(r)
@@ -51,11 +55,12 @@ typedef struct sched_req sched_req_t;
 
 typedef struct {
     int n_ctx;        /* tokens per request context (<= model_n_ctx_max) */
-    size_t kv_mem;    /* bytes for KV slots; 0: max_running slots */
+    size_t kv_mem;    /* bytes for the KV block pool; 0: max_running contexts,
+                         at most half the available memory */
     int max_running;  /* requests decoding at once (>= 1) */
     int max_queue;    /* requests waiting for a slot before submit refuses */
     int chunk;        /* prompt rows per chunk (>= 2 * MODEL_MLA_EXPAND_ROWS) */
-    bool prefix_cache; /* a freed slot keeps its rows for later requests' prefixes */
+    bool prefix_cache; /* full KV blocks stay cached for later requests' prefixes */
     void (*notify)(void *arg); /* called (any thread) when sched_drain has work */
     void *notify_arg;
 } sched_opts_t;
@@ -110,8 +115,12 @@ typedef struct {
 } sched_view_t;
 
 typedef struct {
-    int slots, running, waiting;
-    size_t kv_bytes, slot_bytes;
+    int running, waiting;
+    int kv_blocks;              /* the pool: blocks of MODEL_KV_BLOCK tokens */
+    int kv_blocks_used;         /* referenced by requests */
+    int kv_blocks_cached;       /* unreferenced, kept for the prefix cache */
+    size_t kv_bytes, kv_block_bytes;
+    uint64_t kv_evictions;      /* cached blocks reused for others */
     uint64_t steps, prompt_tokens, gen_tokens, preemptions;
     uint64_t prefix_hit_tokens, prefix_lookup_tokens; /* cached / looked-up prompt tokens */
     /* histogram buckets (cumulative counts written by sched_stats) */
@@ -137,7 +146,7 @@ int sched_n_ctx(const sched_t *s);
  * ECS_ERR_RANGE when the prompt does not fit the context. The request holds
  * two references: the caller's (sched_release) and the scheduler's. */
 ecs_err_t sched_submit(sched_t *s, sched_params_t *p, void *user, sched_req_t **out);
-/* Stops a request at its next step and frees its slot; idempotent. */
+/* Stops a request at its next step and frees its blocks; idempotent. */
 void sched_cancel(sched_t *s, sched_req_t *r);
 void sched_release(sched_req_t *r);
 void *sched_req_user(const sched_req_t *r);
@@ -147,10 +156,11 @@ sched_view_t sched_req_view(sched_req_t *r);
 
 void sched_stats(sched_t *s, sched_stats_t *out);
 
-/* The prefix cache on disk: save (after sched_stop) writes each slot's
- * cached rows to DIR/slot-N.kv; load (after sched_start, before the first
- * request: the warm-up step uses a slot) reads back the
- * files made for this model, skipping (and counting) the others. */
+/* The prefix cache on disk: save (after sched_stop) writes every published
+ * KV block to DIR/kv-blocks.ecs; load (after sched_start, before the first
+ * request) reads back into free blocks those made for this model (a whole
+ * file of another model counts as one skipped, so does each damaged
+ * record). Counts are blocks; tokens = blocks x MODEL_KV_BLOCK. */
 ecs_err_t sched_cache_save(sched_t *s, const char *dir, int *n_saved, long *n_tokens);
 ecs_err_t sched_cache_load(sched_t *s, const char *dir, int *n_loaded, int *n_skipped, long *n_tokens);
 

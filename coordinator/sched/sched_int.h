@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "coordinator/kvcache/kvcache.h"
 #include "sched.h"
 
 struct sched_req {
@@ -16,12 +17,21 @@ struct sched_req {
     sched_params_t p;
     /* scheduler thread only */
     struct sched_req *next;   /* wait queue (under s->mu), then running list */
-    int slot;
+    int slot;                 /* its sequence (s->ctxs), -1: none */
+    model_ctx_t *ctx;
+    int n_blk;                /* KV blocks it holds (the table's first entries) */
+    int n_pub;                /* leading blocks whose prefix-cache keys are known */
+    uint64_t pub_key;         /* key of block n_pub - 1 (the seed when none) */
     int n_fed;                /* prompt tokens evaluated (or taken from the cache) */
-    int n_cached;             /* prompt tokens taken from the prefix cache */
+    int n_cached;             /* prompt tokens taken from the prefix cache (first admission) */
+    int n_start;              /* this admission's cached prompt tokens (chunks cut the rest) */
     int chunk_i, n_chunks;
     bool decoding;
+    bool admitted_once;
+    int replay, replay_end;   /* after a preemption: generated tokens re-fed so far, of */
+    int step_rows;            /* rows in the step being built */
     int32_t next_tok;
+    int32_t *gen;             /* generated ids [max_tokens] (recomputation re-feeds them) */
     sampler_t *smp;
     sampler_stops_t *stops;
     tok_decoder_t dec;
@@ -46,17 +56,17 @@ struct sched {
     const tok_t *tok;
     sched_opts_t o;
     int n_vocab;
-    int n_slots;
-    size_t slot_bytes;
-    model_ctx_t **slots;
-    int n_free;
-    /* slots.c: the tokens each slot holds, how many of them may be reused
-     * (slot_exp), when it was last released, whether a request holds it */
-    int32_t **slot_toks;
-    int *slot_n, *slot_exp;
-    uint64_t *slot_used, tick;
-    bool *slot_busy;
+    /* kv.c: the block pool, its bookkeeping and the prefix cache */
+    model_kvpool_t *pool;
+    kvc_t *kvc;
+    int n_blocks;
+    size_t block_bytes;
+    int32_t *blk_toks;        /* [n_blocks][MODEL_KV_BLOCK] tokens of published blocks */
+    uint64_t *blk_parent;     /* [n_blocks] key of the block before a published one */
+    uint64_t seed;            /* the model's identity: root of every key chain */
     bool mla;
+    model_ctx_t **ctxs;       /* [max_running] sequences, free ones on ctx_free */
+    int *ctx_free, n_ctx_free;
     float *logits;            /* n_slots rows of n_vocab */
     float *lp_row;            /* one row kept for logprobs */
     model_row_t *rows;
@@ -77,13 +87,23 @@ struct sched {
 };
 
 double sched_now(void);
-ecs_err_t sched_slots_init(sched_t *s);
-void sched_slots_free(sched_t *s);
-/* Gives r the free slot with the longest usable cached prefix (else the
- * least recently used one) and starts r's prompt after that prefix. */
-void sched_slot_take(sched_t *s, sched_req_t *r);
-/* r's slot becomes free; keep: its rows stay cached for later prefixes. */
-void sched_slot_give_back(sched_t *s, sched_req_t *r, bool keep);
+/* kv.c */
+ecs_err_t sched_kv_init(sched_t *s);
+void sched_kv_free(sched_t *s);
+/* Blocks a context of n tokens needs. */
+int sched_blocks_for(int n);
+/* Gives r a sequence and its longest cached prefix (full blocks), and cuts
+ * the rest of its prompt into chunks; false (nothing taken) when no
+ * sequence is free or the blocks of its first chunk are not available. */
+bool sched_kv_admit(sched_t *s, sched_req_t *r);
+/* Makes r's blocks hold positions [0, upto); false when the pool cannot. */
+bool sched_kv_reserve(sched_t *s, sched_req_t *r, int upto);
+/* Every block of r comes back (cached if published), its sequence too. */
+void sched_kv_release(sched_t *s, sched_req_t *r);
+/* Publishes r's full blocks that a later prompt may reuse. */
+void sched_kv_publish(sched_t *s, sched_req_t *r);
+/* Token at position p of r's sequence (prompt, then generated). */
+int32_t sched_req_token(const sched_req_t *r, int p);
 void *sched_main(void *arg);
 void sched_mark_ready_locked(sched_t *s, sched_req_t *r);
 void sched_note_token_locked(sched_t *s, sched_req_t *r, double now);

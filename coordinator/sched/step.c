@@ -1,7 +1,16 @@
-/* step.c - the scheduler thread: admits waiting requests into free KV
- * slots, builds each step (every decoding request's next token, then prompt
- * chunks in admission order within the step's budget), evaluates it, and
- * turns each row's logits into a token, text and a published update. */
+/* step.c - the scheduler thread: admits waiting requests (a sequence and
+ * the KV blocks of their first chunk, kv.c), builds each step (every
+ * decoding request's next token, then prompt chunks in admission order
+ * within the step's budget, the blocks for every row reserved first),
+ * evaluates it, and turns each row's logits into a token, text and a
+ * published update.
+ *
+ * When the pool runs out, a request that needs a block takes the blocks
+ * of the most recently admitted running request (preemption): that one
+ * goes back to the head of the queue and is later recomputed, its prompt
+ * as prompt chunks and its generated tokens one per step as they were
+ * first computed, so its rows and tokens are the same bits (its sampler
+ * state is kept, the re-fed tokens are not sampled again). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,7 +21,7 @@
  * evenly as possible: a function of the prompt and the cache alone. */
 static int chunk_len(const sched_req_t *r)
 {
-    int n = r->p.n_prompt - r->n_cached, k = r->n_chunks;
+    int n = r->p.n_prompt - r->n_start, k = r->n_chunks;
     return n / k + (r->chunk_i < n % k);
 }
 
@@ -36,8 +45,7 @@ static void running_remove(sched_t *s, sched_req_t *r)
  * state is published, the scheduler drops its reference. */
 static void finish(sched_t *s, sched_req_t *r, sched_finish_t f, const char *err)
 {
-    if (r->slot >= 0)
-        sched_slot_give_back(s, r, f != SCHED_FINISH_ERROR);
+    sched_kv_release(s, r);
     running_remove(s, r);
     pthread_mutex_lock(&s->mu);
     r->pub_finish = f;
@@ -74,14 +82,18 @@ static void admit(sched_t *s)
     s->wait_tail = NULL;
     for (sched_req_t *r = s->wait_head; r; r = r->next)
         s->wait_tail = r;
-    while (s->wait_head && s->n_free > 0 && s->n_running < s->o.max_running) {
+    while (s->wait_head && s->n_running < s->o.max_running) {
         sched_req_t *r = s->wait_head;
+        pthread_mutex_unlock(&s->mu); /* admit takes it for the prefix counters */
+        const bool in = sched_kv_admit(s, r);
+        pthread_mutex_lock(&s->mu);
+        if (!in)
+            break; /* first come first served: nobody overtakes it */
         s->wait_head = r->next;
         if (!s->wait_head)
             s->wait_tail = NULL;
         s->n_waiting--;
         r->next = NULL;
-        sched_slot_take(s, r);
         if (s->running_tail)
             s->running_tail->next = r;
         else
@@ -143,7 +155,7 @@ static void on_logits(sched_t *s, sched_req_t *r, float *l)
         return;
     }
     sampler_accept(r->smp, id);
-    r->n_gen++;
+    r->gen[r->n_gen++] = id;
     const size_t mo = tok_decoder_max_out(s->tok);
     bool eog = !r->p.ignore_eos && tok_is_eog(s->tok, id);
     bool last = eog || r->n_gen >= r->p.max_tokens;
@@ -183,6 +195,77 @@ static void on_logits(sched_t *s, sched_req_t *r, float *l)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Under no lock: r loses its blocks and sequence and waits at the head of
+ * the queue to be recomputed. */
+static void preempt(sched_t *s, sched_req_t *r)
+{
+    sched_kv_release(s, r);
+    running_remove(s, r);
+    r->n_fed = r->chunk_i = r->replay = 0;
+    r->replay_end = r->n_gen > 0 ? r->n_gen - 1 : 0;
+    r->decoding = false;
+    pthread_mutex_lock(&s->mu);
+    r->next = s->wait_head;
+    s->wait_head = r;
+    if (!s->wait_tail)
+        s->wait_tail = r;
+    s->n_waiting++;
+    s->n_running_pub = s->n_running;
+    s->stats.preemptions++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Blocks for r's positions [0, upto): taken from the running requests
+ * admitted after r, newest first, when the pool has none left. */
+static bool reserve(sched_t *s, sched_req_t *r, int upto)
+{
+    while (!sched_kv_reserve(s, r, upto)) {
+        sched_req_t *victim = NULL;
+        for (sched_req_t *q = r->next; q; q = q->next)
+            if (q->n_blk > 0)
+                victim = q;
+        if (!victim)
+            return false;
+        preempt(s, victim);
+    }
+    return true;
+}
+
+/* Each running request's rows of this step, blocks reserved: a decoding
+ * request that cannot have its block is preempted itself (the oldest
+ * always can: the pool holds a whole context), a prompt chunk that cannot
+ * waits, and so do the chunks after it. */
+static int plan(sched_t *s)
+{
+    int n = 0;
+    bool prompts_wait = false;
+    for (sched_req_t *r = s->running, *next; r; r = next) {
+        next = r->next;
+        r->step_rows = 0;
+        const int want = r->decoding ? 1 : chunk_len(r);
+        if (!r->decoding && (prompts_wait || n + want > MODEL_MAX_BATCH)) {
+            prompts_wait = true;
+            continue;
+        }
+        const bool ok = reserve(s, r, model_ctx_n_past(r->ctx) + want);
+        next = r->next; /* reserve's victims were after r */
+        if (!ok) {
+            if (r->decoding)
+                preempt(s, r);
+            else
+                prompts_wait = true;
+            continue;
+        }
+        r->step_rows = want;
+        n += want;
+    }
+    return n;
+}
+
+/* Decoding rows: after a preemption the generated tokens before the last
+ * are re-fed without logits, then the last as an ordinary decode row. */
+static bool replaying(const sched_req_t *r) { return r->replay < r->replay_end; }
+
 static void step(sched_t *s)
 {
     for (sched_req_t *r = s->running, *next; r; r = next) {
@@ -190,31 +273,27 @@ static void step(sched_t *s)
         if (atomic_load(&r->cancel))
             finish(s, r, SCHED_FINISH_CANCELLED, NULL);
     }
-    int n = 0;
+    if (plan(s) == 0)
+        return;
+    int n = 0, n_prompt_rows = 0;
     for (sched_req_t *r = s->running; r; r = r->next)
-        if (r->decoding) {
-            s->rows[n] = (model_row_t){s->slots[r->slot], r->next_tok, true};
-            s->slot_toks[r->slot][model_ctx_n_past(s->slots[r->slot])] = r->next_tok;
+        if (r->step_rows && r->decoding) {
+            const bool rp = replaying(r);
+            s->rows[n] = (model_row_t){r->ctx, rp ? r->gen[r->replay] : r->next_tok, !rp};
             s->row_req[n++] = r;
         }
-    int n_prompt_rows = 0;
     for (sched_req_t *r = s->running; r; r = r->next) {
-        if (r->decoding)
+        if (!r->step_rows || r->decoding)
             continue;
-        int c = chunk_len(r);
-        if (n + c > MODEL_MAX_BATCH)
-            break; /* first come first served: nobody overtakes it */
-        bool final = r->chunk_i + 1 == r->n_chunks;
+        const int c = r->step_rows;
+        const bool final = r->chunk_i + 1 == r->n_chunks;
         for (int j = 0; j < c; j++) {
-            s->slot_toks[r->slot][r->n_fed + j] = r->p.prompt[r->n_fed + j];
-            s->rows[n] = (model_row_t){s->slots[r->slot], r->p.prompt[r->n_fed + j],
-                                       final && j + 1 == c};
+            s->rows[n] = (model_row_t){r->ctx, r->p.prompt[r->n_fed + j],
+                                       final && j + 1 == c && r->n_gen == 0};
             s->row_req[n++] = r;
         }
         n_prompt_rows += c;
     }
-    if (n == 0)
-        return;
     ecs_err_t e = model_eval_batch(s->m, s->rows, n, s->logits);
     if (e != ECS_OK) {
         char msg[200];
@@ -227,10 +306,18 @@ static void step(sched_t *s)
     }
     for (int i = 0; i < n; i++) {
         sched_req_t *r = s->row_req[i];
-        if (!r->decoding && (i == 0 || s->row_req[i - 1] != r)) {
+        if (i > 0 && s->row_req[i - 1] == r)
+            continue;
+        if (r->decoding) {
+            if (replaying(r))
+                r->replay++;
+        } else {
             r->n_fed += chunk_len(r);
             r->chunk_i++;
+            if (r->chunk_i == r->n_chunks && r->n_gen > 0) /* recomputed: re-feed the rest */
+                r->decoding = true;
         }
+        sched_kv_publish(s, r);
     }
     pthread_mutex_lock(&s->mu);
     s->stats.steps++;
@@ -241,21 +328,36 @@ static void step(sched_t *s)
             on_logits(s, s->row_req[i], s->logits + (size_t)j++ * (size_t)s->n_vocab);
 }
 
-/* One prompt chunk and one decode row on slot 0, so the scheduler thread's
- * kernel scratch is grown before the first request. */
+/* One prompt chunk and one decode row on a sequence of free blocks, so
+ * the scheduler thread's kernel scratch is grown before the first
+ * request; the blocks come back unpublished. */
 static ecs_err_t warm_up(sched_t *s)
 {
-    model_ctx_t *c = s->slots[0];
+    sched_req_t r = {.slot = -1};
     int n = s->o.chunk < s->o.n_ctx - 1 ? s->o.chunk : s->o.n_ctx - 1;
+    r.slot = s->ctx_free[--s->n_ctx_free];
+    r.ctx = s->ctxs[r.slot];
+    ecs_err_t e = sched_kv_reserve(s, &r, n + 1)
+                      ? ECS_OK
+                      : ecs_error(ECS_ERR_NOMEM, "sched: no KV blocks for the warm-up");
     for (int i = 0; i < n; i++)
-        s->rows[i] = (model_row_t){c, i % s->n_vocab, i + 1 == n};
-    ecs_err_t e = n > 0 ? model_eval_batch(s->m, s->rows, n, s->logits) : ECS_OK;
+        s->rows[i] = (model_row_t){r.ctx, i % s->n_vocab, i + 1 == n};
+    if (e == ECS_OK && n > 0)
+        e = model_eval_batch(s->m, s->rows, n, s->logits);
     if (e == ECS_OK) {
-        s->rows[0] = (model_row_t){c, 0, true};
+        s->rows[0] = (model_row_t){r.ctx, 0, true};
         e = model_eval_batch(s->m, s->rows, 1, s->logits);
     }
-    model_ctx_reset(c);
+    sched_kv_release(s, &r);
     return e;
+}
+
+/* Under s->mu: the pool's figures for sched_stats. */
+static void kv_stats_locked(sched_t *s)
+{
+    s->stats.kv_blocks_used = kvc_n_used(s->kvc);
+    s->stats.kv_blocks_cached = kvc_n_cached(s->kvc);
+    s->stats.kv_evictions = kvc_evictions(s->kvc);
 }
 
 static void notify(sched_t *s)
@@ -290,6 +392,9 @@ void *sched_main(void *arg)
         pthread_mutex_unlock(&s->mu);
         admit(s);
         step(s);
+        pthread_mutex_lock(&s->mu);
+        kv_stats_locked(s);
+        pthread_mutex_unlock(&s->mu);
         notify(s);
         pthread_mutex_lock(&s->mu);
     }
@@ -298,6 +403,7 @@ void *sched_main(void *arg)
     while (s->running)
         finish(s, s->running, SCHED_FINISH_CANCELLED, NULL);
     pthread_mutex_lock(&s->mu);
+    kv_stats_locked(s);
     sched_req_t *w = s->wait_head;
     s->wait_head = s->wait_tail = NULL;
     s->n_waiting = 0;

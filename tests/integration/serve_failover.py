@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from serve_lib import Server, stream_text
+from serve_lib import Server, metric_value, stream_text
 
 root, build = sys.argv[1], sys.argv[2]
 binary = os.path.join(root, build, "bin", "ecs-coordinator")
@@ -61,6 +61,24 @@ try:
     for line in log.splitlines():
         if re.search(r"declared dead|sent again|is back", line):
             print("     [serve] " + line)
+    m = srv.metrics()  # the dispatcher's per-worker figures on /metrics
+    try:
+        assert metric_value(m, "ecs_workers") == 2, m
+        assert metric_value(m, "ecs_dispatch_layer_calls_total") > 0
+        assert metric_value(m, "ecs_dispatch_imbalance_ratio") >= 1
+        for w in ("w0", "w1"):
+            calls = metric_value(m, 'ecs_worker_calls_total{worker="%s"}' % w)
+            assert calls > 0 and metric_value(m, 'ecs_worker_rows_total{worker="%s"}' % w) >= calls
+            assert metric_value(m, 'ecs_worker_sent_bytes_total{worker="%s"}' % w) > 0
+            assert metric_value(m, 'ecs_worker_calls_in_flight{worker="%s"}' % w) >= 0
+        # w0 never died: its histogram counts its answered calls
+        n_lat = metric_value(m, 'ecs_worker_call_latency_seconds_count{worker="w0"}')
+        assert 0 < n_lat <= metric_value(m, 'ecs_worker_calls_total{worker="w0"}'), m
+        assert metric_value(m, 'ecs_worker_call_latency_seconds_bucket{worker="w0",le="+Inf"}') == n_lat
+        print("ok   serve: /metrics shows each worker's calls, rows, bytes and latency histogram")
+    except AssertionError as e:
+        print("FAIL serve: worker metrics: %s" % str(e)[:2000])
+        ok = False
 finally:
     srv.stop()
 sys.exit(0 if ok else 1)

@@ -7,6 +7,7 @@ chat message stays text; API keys. Every server is started here and stopped
 by pid.
 usage: serve_http.py ROOT BUILD"""
 import json
+import os
 import shutil
 import socket
 import sys
@@ -239,28 +240,43 @@ check("a running stream is unharmed by all of the above", background_stream_unha
 
 
 def all_slots_back():
-    wait_until(lambda: metric_value(srv.metrics(), "ecs_kv_slots_used") == 0, "slots are free")
+    wait_until(lambda: metric_value(srv.metrics(), "ecs_kv_blocks_used") == 0, "KV blocks are free")
     m = srv.metrics()
     assert metric_value(m, "ecs_requests_waiting") == 0
     assert metric_value(m, 'ecs_http_requests_total{route="/v1/chat/completions",status="400"}') >= 5
 
 
-check("every KV slot comes back; metrics count the errors", all_slots_back)
+check("every KV block comes back; metrics count the errors", all_slots_back)
 check("hostile server: clean exit", lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
 
-# ---- more KV needed than the pool holds: requests wait, outputs unchanged ----
-srv = Server(binary, model_path(root, build, "tiny-ds2-q8_0"), "--ctx", "512", "--max-running", "8",
-             "--kv-mem", "700K")
+# ---- more KV needed than the pool holds: requests wait and are preempted,
+# outputs unchanged (the pool holds one context: 8 blocks of 64 tokens of
+# 4 layers x 80 F16 for tiny-ds2, 40 KB each; 16 prompts of up to ~230
+# tokens, 8 running at once) ----
+for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
+    try:  # too small: the server says how much one context needs
+        Server(binary, model_path(root, build, name), "--ctx", "512", "--kv-mem", "1")
+        raise AssertionError("a KV pool smaller than one context was accepted")
+    except RuntimeError as e:
+        assert "less than one context" in str(e), e
+    probe = Server(binary, model_path(root, build, name), "--ctx", "512")
+    m = probe.metrics()
+    probe.stop()
+    one_ctx = int(metric_value(m, "ecs_kv_cache_bytes") / metric_value(m, "ecs_kv_blocks")) * 8
+    srv = Server(binary, model_path(root, build, name), "--ctx", "512", "--max-running", "8",
+                 "--kv-mem", str(one_ctx))
 
+    def small_pool():
+        assert metric_value(srv.metrics(), "ecs_kv_blocks") == 8
+        solo_and_parallel(srv, 16)
+        m = srv.metrics()
+        assert metric_value(m, "ecs_preemptions_total") > 0, "the workload needed no preemption"
+        wait_until(lambda: metric_value(srv.metrics(), "ecs_kv_blocks_used") == 0, "KV blocks are free")
 
-def small_pool():
-    slots = metric_value(srv.metrics(), "ecs_kv_slots")
-    assert 1 <= slots <= 2, slots
-    solo_and_parallel(srv, 16)
-
-
-check("a KV pool smaller than the workload: waiting, identical outputs", small_pool)
-check("small pool: clean exit", lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
+    check("%s: a KV pool smaller than the workload: waiting, preemption, identical outputs" % name,
+          small_pool)
+    check("%s: small pool: clean exit" % name,
+          lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
 
 # ---- prefix cache: a shared prefix is computed once, tokens unchanged ----
 HISTORY = "User: tell me about rivers.\nAssistant:" + " The river runs to the sea and back." * 40
@@ -320,10 +336,23 @@ for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
             assert r1["choices"][0]["text"] == cold[1]["choices"][0]["text"], (r1, cold[1])
         finally:
             assert again.stop() == 0
+        path_kv = os.path.join(cache_dir, "kv-blocks.ecs")
+        with open(path_kv, "r+b") as f:  # damage a byte inside the block records
+            f.seek(os.path.getsize(path_kv) // 2)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0xFF]))
+        damaged = Server(binary, path, "--ctx", "1024", "--max-running", "2", "--prefix-cache-dir", cache_dir)
+        try:  # the damaged block is skipped, the others serve, the tokens are unchanged
+            assert "skipped" in damaged.read_log() and "restored" in damaged.read_log(), damaged.read_log()
+            st, r2 = post_json(damaged.port, "/v1/completions", turns()[1])
+            assert st == 200 and r2["choices"][0]["text"] == cold[1]["choices"][0]["text"], (r2, cold[1])
+        finally:
+            assert damaged.stop() == 0
         other = model_path(root, build, "tiny-qwen3moe-q8_0" if "ds2" in name else "tiny-ds2-q8_0")
         wrong = Server(binary, other, "--ctx", "1024", "--max-running", "2", "--prefix-cache-dir", cache_dir)
         try:  # another model's cache files are not used
-            assert "0 slots" in wrong.read_log() and "skipped" in wrong.read_log(), wrong.read_log()
+            assert "0 blocks" in wrong.read_log() and "skipped" in wrong.read_log(), wrong.read_log()
         finally:
             assert wrong.stop() == 0
 

@@ -1289,8 +1289,11 @@ Test(budget, context_full_is_a_clear_error)
     model_ctx_t *c;
     cr_assert_eq(model_ctx_new(m, 32, 0, &c), ECS_ERR_RANGE, "larger than the loaded n_ctx");
     cr_assert_eq(model_ctx_new(m, 8, 0, &c), ECS_OK);
-    cr_assert_eq(model_ctx_bytes(m, 8, 0), (size_t)4 * 8 * (64 + 16) * 2, "latent: 80 F16 per token per layer");
-    cr_assert_eq(model_ctx_bytes(m, 8, MODEL_CTX_MLA_EXPANDED), (size_t)4 * 8 * (4 * 48 + 4 * 32) * 2);
+    /* whole blocks of MODEL_KV_BLOCK tokens */
+    cr_assert_eq(model_ctx_bytes(m, 8, 0), (size_t)4 * MODEL_KV_BLOCK * (64 + 16) * 2,
+                 "latent: 80 F16 per token per layer");
+    cr_assert_eq(model_ctx_bytes(m, 8, MODEL_CTX_MLA_EXPANDED),
+                 (size_t)4 * MODEL_KV_BLOCK * (4 * 48 + 4 * 32) * 2);
     float *l = malloc((size_t)model_n_vocab(m) * sizeof *l);
     cr_assert_eq(model_eval(c, PROMPT, 6, l, false), ECS_OK);
     cr_assert_eq(model_eval(c, PROMPT, 3, l, false), ECS_ERR_NOMEM);

@@ -44,12 +44,12 @@ static void usage(FILE *f)
             "                       unless you name another address)\n"
             "  --threads N          compute threads (default: all CPUs)\n"
             "  --ctx N              tokens per request context (default: min(trained, 4096))\n"
-            "  --kv-mem SIZE        bytes for KV caches, e.g. 512M, 4G (default: one\n"
-            "                       context per --max-running)\n"
+            "  --kv-mem SIZE        bytes of the KV block pool, e.g. 512M, 4G (default: one\n"
+            "                       context per --max-running, at most half the free memory)\n"
             "  --max-running N      requests generating at once (default 8)\n"
             "  --max-queue N        requests waiting before 503 (default 256)\n"
             "  --chunk N            prompt rows per scheduler chunk (default 256)\n"
-            "  --no-prefix-cache    freed KV slots forget their rows (default: a later prompt\n"
+            "  --no-prefix-cache    full KV blocks are not kept (default: a later prompt\n"
             "                       with the same start reuses them)\n"
             "  --api-key-file FILE  require one of the keys in FILE (one per line)\n"
             "  --model-id NAME      model name of the API (default: the file name without .gguf)\n"
@@ -291,7 +291,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
     int rc = 0;
     if (api_server_new(&ao, m, tok, s, &srv) != ECS_OK)
         rc = fail("%s", ecs_errmsg());
-    else if (sched_start(s) != ECS_OK)
+    else if (api_server_set_dispatch(srv, dsp), sched_start(s) != ECS_OK)
         rc = fail("%s", ecs_errmsg());
     else
         rc = start_admin(a, api_server_port(srv), src, adm);
@@ -301,21 +301,25 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
         if (sched_cache_load(s, a->cache_dir, &n_in, &n_bad, &n_tok) != ECS_OK)
             fprintf(stderr, "ecs-coordinator: warning: %s\n", ecs_errmsg());
         else
-            fprintf(stderr, "prefix cache: %d slots (%ld tokens) restored from %s%s\n", n_in, n_tok,
-                    a->cache_dir, n_bad ? " (files of another model or damaged ones skipped)" : "");
+            fprintf(stderr, "prefix cache: %d blocks (%ld tokens) restored from %s%s\n", n_in, n_tok,
+                    a->cache_dir, n_bad ? " (a file of another model or damaged blocks skipped)" : "");
     }
     struct stat sb;
     size_t wbytes = stat(a->model, &sb) == 0 ? (size_t)sb.st_size : 0;
+    const int per_ctx = (so.n_ctx + MODEL_KV_BLOCK - 1) / MODEL_KV_BLOCK;
     fprintf(stderr,
-            "memory: weights %.1f MB mapped, workspace %.1f MB, KV %d slots x %d tokens = %.1f MB "
-            "(%.1f KB/token)%s\n",
-            wbytes / 1e6, model_workspace_bytes(m) / 1e6, st.slots, so.n_ctx, st.kv_bytes / 1e6,
-            st.slot_bytes / 1e3 / so.n_ctx,
-            st.slots < a->max_running ? " - fewer slots than --max-running: KV bounds concurrency" : "");
+            "memory: weights %.1f MB mapped, workspace %.1f MB, KV pool %d blocks x %d tokens = "
+            "%.1f MB (%.1f KB/token, %s; %.1f contexts of %d tokens)%s\n",
+            wbytes / 1e6, model_workspace_bytes(m) / 1e6, st.kv_blocks, MODEL_KV_BLOCK,
+            st.kv_bytes / 1e6, st.kv_block_bytes / 1e3 / MODEL_KV_BLOCK,
+            a->kv_mem ? "--kv-mem" : "from free memory", (double)st.kv_blocks / per_ctx, so.n_ctx,
+            st.kv_blocks < per_ctx * a->max_running
+                ? " - less than --max-running whole contexts: long requests may wait or be preempted"
+                : "");
     if (rc == 0) {
         fprintf(stderr, "ecs-coordinator: serving '%s' on http://%s:%d (context %d, %d running, "
                         "chat template %s)\n",
-                ao.model_id, host, api_server_port(srv), so.n_ctx, st.slots,
+                ao.model_id, host, api_server_port(srv), so.n_ctx, a->max_running,
                 tok_chat_kind_name(tok_chat_kind(tok)));
         fprintf(stderr,
                 "  open  http://%s:%d/v1/models\n"
@@ -335,7 +339,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
         if (sched_cache_save(s, a->cache_dir, &n_out, &n_tok) != ECS_OK)
             rc = fail("%s", ecs_errmsg());
         else
-            fprintf(stderr, "prefix cache: %d slots (%ld tokens) written to %s\n", n_out, n_tok,
+            fprintf(stderr, "prefix cache: %d blocks (%ld tokens) written to %s\n", n_out, n_tok,
                     a->cache_dir);
     }
     api_server_free(srv);

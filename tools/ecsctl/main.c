@@ -71,7 +71,7 @@ static void print_status(json_t *r)
     printf("workers        %lld live of %lld\n", num(w, "live"), num(w, "total"));
     printf("operation      %s\n", str(r, "operation")[0] ? str(r, "operation") : "-");
     printf("requests       %lld running, %lld waiting\n", num(q, "running"), num(q, "waiting"));
-    printf("kv slots       %lld of %lld used (%.1f MB)\n", num(kv, "used"), num(kv, "slots"),
+    printf("kv blocks      %lld of %lld used (%.1f MB)\n", num(kv, "used"), num(kv, "blocks"),
            (double)num(kv, "bytes") / 1e6);
     printf("prefix cache   %lld of %lld prompt tokens served from it\n", num(pc, "hit_tokens"),
            num(pc, "lookup_tokens"));
