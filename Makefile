@@ -187,7 +187,7 @@ integration: $(BINS) $(DEPS_BINS)
 	tests/run_integration.sh $(BUILD)
 
 test: deps
-	$(MAKE) all
+	$(MAKE) -j$(shell nproc) all
 	tests/run_all.sh
 
 bench: deps all
