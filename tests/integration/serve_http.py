@@ -273,8 +273,32 @@ for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
         assert metric_value(m, "ecs_preemptions_total") > 0, "the workload needed no preemption"
         wait_until(lambda: metric_value(srv.metrics(), "ecs_kv_blocks_used") == 0, "KV blocks are free")
 
+    def refill():
+        # two ~200-token prompts fill the 8 blocks; the first, decoding into
+        # its fifth block, preempts the second after it generated some
+        # tokens, which are recomputed in chunks, not one per step (the
+        # one-per-step refill gave tokens == steps), with the same outputs
+        reqs = [greedy("Request %d:" % i + " there was" * 90, 120) for i in range(2)]
+        solo = [stream_text(srv.port, "/v1/completions", q)[0] for q in reqs]
+        m0, out = srv.metrics(), [None, None]
+
+        def run(i):
+            out[i] = stream_text(srv.port, "/v1/completions", reqs[i])[0]
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        m1 = srv.metrics()
+        assert out == solo, (out, solo)
+        d = {k: metric_value(m1, k) - metric_value(m0, k) for k in
+             ("ecs_preemptions_total", "ecs_recomputed_tokens_total", "ecs_recompute_steps_total")}
+        assert d["ecs_preemptions_total"] > 0, d
+        assert d["ecs_recomputed_tokens_total"] > 2 * d["ecs_recompute_steps_total"] > 0, d
+
     check("%s: a KV pool smaller than the workload: waiting, preemption, identical outputs" % name,
           small_pool)
+    check("%s: after a preemption the generated tokens are recomputed in chunks" % name, refill)
     check("%s: small pool: clean exit" % name,
           lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
 
