@@ -256,14 +256,20 @@ static int replay_rows(const sched_t *s, const sched_req_t *r)
  * of re-fed tokens) that cannot waits, and so do the chunks after it. */
 static int plan(sched_t *s)
 {
-    int n = 0;
+    /* every decode row has its place, wherever it is in the list: chunks
+     * share what the decode rows leave of the batch (sched_new keeps a
+     * whole chunk beside max_running decode rows) */
+    int n_dec = 0;
+    for (sched_req_t *r = s->running; r; r = r->next)
+        n_dec += r->decoding && !replaying(r);
+    int n = 0, n_chunk = 0;
     bool prompts_wait = false;
     for (sched_req_t *r = s->running, *next; r; r = next) {
         next = r->next;
         r->step_rows = 0;
         const bool chunk = !r->decoding || replaying(r);
         const int want = !r->decoding ? chunk_len(r) : chunk ? replay_rows(s, r) : 1;
-        if (chunk && (prompts_wait || n + want > MODEL_MAX_BATCH)) {
+        if (chunk && (prompts_wait || n_chunk + want > MODEL_MAX_BATCH - n_dec)) {
             prompts_wait = true;
             continue;
         }
@@ -278,6 +284,7 @@ static int plan(sched_t *s)
         }
         r->step_rows = want;
         n += want;
+        n_chunk += chunk ? want : 0;
     }
     return n;
 }
