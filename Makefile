@@ -180,6 +180,13 @@ build/fuzz/fuzz_api_req: tests/fuzz/fuzz_api_req.c $(FUZZ_API_SRC) $(COMMON_SRC)
 	@mkdir -p $(dir $@)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o $@ $< \
 	  $(FUZZ_API_SRC) $(COMMON_SRC) -ljansson -lhttp_parser -lm -lpthread
+# the reader of the prefix cache's file (--prefix-cache-dir): the format
+# alone, no model
+FUZZ_KVB_SRC = coordinator/sched/kvfile.c coordinator/kvcache/kvcache.c
+build/fuzz/fuzz_kvblocks: tests/fuzz/fuzz_kvblocks.c $(FUZZ_KVB_SRC) $(COMMON_SRC) coordinator/sched/sched_int.h
+	@mkdir -p $(dir $@)
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o $@ $< \
+	  $(FUZZ_KVB_SRC) $(COMMON_SRC) -ljansson -lm -lpthread
 fuzz: $(FUZZ_BINS)
 	tests/run_fuzz.sh $(FUZZ_BINS)
 

@@ -341,6 +341,11 @@ void api_metrics_text(api_server_t *srv, api_buf_t *b)
            "Cached KV blocks reused for other requests.", (double)st.kv_evictions);
     metric(b, "ecs_preemptions_total", "counter",
            "Running requests preempted for KV blocks (recomputed later).", (double)st.preemptions);
+    metric(b, "ecs_recomputed_tokens_total", "counter",
+           "Generated tokens re-fed after a preemption.", (double)st.recomputed_tokens);
+    metric(b, "ecs_recompute_steps_total", "counter",
+           "Steps times requests that re-fed generated tokens after a preemption.",
+           (double)st.recompute_steps);
     metric(b, "ecs_prefix_cache_hit_tokens_total", "counter",
            "Prompt tokens served from the prefix cache.", (double)st.prefix_hit_tokens);
     metric(b, "ecs_prefix_cache_lookup_tokens_total", "counter",

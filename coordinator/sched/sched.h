@@ -122,6 +122,9 @@ typedef struct {
     size_t kv_bytes, kv_block_bytes;
     uint64_t kv_evictions;      /* cached blocks reused for others */
     uint64_t steps, prompt_tokens, gen_tokens, preemptions;
+    /* after preemptions: generated tokens re-fed, and the (request, step)
+     * pairs that re-fed them (tokens / steps: how many a step recomputes) */
+    uint64_t recomputed_tokens, recompute_steps;
     uint64_t prefix_hit_tokens, prefix_lookup_tokens; /* cached / looked-up prompt tokens */
     /* histogram buckets (cumulative counts written by sched_stats) */
     uint64_t ttft_count, tbt_count;

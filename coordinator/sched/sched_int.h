@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 #include "coordinator/kvcache/kvcache.h"
 #include "sched.h"
@@ -105,6 +106,32 @@ void sched_kv_publish(sched_t *s, sched_req_t *r);
 /* Token at position p of r's sequence (prompt, then generated). */
 int32_t sched_req_token(const sched_req_t *r, int p);
 void *sched_main(void *arg);
+
+/* kvfile.c: the prefix cache's file format (persist.c keeps the pool's
+ * blocks in it; tests/fuzz/fuzz_kvblocks.c feeds it any bytes) */
+typedef struct {
+    uint64_t seed;        /* the model identity every key chains from */
+    size_t block_bytes;   /* one block's rows */
+    int n_vocab;          /* token ids are below it */
+} sched_kvfile_id_t;
+typedef struct {
+    uint64_t key, parent;
+    int32_t toks[MODEL_KV_BLOCK];
+    void *data;           /* block_bytes of rows */
+} sched_kvrec_t;
+/* Fills record i (its rows into rec->data, the caller's buffer). */
+typedef void (*sched_kvfile_get_fn)(void *arg, int i, sched_kvrec_t *rec);
+/* Takes a sound record: 1 kept, 0 not (counted skipped), -1 no room (the
+ * reading stops). */
+typedef int (*sched_kvfile_put_fn)(void *arg, const sched_kvrec_t *rec);
+/* Header and n records got by get (data: block_bytes of scratch); false
+ * on a write error. */
+bool sched_kvfile_write(FILE *f, const sched_kvfile_id_t *id, int n, sched_kvfile_get_fn get,
+                        void *arg, void *data);
+/* Every sound record of f for id through put (see kvfile.c for what is
+ * skipped); an error only when one block's rows cannot be allocated. */
+ecs_err_t sched_kvfile_read(FILE *f, const sched_kvfile_id_t *id, sched_kvfile_put_fn put, void *arg,
+                            int *n_loaded, int *n_skipped);
 void sched_mark_ready_locked(sched_t *s, sched_req_t *r);
 void sched_note_token_locked(sched_t *s, sched_req_t *r, double now);
 

@@ -8,9 +8,11 @@
  * When the pool runs out, a request that needs a block takes the blocks
  * of the most recently admitted running request (preemption): that one
  * goes back to the head of the queue and is later recomputed, its prompt
- * as prompt chunks and its generated tokens one per step as they were
- * first computed, so its rows and tokens are the same bits (its sampler
- * state is kept, the re-fed tokens are not sampled again). */
+ * as prompt chunks and then its generated tokens in chunks of their own
+ * (replay_rows: cut so that every row is computed in the form it was
+ * first computed in), so its rows and tokens are the same bits (its
+ * sampler state is kept, the re-fed tokens are not sampled again: the
+ * last one's logits give the next token). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -202,7 +204,7 @@ static void preempt(sched_t *s, sched_req_t *r)
     sched_kv_release(s, r);
     running_remove(s, r);
     r->n_fed = r->chunk_i = r->replay = 0;
-    r->replay_end = r->n_gen > 0 ? r->n_gen - 1 : 0;
+    r->replay_end = r->n_gen;
     r->decoding = false;
     pthread_mutex_lock(&s->mu);
     r->next = s->wait_head;
@@ -231,26 +233,50 @@ static bool reserve(sched_t *s, sched_req_t *r, int upto)
     return true;
 }
 
+/* After a preemption, generated tokens still to re-feed. */
+static bool replaying(const sched_req_t *r) { return r->replay < r->replay_end; }
+
+/* Rows of r's next chunk of re-fed generated tokens. They were first
+ * computed one per step: for deepseek2 in the absorbed form, whose rows
+ * are the same bits however many of a sequence share a step as long as
+ * they stay under MODEL_MLA_EXPAND_ROWS (from there the step would attend
+ * in the expanded form); other architectures' attention is batch-
+ * invariant, so a prompt chunk's size. Within the step's budget like a
+ * prompt chunk. */
+static int replay_rows(const sched_t *s, const sched_req_t *r)
+{
+    const int cap = s->mla ? MODEL_MLA_EXPAND_ROWS - 1 : s->o.chunk;
+    const int left = r->replay_end - r->replay;
+    return left < cap ? left : cap;
+}
+
 /* Each running request's rows of this step, blocks reserved: a decoding
  * request that cannot have its block is preempted itself (the oldest
- * always can: the pool holds a whole context), a prompt chunk that cannot
- * waits, and so do the chunks after it. */
+ * always can: the pool holds a whole context), a prompt chunk (or a chunk
+ * of re-fed tokens) that cannot waits, and so do the chunks after it. */
 static int plan(sched_t *s)
 {
-    int n = 0;
+    /* every decode row has its place, wherever it is in the list: chunks
+     * share what the decode rows leave of the batch (sched_new keeps a
+     * whole chunk beside max_running decode rows) */
+    int n_dec = 0;
+    for (sched_req_t *r = s->running; r; r = r->next)
+        n_dec += r->decoding && !replaying(r);
+    int n = 0, n_chunk = 0;
     bool prompts_wait = false;
     for (sched_req_t *r = s->running, *next; r; r = next) {
         next = r->next;
         r->step_rows = 0;
-        const int want = r->decoding ? 1 : chunk_len(r);
-        if (!r->decoding && (prompts_wait || n + want > MODEL_MAX_BATCH)) {
+        const bool chunk = !r->decoding || replaying(r);
+        const int want = !r->decoding ? chunk_len(r) : chunk ? replay_rows(s, r) : 1;
+        if (chunk && (prompts_wait || n_chunk + want > MODEL_MAX_BATCH - n_dec)) {
             prompts_wait = true;
             continue;
         }
         const bool ok = reserve(s, r, model_ctx_n_past(r->ctx) + want);
         next = r->next; /* reserve's victims were after r */
         if (!ok) {
-            if (r->decoding)
+            if (!chunk)
                 preempt(s, r);
             else
                 prompts_wait = true;
@@ -258,13 +284,10 @@ static int plan(sched_t *s)
         }
         r->step_rows = want;
         n += want;
+        n_chunk += chunk ? want : 0;
     }
     return n;
 }
-
-/* Decoding rows: after a preemption the generated tokens before the last
- * are re-fed without logits, then the last as an ordinary decode row. */
-static bool replaying(const sched_req_t *r) { return r->replay < r->replay_end; }
 
 static void step(sched_t *s)
 {
@@ -278,9 +301,14 @@ static void step(sched_t *s)
     int n = 0, n_prompt_rows = 0;
     for (sched_req_t *r = s->running; r; r = r->next)
         if (r->step_rows && r->decoding) {
-            const bool rp = replaying(r);
-            s->rows[n] = (model_row_t){r->ctx, rp ? r->gen[r->replay] : r->next_tok, !rp};
-            s->row_req[n++] = r;
+            /* after a preemption: a chunk of generated tokens, the last
+             * one's logits giving the next token; else the next token */
+            for (int j = 0, g = r->replay; j < r->step_rows; j++, g++) {
+                const bool rp = replaying(r);
+                s->rows[n] = (model_row_t){r->ctx, rp ? r->gen[g] : r->next_tok,
+                                           !rp || g + 1 == r->replay_end};
+                s->row_req[n++] = r;
+            }
         }
     for (sched_req_t *r = s->running; r; r = r->next) {
         if (!r->step_rows || r->decoding)
@@ -304,13 +332,17 @@ static void step(sched_t *s)
                     finish(s, s->row_req[i], SCHED_FINISH_ERROR, msg);
         return;
     }
+    int n_re_tok = 0, n_re_req = 0;
     for (int i = 0; i < n; i++) {
         sched_req_t *r = s->row_req[i];
         if (i > 0 && s->row_req[i - 1] == r)
             continue;
         if (r->decoding) {
-            if (replaying(r))
-                r->replay++;
+            if (replaying(r)) {
+                r->replay += r->step_rows;
+                n_re_tok += r->step_rows;
+                n_re_req++;
+            }
         } else {
             r->n_fed += chunk_len(r);
             r->chunk_i++;
@@ -322,6 +354,8 @@ static void step(sched_t *s)
     pthread_mutex_lock(&s->mu);
     s->stats.steps++;
     s->stats.prompt_tokens += (uint64_t)n_prompt_rows;
+    s->stats.recomputed_tokens += (uint64_t)n_re_tok;
+    s->stats.recompute_steps += (uint64_t)n_re_req;
     pthread_mutex_unlock(&s->mu);
     for (int i = 0, j = 0; i < n; i++)
         if (s->rows[i].want_logits)

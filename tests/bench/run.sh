@@ -21,3 +21,24 @@ echo "== bench_rtt: ExpertCall round trip through proto/mux vs raw libzmq =="
 if [ ${#quick[@]} -eq 0 ]; then
     "$(dirname "$0")/bench_workers.sh" "$build" "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 3
 fi
+# serving (issue 17; tests/bench/bench_serve.py): ecs-coordinator, then each
+# llama-server built beside the project, on the same model, when it exists
+serve_model=${ECS_SERVE_MODEL:-/work/models-cache/ds2-lite-4l.gguf}
+if [ ${#quick[@]} -eq 0 ] && [ -f "$serve_model" ]; then
+    threads=${ECS_BENCH_THREADS:-2}
+    bs="/usr/bin/python3 $(dirname "$0")/bench_serve.py"
+    pc=$(mktemp -d "${TMPDIR:-/tmp}/ecs-bench-serve.XXXXXX")
+    $bs --restart --label ecs --server-cmd "$build/bin/ecs-coordinator -m $serve_model \
+        --http 127.0.0.1:{port} --threads $threads --ctx 9216 --max-running 8 --prefix-cache-dir $pc"
+    rm -rf "$pc"
+    for peer in llama.cpp ik_llama.cpp; do
+        ls="${ECS_PEERS:-../peers}/$peer/build/bin/llama-server"
+        [ -x "$ls" ] || { echo "bench_serve: $ls not built, skipped"; continue; }
+        # llama-server splits -c evenly over its slots: 8 short ones for the
+        # streams, 2 of 9216 tokens for the conversation and the gap
+        $bs --label "$peer" --sections streams --server-cmd "$ls -m $serve_model --host 127.0.0.1 \
+            --port {port} -t $threads --parallel 8 -c 4096 ${LLAMA_SERVER_ARGS:-}"
+        $bs --label "$peer" --sections ttft,gap --server-cmd "$ls -m $serve_model --host 127.0.0.1 \
+            --port {port} -t $threads --parallel 2 -c 18432 ${LLAMA_SERVER_ARGS:-}"
+    done
+fi

@@ -8,6 +8,7 @@ by pid.
 usage: serve_http.py ROOT BUILD"""
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -120,6 +121,9 @@ check("prompt longer than the context -> 400", lambda: expect_error(
 check("anthropic error shape, max_tokens required", lambda: expect_error(
     400, "'max_tokens' is required", "/v1/messages", {"messages": [{"role": "user", "content": "x"}]},
     anthropic=True))
+check("anthropic error shape, prompt longer than the context", lambda: expect_error(
+    400, "context holds 512", "/v1/messages",
+    {"max_tokens": 4, "messages": [{"role": "user", "content": "word " * 600}]}, anthropic=True))
 check("huge body -> 413", lambda: expect_error(
     413, "body exceeds", chat, {"messages": [{"role": "user", "content": "x" * 100000}]}))
 
@@ -247,6 +251,38 @@ def all_slots_back():
 
 
 check("every KV block comes back; metrics count the errors", all_slots_back)
+
+
+def metrics_exposition():
+    # every family issue 17 names, in the Prometheus text format: a HELP and
+    # TYPE per family, histograms with cumulative buckets ending in +Inf =
+    # _count; the two 300-token streams above are counted
+    st, h, body = request(srv.port, "GET", "/metrics")
+    assert st == 200 and h["content-type"].startswith("text/plain"), (st, h)
+    text = body.decode()
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    helps = set(re.findall(r"^# HELP (\S+) ", text, re.M))
+    for name in re.findall(r"^([a-z_]+)(?:\{[^}]*\})? \S+$", text, re.M):
+        fam = re.sub(r"_(bucket|sum|count)$", "", name) if name not in types else name
+        assert fam in types and fam in helps, name
+    for fam, kind in (("ecs_http_requests_total", "counter"), ("ecs_prompt_tokens_total", "counter"),
+                      ("ecs_generation_tokens_total", "counter"), ("ecs_requests_running", "gauge"),
+                      ("ecs_requests_waiting", "gauge"), ("ecs_kv_blocks_used", "gauge"),
+                      ("ecs_kv_blocks_free", "gauge"), ("ecs_prefix_cache_hit_tokens_total", "counter"),
+                      ("ecs_prefix_cache_lookup_tokens_total", "counter"), ("ecs_preemptions_total", "counter"),
+                      ("ecs_time_to_first_token_seconds", "histogram"),
+                      ("ecs_time_between_tokens_seconds", "histogram")):
+        assert types.get(fam) == kind, (fam, types.get(fam))
+    m = srv.metrics()
+    assert metric_value(m, "ecs_generation_tokens_total") >= 600, m
+    for fam, least in (("ecs_time_to_first_token_seconds", 2), ("ecs_time_between_tokens_seconds", 598)):
+        b = [float(v) for v in re.findall(r"^%s_bucket\{le=\"[^\"]+\"\} (\S+)$" % fam, text, re.M)]
+        count = metric_value(m, fam + "_count")
+        assert b == sorted(b) and b[-1] == count >= least, (fam, b, count)
+        assert metric_value(m, fam + "_sum") > 0
+
+
+check("/metrics: every family of issue 17, Prometheus text format", metrics_exposition)
 check("hostile server: clean exit", lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
 
 # ---- more KV needed than the pool holds: requests wait and are preempted,
@@ -273,8 +309,32 @@ for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
         assert metric_value(m, "ecs_preemptions_total") > 0, "the workload needed no preemption"
         wait_until(lambda: metric_value(srv.metrics(), "ecs_kv_blocks_used") == 0, "KV blocks are free")
 
+    def refill():
+        # two ~200-token prompts fill the 8 blocks; the first, decoding into
+        # its fifth block, preempts the second after it generated some
+        # tokens, which are recomputed in chunks, not one per step (the
+        # one-per-step refill gave tokens == steps), with the same outputs
+        reqs = [greedy("Request %d:" % i + " there was" * 90, 120) for i in range(2)]
+        solo = [stream_text(srv.port, "/v1/completions", q)[0] for q in reqs]
+        m0, out = srv.metrics(), [None, None]
+
+        def run(i):
+            out[i] = stream_text(srv.port, "/v1/completions", reqs[i])[0]
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        m1 = srv.metrics()
+        assert out == solo, (out, solo)
+        d = {k: metric_value(m1, k) - metric_value(m0, k) for k in
+             ("ecs_preemptions_total", "ecs_recomputed_tokens_total", "ecs_recompute_steps_total")}
+        assert d["ecs_preemptions_total"] > 0, d
+        assert d["ecs_recomputed_tokens_total"] > 2 * d["ecs_recompute_steps_total"] > 0, d
+
     check("%s: a KV pool smaller than the workload: waiting, preemption, identical outputs" % name,
           small_pool)
+    check("%s: after a preemption the generated tokens are recomputed in chunks" % name, refill)
     check("%s: small pool: clean exit" % name,
           lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
 
