@@ -67,11 +67,16 @@ static void k4_pack_act(const void *a, int64_t ncols, void *out)
     }
 }
 
-/* The integer sums I_b (scaled group sums) of one block of a group for NA
- * activation rows (as bytes apart), added to I. */
+/* 16 I_b (scaled group sums x 16) of one block of a group for NA
+ * activation rows (as bytes apart), added to I. The high nibbles enter the
+ * chains in place (q & 0xF0: 16 x the level, no shift; one instruction less
+ * per 64 bytes of qs) and the low nibbles' scales are taken x 16 to match;
+ * callers scale by d / 16. Both factors are powers of two and |16 I_b| <
+ * 2^29, so (float)(16 I_b) x (d / 16) is the very product (float)I_b x d:
+ * the same bits as the arithmetic in the header. */
 INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as, __m512i *I)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m4h = _mm512_set1_epi8((char)0xF0);
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) { /* qs word 8 c + k: low nibbles group 2 c, high 2 c + 1 */
         __m512i lo[KCPU_GRP_MAX_NA], hi[KCPU_GRP_MAX_NA];
@@ -82,7 +87,7 @@ INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as,
         for (int k = 0; k < 8; k++) {
             const __m512i q = _mm512_load_si512((const void *)(blk + K4_QS + 64 * (8 * c + k)));
             const __m512i ql = _mm512_and_si512(q, m4);
-            const __m512i qh = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            const __m512i qh = _mm512_and_si512(q, m4h);
 #pragma GCC unroll 8
             for (int n = 0; n < NA; n++) {
                 const uint8_t *an = a + (size_t)n * as + ACT_QS;
@@ -90,8 +95,8 @@ INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as,
                 hi[n] = dpbusd_bcast(hi[n], qh, an + act_pos(64 * c + 32 + 4 * k));
             }
         }
-        const __m512i s0 =
-            _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + K4_SC + 32 * c)));
+        const __m512i s0 = _mm512_slli_epi32(
+            _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + K4_SC + 32 * c))), 4);
         const __m512i s1 =
             _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + K4_SC + 32 * c + 16)));
 #pragma GCC unroll 8
@@ -127,7 +132,10 @@ INLINE void grp_impl(int NA, const uint8_t *g, int64_t ncols, const uint8_t *a, 
                 _mm_load_si128((const __m128i *)(blk + K4_MN + 32 * p + 16)));
             mw[p] = _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16));
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk + K4_D)));
+        /* d / 16 for the sums x 16 (block_isums) */
+        const __m512 d = _mm512_mul_ps(
+            _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk + K4_D))),
+            _mm512_set1_ps(0.0625f));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk + K4_DMIN)));
 #pragma GCC unroll 4
         for (int n = 0; n < NA; n++) {
