@@ -185,23 +185,28 @@ INLINE int32_t hsum_epi32(__m512i v)
     return _mm_cvtsi128_si32(q) + _mm_extract_epi32(q, 1);
 }
 
-/* Per-lane scales for the four chains of a block: bytes [sc_j x 8, sc_j' x 8]
- * for (j, j') = (0, 2), (1, 3), (4, 6), (5, 7). */
+/* Per-word scales for the four chains of a block: words [sc_j x 16, sc_j' x
+ * 16] for (j, j') = (0, 2), (1, 3), (4, 6), (5, 7), as vpmaddubsw leaves a
+ * chain's 64 values: 16-bit pair sums, 16 per 32-value group. */
 INLINE void row_scales(__m128i scmn, __m512i s[4])
 {
     static const uint8_t pick[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
+    const __m256i sc2 = _mm256_broadcastsi128_si256(scmn);
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
-        const __m128i idx = _mm_unpacklo_epi64(_mm_set1_epi8((char)pick[i][0]),
-                                               _mm_set1_epi8((char)pick[i][1]));
-        s[i] = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(scmn, idx));
+        const __m256i idx = _mm256_set_m128i(_mm_set1_epi8((char)pick[i][1]),
+                                             _mm_set1_epi8((char)pick[i][0]));
+        s[i] = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(sc2, idx));
     }
 }
 
 /* The same integer sums as block_isums and the same float operations, for
  * one weight row against NA activation rows: the rows' levels in registers
- * (no transposes), lane sums scaled per group and added horizontally (exact
- * in integers, so their order is free). */
+ * (no transposes), pair sums (vpmaddubsw: |15 x 128 x 2| < 2^15, no
+ * saturation) scaled per group and summed by vpdpwssd, then horizontally:
+ * exact in integers, so their order is free. Two instructions per 64
+ * values and activation row instead of vpdpbusd, vpmulld, vpaddd and a
+ * zeroed register each. */
 INLINE void k4_rows(int NA, int64_t n, const void *w, const void *a, size_t as, float *out)
 {
     const ecs_block_q4_K *x = w;
@@ -225,12 +230,12 @@ INLINE void k4_rows(int NA, int64_t n, const void *w, const void *a, size_t as, 
             const uint8_t *ab = (const uint8_t *)a + (size_t)r * as + (size_t)b * ACT_BYTES;
             __m512i I = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) {
-                const __m512i t = _mm512_dpbusd_epi32(
-                    _mm512_setzero_si512(), lv[i],
-                    _mm512_loadu_si512((const void *)(ab + ACT_QS + 64 * i)));
-                I = _mm512_add_epi32(I, _mm512_mullo_epi32(t, s[i]));
-            }
+            for (int i = 0; i < 4; i++)
+                I = _mm512_dpwssd_epi32(
+                    I,
+                    _mm512_maddubs_epi16(lv[i],
+                                         _mm512_loadu_si512((const void *)(ab + ACT_QS + 64 * i))),
+                    s[i]);
             const __m128i m = _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i *)(ab + ACT_B)));
             const int32_t M = _mm_cvtsi128_si32(m) + _mm_extract_epi32(m, 1) +
                               _mm_extract_epi32(m, 2) + _mm_extract_epi32(m, 3);

@@ -10,7 +10,8 @@
  * and the per-call rest (activation packing, dispatch).
  *
  * usage: bench_icount [TYPE LAYOUT NB NCOLS]...
- *   TYPE q4_K|q5_0|q6_K|q8_0, LAYOUT rows|copy, NB 1..3 activation rows.
+ *   TYPE q4_K|q5_0|q6_K|q8_0, LAYOUT rows|copy, NB 1..64 activation rows
+ *   (decode: 1..3; from 4 on the prompt paths).
  *   No arguments: the decode shapes of DeepSeek-V2-Lite's Q4_K_M mix. */
 #include <signal.h>
 #include <stdio.h>
@@ -126,7 +127,7 @@ static long long count(const cfg_t *c, int64_t nrows)
 static int run(const cfg_t *c)
 {
     const ecs_type_t t = type_of(c->type);
-    if (t == ECS_TYPE_COUNT || c->nb < 1 || c->nb > 3) {
+    if (t == ECS_TYPE_COUNT || c->nb < 1 || c->nb > 64) {
         fprintf(stderr, "bench_icount: bad configuration %s %s %d\n", c->type, c->layout, c->nb);
         return 1;
     }
