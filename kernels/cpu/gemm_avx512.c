@@ -948,28 +948,36 @@ INLINE void r16_store(__m512 *acc, float *out)
     _mm512_storeu_ps(out, reduce16_v(lanes));
 }
 
+/* Q5_0's fifth bits of word k (half h: values 16 h + 4 k ..) of 16 rows as
+ * a byte mask (bit 4 r + j: value 16 h + 4 k + j of row r), from the rows'
+ * 32-bit qh words: the byte holding the four bits is copied to the lane's
+ * four bytes, byte j tests bit j of them. */
+INLINE __mmask64 q5_fifth(__m512i qh, int k, int h)
+{
+    const int bit = 16 * h + 4 * k, byte = bit / 8, sh = bit % 8;
+    /* pshufb works within 128-bit lanes (four rows each) */
+    const __m512i idx = _mm512_add_epi8(
+        _mm512_set1_epi8((char)byte),
+        _mm512_broadcast_i32x4(_mm_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0)));
+    return _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, idx),
+                                 _mm512_set1_epi32((int)(0x08040201u << sh)));
+}
+
 /* Q5_0 levels (0..31) of block h of a pair of 16-row blocks, values 4 k ..
  * 4 k + 3 of every row in q[k]: the low nibbles give values 0..15, the high
- * ones 16..31, and each vector's fifth bits are a 64-bit mask of the copy
- * (r16.c), loaded into a mask register: per 512 values 4 shifts, 8 mask
- * loads, 8 zero-masked moves and 8 ternary-logic ops (before: 4 shuffles,
- * 8 tests and 8 masked adds on top of the ands, docs/benchmarks.md). */
+ * ones 16..31, the fifth bits come from the qh words. */
 INLINE void q5_levels(const uint8_t *pair, int h, __m512i q[8])
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
-    const uint8_t *qp = pair + 256 * h, *qh = pair + 512 + 64 * h;
+    const uint8_t *qp = pair + 256 * h;
+    const __m512i qh = _mm512_load_si512((const void *)(pair + 512 + 64 * h));
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         const __m512i x = _mm512_load_si512((const void *)(qp + 64 * k));
-        __mmask64 ml, mh;
-        memcpy(&ml, qh + 8 * k, 8);
-        memcpy(&mh, qh + 8 * (4 + k), 8);
-        /* (nibbles & 15) | (16 where the bit is set): one ternary-logic op
-         * (0xEC: a & c | b) on a zero-masked 16, no merge-masked add (which
-         * GCC gave a register copy each) */
-        q[k] = _mm512_ternarylogic_epi32(x, _mm512_maskz_mov_epi8(ml, b16), m4, 0xEC);
-        q[4 + k] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(x, 4),
-                                             _mm512_maskz_mov_epi8(mh, b16), m4, 0xEC);
+        const __m512i lo = _mm512_and_si512(x, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+        q[k] = _mm512_mask_add_epi8(lo, q5_fifth(qh, k, 0), lo, b16);
+        q[4 + k] = _mm512_mask_add_epi8(hi, q5_fifth(qh, k, 1), hi, b16);
     }
 }
 

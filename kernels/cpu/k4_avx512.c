@@ -67,16 +67,11 @@ static void k4_pack_act(const void *a, int64_t ncols, void *out)
     }
 }
 
-/* 16 I_b (scaled group sums x 16) of one block of a group for NA
- * activation rows (as bytes apart), added to I. The high nibbles enter the
- * chains in place (q & 0xF0: 16 x the level, no shift; one instruction less
- * per 64 bytes of qs) and the low nibbles' scales are taken x 16 to match;
- * callers scale by d / 16. Both factors are powers of two and |16 I_b| <
- * 2^29, so (float)(16 I_b) x (d / 16) is the very product (float)I_b x d:
- * the same bits as the arithmetic in the header. */
+/* The integer sums I_b (scaled group sums) of one block of a group for NA
+ * activation rows (as bytes apart), added to I. */
 INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as, __m512i *I)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m4h = _mm512_set1_epi8((char)0xF0);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) { /* qs word 8 c + k: low nibbles group 2 c, high 2 c + 1 */
         __m512i lo[KCPU_GRP_MAX_NA], hi[KCPU_GRP_MAX_NA];
@@ -87,7 +82,7 @@ INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as,
         for (int k = 0; k < 8; k++) {
             const __m512i q = _mm512_load_si512((const void *)(blk + K4_QS + 64 * (8 * c + k)));
             const __m512i ql = _mm512_and_si512(q, m4);
-            const __m512i qh = _mm512_and_si512(q, m4h);
+            const __m512i qh = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
 #pragma GCC unroll 8
             for (int n = 0; n < NA; n++) {
                 const uint8_t *an = a + (size_t)n * as + ACT_QS;
@@ -95,8 +90,8 @@ INLINE void block_isums(int NA, const uint8_t *blk, const uint8_t *a, size_t as,
                 hi[n] = dpbusd_bcast(hi[n], qh, an + act_pos(64 * c + 32 + 4 * k));
             }
         }
-        const __m512i s0 = _mm512_slli_epi32(
-            _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + K4_SC + 32 * c))), 4);
+        const __m512i s0 =
+            _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + K4_SC + 32 * c)));
         const __m512i s1 =
             _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk + K4_SC + 32 * c + 16)));
 #pragma GCC unroll 8
@@ -132,10 +127,7 @@ INLINE void grp_impl(int NA, const uint8_t *g, int64_t ncols, const uint8_t *a, 
                 _mm_load_si128((const __m128i *)(blk + K4_MN + 32 * p + 16)));
             mw[p] = _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16));
         }
-        /* d / 16 for the sums x 16 (block_isums) */
-        const __m512 d = _mm512_mul_ps(
-            _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk + K4_D))),
-            _mm512_set1_ps(0.0625f));
+        const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk + K4_D)));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk + K4_DMIN)));
 #pragma GCC unroll 4
         for (int n = 0; n < NA; n++) {
@@ -185,28 +177,23 @@ INLINE int32_t hsum_epi32(__m512i v)
     return _mm_cvtsi128_si32(q) + _mm_extract_epi32(q, 1);
 }
 
-/* Per-word scales for the four chains of a block: words [sc_j x 16, sc_j' x
- * 16] for (j, j') = (0, 2), (1, 3), (4, 6), (5, 7), as vpmaddubsw leaves a
- * chain's 64 values: 16-bit pair sums, 16 per 32-value group. */
+/* Per-lane scales for the four chains of a block: bytes [sc_j x 8, sc_j' x 8]
+ * for (j, j') = (0, 2), (1, 3), (4, 6), (5, 7). */
 INLINE void row_scales(__m128i scmn, __m512i s[4])
 {
     static const uint8_t pick[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
-    const __m256i sc2 = _mm256_broadcastsi128_si256(scmn);
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
-        const __m256i idx = _mm256_set_m128i(_mm_set1_epi8((char)pick[i][1]),
-                                             _mm_set1_epi8((char)pick[i][0]));
-        s[i] = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(sc2, idx));
+        const __m128i idx = _mm_unpacklo_epi64(_mm_set1_epi8((char)pick[i][0]),
+                                               _mm_set1_epi8((char)pick[i][1]));
+        s[i] = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(scmn, idx));
     }
 }
 
 /* The same integer sums as block_isums and the same float operations, for
  * one weight row against NA activation rows: the rows' levels in registers
- * (no transposes), pair sums (vpmaddubsw: |15 x 128 x 2| < 2^15, no
- * saturation) scaled per group and summed by vpdpwssd, then horizontally:
- * exact in integers, so their order is free. Two instructions per 64
- * values and activation row instead of vpdpbusd, vpmulld, vpaddd and a
- * zeroed register each. */
+ * (no transposes), lane sums scaled per group and added horizontally (exact
+ * in integers, so their order is free). */
 INLINE void k4_rows(int NA, int64_t n, const void *w, const void *a, size_t as, float *out)
 {
     const ecs_block_q4_K *x = w;
@@ -230,12 +217,12 @@ INLINE void k4_rows(int NA, int64_t n, const void *w, const void *a, size_t as, 
             const uint8_t *ab = (const uint8_t *)a + (size_t)r * as + (size_t)b * ACT_BYTES;
             __m512i I = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++)
-                I = _mm512_dpwssd_epi32(
-                    I,
-                    _mm512_maddubs_epi16(lv[i],
-                                         _mm512_loadu_si512((const void *)(ab + ACT_QS + 64 * i))),
-                    s[i]);
+            for (int i = 0; i < 4; i++) {
+                const __m512i t = _mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(), lv[i],
+                    _mm512_loadu_si512((const void *)(ab + ACT_QS + 64 * i)));
+                I = _mm512_add_epi32(I, _mm512_mullo_epi32(t, s[i]));
+            }
             const __m128i m = _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i *)(ab + ACT_B)));
             const int32_t M = _mm_cvtsi128_si32(m) + _mm_extract_epi32(m, 1) +
                               _mm_extract_epi32(m, 2) + _mm_extract_epi32(m, 3);

@@ -65,19 +65,14 @@ static void pack_q4_K_block(const uint8_t *rows, size_t row_bytes, int64_t b, ui
  * them in order; parts kept in separate runs slowed the stream from DRAM):
  * qs [2][W][16 rows] 32-bit words, W = 4 (Q5_0: word k's low nibbles are
  * values 4 k.., the high ones 16 + 4 k..) or 8 (Q8_0: values 4 k.., stored
- * + 128 as the kernels' unsigned levels); Q5_0 only, qh [2][8] 64-bit masks
- * (the block's fifth bits, mask 4 h + k for the levels of qs word k's low
- * (h = 0) or high (h = 1) nibbles: bit 4 r + j is value 16 h + 4 k + j of
- * row r, so the kernel loads each straight into a mask register, kmovq,
- * instead of spreading a row's qh word with a shuffle and a test);
- * d [2][16 rows] (fp16). */
+ * + 128 as the kernels' unsigned levels); Q5_0 only, qh [2][16 rows] (the
+ * block's 32 fifth bits as a 32-bit word per row); d [2][16 rows] (fp16). */
 static void pack_legacy_pair(ecs_type_t type, const uint8_t *rows, size_t row_bytes, int64_t b0,
                              uint8_t *out)
 {
     const bool q5 = type == ECS_TYPE_Q5_0;
     const int W = q5 ? 4 : 8;
     uint8_t *qp = out, *hp = out + 2 * 64 * W, *dp = hp + (q5 ? 128 : 0);
-    uint64_t mask[2][8] = {{0}};
     for (int r = 0; r < KCPU_R16_ROWS; r++) {
         const uint8_t *row = rows + (size_t)r * row_bytes;
         for (int b = 0; b < 2; b++) {
@@ -85,11 +80,7 @@ static void pack_legacy_pair(ecs_type_t type, const uint8_t *rows, size_t row_by
             if (q5) {
                 const ecs_block_q5_0 *x = (const ecs_block_q5_0 *)row + b0 + b;
                 memcpy(dp + 32 * b + 2 * r, &x->d, 2);
-                uint32_t qh;
-                memcpy(&qh, x->qh, 4);
-                for (int i = 0; i < 8; i++) /* i = 4 h + k: values 16 h + 4 k .. + 3 */
-                    mask[b][i] |= (uint64_t)((qh >> (16 * (i / 4) + 4 * (i % 4))) & 0xF)
-                                  << (4 * r);
+                memcpy(hp + 64 * b + 4 * r, x->qh, 4);
                 memcpy(q, x->qs, 16);
             } else {
                 const ecs_block_q8_0 *x = (const ecs_block_q8_0 *)row + b0 + b;
@@ -101,8 +92,6 @@ static void pack_legacy_pair(ecs_type_t type, const uint8_t *rows, size_t row_by
                 memcpy(qp + (size_t)64 * (W * b + k) + 4 * r, q + 4 * k, 4);
         }
     }
-    if (q5)
-        memcpy(hp, mask, sizeof mask);
 }
 
 void kcpu_r16_pack(const kcpu_mat_t *w, int64_t r0, int64_t n, void *out)
