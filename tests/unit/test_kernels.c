@@ -1304,11 +1304,12 @@ Test(kernels, r16_reads_rows)
 }
 
 /* Q4_K at the integer extremes: every level 15, every 6-bit scale and min
- * 63, every activation -128 (then +127). The group kernels sum 16 x the
- * scaled group sums (k4_avx512.c: the high nibbles unshifted), 2^28.9 per
- * block at these values: an int32 overflow there would part them from the
- * row kernel (which sums them unscaled) and from the exact value; every
- * path, with and without the copy, for 1-8 activation rows, gives it. */
+ * 63, every activation -128 (then +127): the largest scaled group sums a
+ * block can have (2^24.9). Every path, with and without the copy, for 1-8
+ * activation rows, must give the exact value: a kernel that scales its
+ * integer sums up (e.g. the high nibbles taken unshifted, 16 x the level,
+ * tried in docs/benchmarks.md) overflows int32 from x 128 on, which this
+ * catches (x 256: 6656960 for -57802752). */
 Test(kernels, r16_q4_K_extreme_levels_exact)
 {
     enum { NR = 16, NC = 512, NA = 8 };
