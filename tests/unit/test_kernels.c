@@ -1302,3 +1302,52 @@ Test(kernels, r16_reads_rows)
         cr_assert(kcpu_mat_reads_rows(&w), "%s, 128 columns", ecs_type_name(types[i]));
     }
 }
+
+/* Q4_K at the integer extremes: every level 15, every 6-bit scale and min
+ * 63, every activation -128 (then +127): the largest scaled group sums a
+ * block can have (2^24.9). Every path, with and without the copy, for 1-8
+ * activation rows, must give the exact value: a kernel that scales its
+ * integer sums up (e.g. the high nibbles taken unshifted, 16 x the level,
+ * tried in docs/benchmarks.md) overflows int32 from x 128 on, which this
+ * catches (x 256: 6656960 for -57802752). */
+Test(kernels, r16_q4_K_extreme_levels_exact)
+{
+    enum { NR = 16, NC = 512, NA = 8 };
+    const size_t rb = ecs_row_size(ECS_TYPE_Q4_K, NC), ab = ecs_row_size(ECS_TYPE_Q8_K, NC);
+    ecs_block_q4_K *w = xalloc(rb * NR);
+    ecs_block_q8_K *act = xalloc(ab * NA);
+    const ecs_fp16_t one = ecs_f32_to_fp16(1.0f);
+    for (int i = 0; i < NR * NC / 256; i++) {
+        w[i].d = w[i].dmin = one;
+        memset(w[i].scales, 0xFF, sizeof w[i].scales);
+        memset(w[i].qs, 0xFF, sizeof w[i].qs);
+    }
+    void *packed = aligned_alloc(64, kcpu_r16_bytes(ECS_TYPE_Q4_K, NR, NC));
+    cr_assert_not_null(packed);
+    kcpu_mat_t m = {ECS_TYPE_Q4_K, NC, NR, rb, w, NULL};
+    kcpu_r16_pack(&m, 0, NR, packed);
+    kcpu_mat_t mi = m;
+    mi.r16 = packed;
+    float y[NA * NR];
+    for (int sign = 0; sign < 2; sign++) {
+        const int q = sign ? 127 : -128;
+        for (int i = 0; i < NA * NC / 256; i++) {
+            act[i].d = 1.0f;
+            memset(act[i].qs, (uint8_t)(int8_t)q, sizeof act[i].qs);
+            for (int j = 0; j < 16; j++)
+                act[i].bsums[j] = (int16_t)(16 * q);
+        }
+        /* per block: I = 8 x 63 x 32 x 15 q, M = 8 x 63 x 32 q; all exact in float */
+        const double blk = 8.0 * 63 * 32 * q * (15 - 1);
+        const float want = (float)(blk * (NC / 256));
+        for (int copy = 0; copy < 2; copy++) {
+            for (int nb = 1; nb <= NA; nb++) {
+                kcpu_matmul_q(NULL, copy ? &mi : &m, act, nb, y, NR);
+                for (int i = 0; i < nb * NR; i++)
+                    cr_assert_eq(y[i], want, "q=%d copy=%d nb=%d value %d: %.9g, want %.9g", q,
+                                 copy, nb, i, y[i], want);
+            }
+        }
+    }
+    free(w), free(act), free(packed);
+}
