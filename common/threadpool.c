@@ -239,24 +239,33 @@ int ecs_threadpool_size(const ecs_threadpool_t *tp)
     return tp ? tp->nthreads : 1;
 }
 
+/* Publishes a run of fn to the workers and wakes the sleeping ones; kind:
+ * JOIN_ALL (every thread runs it) or 0 (a shared run, joined by count). */
+static void start_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg, uint32_t kind)
+{
+    tp->fn = fn;
+    tp->arg = arg;
+    atomic_store_explicit(&tp->parked, false, memory_order_relaxed);
+    atomic_store_explicit(&tp->pending, (uint32_t)(tp->nthreads - 1), memory_order_relaxed);
+    /* every worker that joined the previous shared run has finished it,
+     * and a late one of any earlier run finds that run closed: nobody
+     * else touches left_done now */
+    atomic_store_explicit(&tp->left_done, 0, memory_order_relaxed);
+    const uint32_t gen = atomic_load_explicit(&tp->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&tp->join, (uint64_t)gen << 32 | kind, memory_order_relaxed);
+    atomic_store(&tp->gen, gen); /* seq_cst: publishes fn/arg/pending/join */
+    if (atomic_load(&tp->sleepers) > 0)
+        futex_wake_all(&tp->gen);
+}
+
 void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
 {
     if (!tp || tp->nthreads == 1) {
         fn(arg, 0, 1);
         return;
     }
-    tp->fn = fn;
-    tp->arg = arg;
-    atomic_store_explicit(&tp->parked, false, memory_order_relaxed);
-    atomic_store_explicit(&tp->pending, (uint32_t)(tp->nthreads - 1), memory_order_relaxed);
-    const uint32_t gen = atomic_load_explicit(&tp->gen, memory_order_relaxed) + 1;
-    atomic_store_explicit(&tp->join, (uint64_t)gen << 32 | JOIN_ALL, memory_order_relaxed);
-    atomic_store(&tp->gen, gen); /* seq_cst: publishes fn/arg/pending/join */
-    if (atomic_load(&tp->sleepers) > 0)
-        futex_wake_all(&tp->gen);
-
+    start_run(tp, fn, arg, JOIN_ALL);
     fn(arg, 0, tp->nthreads);
-
     wait_count(tp, &tp->pending, 0);
 }
 
@@ -266,21 +275,8 @@ void ecs_threadpool_run_shared(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
         fn(arg, 0, 1);
         return;
     }
-    tp->fn = fn;
-    tp->arg = arg;
-    atomic_store_explicit(&tp->parked, false, memory_order_relaxed);
-    /* every worker that joined the previous run has finished it, and a
-     * late one of any earlier run finds that run closed: nobody else
-     * touches these now */
-    atomic_store_explicit(&tp->left_done, 0, memory_order_relaxed);
-    const uint32_t gen = atomic_load_explicit(&tp->gen, memory_order_relaxed) + 1;
-    atomic_store_explicit(&tp->join, (uint64_t)gen << 32, memory_order_relaxed);
-    atomic_store(&tp->gen, gen); /* seq_cst: publishes fn/arg/join */
-    if (atomic_load(&tp->sleepers) > 0)
-        futex_wake_all(&tp->gen);
-
+    start_run(tp, fn, arg, 0);
     fn(arg, 0, tp->nthreads);
-
     /* the work is all taken: wait only for the threads that are in it (a
      * thread the scheduler has not run yet, its core lent to another
      * process, would otherwise hold the caller for a time slice) */
