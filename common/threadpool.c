@@ -31,6 +31,8 @@
  * serial work between two kernel calls in a decode step, short enough that an
  * idle pool stops using CPU almost at once. */
 #define TP_SPIN_NS 100000
+#define JOIN_CLOSED 0x80000000u
+#define JOIN_ALL 0x40000000u
 
 struct ecs_threadpool {
     int nthreads;
@@ -42,6 +44,14 @@ struct ecs_threadpool {
     _Atomic uint32_t pending;  /* workers still running the current run */
     _Atomic uint32_t sleepers; /* workers inside futex_wait on gen */
     _Atomic uint32_t caller_sleeping;
+    /* The current run's generation (high half) and kind: JOIN_ALL, every
+     * thread runs it (ecs_threadpool_run), else the count of the workers
+     * that joined it (ecs_threadpool_run_shared; JOIN_CLOSED once the caller
+     * has finished the work: later arrivals skip it); left_done: how many
+     * of those have finished. A worker that finds another generation here
+     * came after its shared run closed. */
+    _Atomic uint64_t join;
+    _Atomic uint32_t left_done;
     atomic_bool stop;
     atomic_bool parked;        /* ecs_threadpool_park: idle threads skip the spin */
 };
@@ -108,6 +118,36 @@ static uint32_t wait_for_gen(ecs_threadpool_t *tp, uint32_t seen)
     }
 }
 
+/* A shared run of generation gen: counts this thread in, unless the run
+ * is closed (or is already a later one: then gen's is closed too). */
+static bool join_run(ecs_threadpool_t *tp, uint32_t gen)
+{
+    uint64_t j = atomic_load(&tp->join);
+    for (;;) {
+        if ((uint32_t)(j >> 32) != gen || ((uint32_t)j & JOIN_CLOSED))
+            return false;
+        if (atomic_compare_exchange_weak(&tp->join, &j, j + 1))
+            return true;
+    }
+}
+
+/* The caller's wait until *ctr == want (spin, then futex). */
+static void wait_count(ecs_threadpool_t *tp, _Atomic uint32_t *ctr, uint32_t want)
+{
+    for (;;) {
+        uint32_t v = atomic_load_explicit(ctr, memory_order_acquire);
+        if (v == want)
+            return;
+        if (spin_while_equal(ctr, v, NULL))
+            continue;
+        /* seq_cst pairs with the worker's change-then-check of caller_sleeping */
+        atomic_store(&tp->caller_sleeping, 1);
+        if (atomic_load(ctr) == v)
+            futex_wait(ctr, v);
+        atomic_store(&tp->caller_sleeping, 0);
+    }
+}
+
 static void *worker_main(void *p)
 {
     worker_arg_t *wa = p;
@@ -119,6 +159,18 @@ static void *worker_main(void *p)
         seen = wait_for_gen(tp, seen);
         if (atomic_load_explicit(&tp->stop, memory_order_acquire))
             return NULL;
+        const uint64_t j = atomic_load(&tp->join);
+        if ((uint32_t)(j >> 32) != seen)
+            continue; /* our shared run closed, maybe the next began: look again */
+        if (!((uint32_t)j & JOIN_ALL)) {
+            if (!join_run(tp, seen))
+                continue; /* the caller did the work without us */
+            tp->fn(tp->arg, ith, tp->nthreads);
+            atomic_fetch_add(&tp->left_done, 1);
+            if (atomic_load(&tp->caller_sleeping))
+                futex_wake_all(&tp->left_done);
+            continue;
+        }
         tp->fn(tp->arg, ith, tp->nthreads);
         /* seq_cst pairs with the caller's announce-then-check before it sleeps */
         if (atomic_fetch_sub(&tp->pending, 1) == 1 && atomic_load(&tp->caller_sleeping))
@@ -187,34 +239,49 @@ int ecs_threadpool_size(const ecs_threadpool_t *tp)
     return tp ? tp->nthreads : 1;
 }
 
+/* Publishes a run of fn to the workers and wakes the sleeping ones; kind:
+ * JOIN_ALL (every thread runs it) or 0 (a shared run, joined by count). */
+static void start_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg, uint32_t kind)
+{
+    tp->fn = fn;
+    tp->arg = arg;
+    atomic_store_explicit(&tp->parked, false, memory_order_relaxed);
+    atomic_store_explicit(&tp->pending, (uint32_t)(tp->nthreads - 1), memory_order_relaxed);
+    /* every worker that joined the previous shared run has finished it,
+     * and a late one of any earlier run finds that run closed: nobody
+     * else touches left_done now */
+    atomic_store_explicit(&tp->left_done, 0, memory_order_relaxed);
+    const uint32_t gen = atomic_load_explicit(&tp->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&tp->join, (uint64_t)gen << 32 | kind, memory_order_relaxed);
+    atomic_store(&tp->gen, gen); /* seq_cst: publishes fn/arg/pending/join */
+    if (atomic_load(&tp->sleepers) > 0)
+        futex_wake_all(&tp->gen);
+}
+
 void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
 {
     if (!tp || tp->nthreads == 1) {
         fn(arg, 0, 1);
         return;
     }
-    tp->fn = fn;
-    tp->arg = arg;
-    atomic_store_explicit(&tp->parked, false, memory_order_relaxed);
-    atomic_store_explicit(&tp->pending, (uint32_t)(tp->nthreads - 1), memory_order_relaxed);
-    atomic_fetch_add(&tp->gen, 1); /* seq_cst: publishes fn/arg/pending */
-    if (atomic_load(&tp->sleepers) > 0)
-        futex_wake_all(&tp->gen);
-
+    start_run(tp, fn, arg, JOIN_ALL);
     fn(arg, 0, tp->nthreads);
+    wait_count(tp, &tp->pending, 0);
+}
 
-    for (;;) {
-        uint32_t left = atomic_load_explicit(&tp->pending, memory_order_acquire);
-        if (left == 0)
-            return;
-        if (spin_while_equal(&tp->pending, left, NULL))
-            continue;
-        /* seq_cst pairs with the last worker's decrement-then-check. */
-        atomic_store(&tp->caller_sleeping, 1);
-        if (atomic_load(&tp->pending) == left)
-            futex_wait(&tp->pending, left);
-        atomic_store(&tp->caller_sleeping, 0);
+void ecs_threadpool_run_shared(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
+{
+    if (!tp || tp->nthreads == 1) {
+        fn(arg, 0, 1);
+        return;
     }
+    start_run(tp, fn, arg, 0);
+    fn(arg, 0, tp->nthreads);
+    /* the work is all taken: wait only for the threads that are in it (a
+     * thread the scheduler has not run yet, its core lent to another
+     * process, would otherwise hold the caller for a time slice) */
+    const uint32_t joined = (uint32_t)atomic_fetch_or(&tp->join, JOIN_CLOSED) & ~JOIN_CLOSED;
+    wait_count(tp, &tp->left_done, joined);
 }
 
 void ecs_threadpool_park(ecs_threadpool_t *tp)

@@ -22,6 +22,13 @@ void ecs_threadpool_destroy(ecs_threadpool_t *tp);
 int ecs_threadpool_size(const ecs_threadpool_t *tp);
 /* Not reentrant: one run at a time per pool. tp may be NULL (runs inline). */
 void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg);
+/* The same for a fn that takes its work from a counter shared by the
+ * threads (whichever thread comes takes the next piece, and a thread that
+ * finds none left returns): when the caller is back from its own share,
+ * it waits only for the threads that have begun theirs; a thread the
+ * scheduler has not run by then skips the run. Never for fns that split
+ * the work by ith. */
+void ecs_threadpool_run_shared(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg);
 /* After a run, idle threads spin briefly for the next one before they
  * sleep. A caller that knows no run comes soon (it now waits for another
  * process that shares the cores) parks them: they sleep at once. The next

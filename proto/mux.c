@@ -232,6 +232,7 @@ static void do_connect(mux_t *m, cmd_t *c)
         cmd_done(m, c, ECS_ERR_IO, msg);
         return;
     }
+    zu_short_slice_zmq(); /* the context's I/O threads exist now */
     /* the connection's drops, seen at once (a dead worker's socket closes
      * before any heartbeat is missed); without a monitor, no drops */
     p->mon = zu_handshake_monitor(m->zctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
@@ -544,6 +545,9 @@ static int build_items(mux_t *m)
 void *mux_io_main(void *arg)
 {
     mux_t *m = arg;
+    /* every call and reply passes through this thread: woken while the
+     * caller's compute threads hold the cores, it must run at once */
+    zu_short_slice();
     while (!m->stopping) {
         const int n = build_items(m);
         if (zmq_poll(m->items, n, m->held ? mux_netem_timeout(m) : -1) < 0) {

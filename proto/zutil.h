@@ -15,6 +15,17 @@
 #define ZU_MAX_PARTS 3
 
 uint64_t zu_now_ns(void);
+/* Asks the scheduler for a short time slice for the calling thread (an I/O
+ * thread that runs microseconds per wake-up): on Linux 6.12+ (EEVDF) a
+ * woken thread with a shorter slice than the running one preempts it at
+ * once instead of waiting out its slice, which on cores busy with compute
+ * threads is up to milliseconds per hand-off. Keeps the thread's nice
+ * value; does nothing where the kernel has no such setting. */
+void zu_short_slice(void);
+/* The same for this process's ZeroMQ I/O threads ("ZMQbg/IO/N"), which
+ * carry every message between a socket and its owner: call it once a
+ * context has its first socket (ZeroMQ starts them then). */
+void zu_short_slice_zmq(void);
 /* The time timeout_ms (>= 0; a negative one counts as 0) from now on clk,
  * for pthread_cond_timedwait. */
 void zu_deadline(clockid_t clk, int timeout_ms, struct timespec *ts);

@@ -20,6 +20,13 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/moe/moe.h"
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* The type a layer's activation rows travel in to a worker taking
  * quantized rows (wire_act_type of its gate and up), F32: none. */
 static uint32_t layer_act_type(const dispatch_t *d, int il)
@@ -338,13 +345,14 @@ static ecs_err_t dispatch_submit(void *ctx, int layer, int n_tok, const float *x
     d->step_rows += (uint64_t)n_tok;
     d->imbalance_sum += (double)busiest * d->n_workers / (double)(n_tok * k);
     pthread_mutex_unlock(&d->lock);
+    d->t_submitted_ns = now_ns();
     return ECS_OK;
 }
 
 /* Takes the answers of completed calls: rows of an answered call go to
  * their pairs; a call failed by a dead worker's disconnect puts its
  * experts back to send. Anything else is an error. */
-static ecs_err_t collect(dispatch_t *d, int *resend)
+static ecs_err_t collect(dispatch_t *d, int *resend, uint64_t *rtt_max, uint64_t *compute)
 {
     const size_t E = (size_t)d->hp.n_embd, row = E * sizeof(float);
     const int n_pairs = d->n_tok * d->k;
@@ -354,6 +362,10 @@ static ecs_err_t collect(dispatch_t *d, int *resend)
         const dispatch_worker_t *wk = &d->w[d->call_worker[s]];
         const mux_result_t *r = mux_call_result(d->calls[s]);
         ecs_err_t rc = ECS_OK;
+        if (r->rtt_ns > *rtt_max) {
+            *rtt_max = r->rtt_ns;
+            *compute = r->compute_ns;
+        }
         if (r->err == ECS_ERR_IO) {
             for (int e = 0; e < d->hp.n_expert; e++)
                 if (d->exp_slot[e] == s) {
@@ -474,6 +486,8 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
                                 : DISPATCH_HEARTBEAT_MS * (int)WIRE_LIVENESS);
     int resent = 0, retried = 0;
     bool held = false;
+    const uint64_t w0 = now_ns();
+    uint64_t rtt_max = 0, compute = 0;
     ecs_err_t rc = ECS_OK;
     mux_call_t *list[PLACEMENT_MAX_WORKERS];
     /* the workers compute now, on the cores this process shares with them:
@@ -510,7 +524,7 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
             continue; /* the cancelled calls complete at once, failed: collect them */
         }
         int again = 0;
-        if ((rc = collect(d, &again)) != ECS_OK)
+        if ((rc = collect(d, &again, &rtt_max, &compute)) != ECS_OK)
             break;
         resent += again;
         bool pending = false, todo = false;
@@ -557,6 +571,10 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
     dispatch_layer_end(d);
     if (rc != ECS_OK)
         return rc;
+    d->ns_overlap += w0 - d->t_submitted_ns;
+    d->ns_blocked += now_ns() - w0;
+    d->ns_rtt_max += rtt_max;
+    d->ns_compute_of_max += compute;
     if (resent || held)
         dispatch_log(d, "layer %d: %d experts sent again after a worker died or a message was "
                      "lost (%d calls retried)%s; the layer took %llu ms", layer, resent, retried,
@@ -650,4 +668,10 @@ void dispatch_print_stats(const dispatch_t *d, FILE *f)
     if (tokens > 0)
         fprintf(f, "  per token: %.1f KB to the workers, %.1f KB back\n", out / tokens / 1e3,
                 in / tokens / 1e3);
+    if (st.layer_calls)
+        fprintf(f, "  per layer call: %.0f us overlapped work (shared experts) after submit, "
+                "%.0f us blocked in wait; slowest call %.0f us round trip, %.0f us of it its "
+                "worker's compute\n", d->ns_overlap / 1e3 / st.layer_calls,
+                d->ns_blocked / 1e3 / st.layer_calls, d->ns_rtt_max / 1e3 / st.layer_calls,
+                d->ns_compute_of_max / 1e3 / st.layer_calls);
 }

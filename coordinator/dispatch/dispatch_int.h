@@ -140,6 +140,11 @@ struct dispatch {
     unsigned rr;
     uint64_t layer_calls, step_rows;
     double imbalance_sum;
+    /* where a layer's time goes (model thread; read by dispatch_print_stats
+     * after the run): submit's end to wait's start (the model's overlapped
+     * work: the shared experts), wait blocked on the calls, and per layer
+     * the slowest call's round trip and its worker's compute time */
+    uint64_t t_submitted_ns, ns_overlap, ns_blocked, ns_rtt_max, ns_compute_of_max;
     /* activations as the kernels compute from them (dispatch.c: act_rows) */
     uint32_t *act_type;         /* [n_layer] the rows' type for a worker taking q8, F32: none */
     void *xq;                   /* [MODEL_MAX_BATCH] rows of this layer in act_type */

@@ -231,7 +231,7 @@ void kcpu_run_jobs(ecs_threadpool_t *tp, kcpu_plan_t *plan, const kcpu_job_t *jo
         par_worker(&t, 0, 1);
     } else {
         count_region();
-        ecs_threadpool_run(tp, par_worker, &t);
+        ecs_threadpool_run_shared(tp, par_worker, &t);
     }
 }
 
@@ -266,7 +266,7 @@ void kcpu_par_for(ecs_threadpool_t *tp, int n, kcpu_item_fn fn, void *arg)
         for_worker(&t, 0, 1);
     } else {
         count_region();
-        ecs_threadpool_run(tp, for_worker, &t);
+        ecs_threadpool_run_shared(tp, for_worker, &t);
     }
 }
 

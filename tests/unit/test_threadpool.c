@@ -187,3 +187,69 @@ Test(threadpool, create_destroy_cycles)
         ecs_threadpool_destroy(tp);
     }
 }
+
+/* ecs_threadpool_run_shared: items taken from a shared counter. */
+typedef struct {
+    atomic_int next;
+    int n;
+    atomic_int done[256];
+    atomic_int in_fn;    /* threads inside fn now */
+    atomic_int after;    /* fn calls that began after the run returned */
+    atomic_bool returned;
+} shared_arg_t;
+
+static void shared_task(void *p, int ith, int nth)
+{
+    shared_arg_t *a = p;
+    (void)ith, (void)nth;
+    atomic_fetch_add(&a->in_fn, 1);
+    if (atomic_load(&a->returned))
+        atomic_fetch_add(&a->after, 1);
+    for (;;) {
+        const int i = atomic_fetch_add(&a->next, 1);
+        if (i >= a->n)
+            break;
+        atomic_fetch_add(&a->done[i], 1);
+    }
+    atomic_fetch_sub(&a->in_fn, 1);
+}
+
+/* Every item exactly once, no thread still (or newly) inside a run's fn
+ * once it returned, and plain runs and shared runs alternating: a thread
+ * that skipped a shared run (it came late) must not take a part in the
+ * next plain run twice, nor miss it (count_task counts every thread). */
+Test(threadpool, shared_runs_each_item_once_and_mix_with_plain_runs)
+{
+    for (int size = 2; size <= MAX_T; size++) {
+        ecs_threadpool_t *tp = NULL;
+        cr_assert_eq(ecs_threadpool_create(size, &tp), ECS_OK);
+        static shared_arg_t s[2];
+        for (int r = 0; r < 3000; r++) {
+            shared_arg_t *a = &s[r & 1];
+            memset(a, 0, sizeof *a);
+            a->n = 1 + r % 256;
+            ecs_threadpool_run_shared(tp, shared_task, a);
+            atomic_store(&a->returned, true);
+            cr_assert_eq(atomic_load(&a->in_fn), 0, "size %d round %d: a thread still in fn",
+                         size, r);
+            for (int i = 0; i < a->n; i++)
+                cr_assert_eq(atomic_load(&a->done[i]), 1, "size %d round %d item %d", size, r, i);
+            if (r % 3 == 0) {
+                count_arg_t c;
+                memset(&c, 0, sizeof c);
+                c.seen_nth = size;
+                c.round = r + 1;
+                ecs_threadpool_run(tp, count_task, &c);
+                for (int i = 0; i < size; i++)
+                    cr_assert_eq(atomic_load(&c.count[i]), 1, "size %d round %d thread %d",
+                                 size, r, i);
+                cr_assert_eq(atomic_load(&c.bad_nth), 0);
+            }
+            if (r % 500 == 499)
+                sleep_ms(2); /* the workers fall asleep on the futex */
+        }
+        /* the previous round's fn is never entered after its run returned */
+        cr_assert_eq(atomic_load(&s[0].after) + atomic_load(&s[1].after), 0);
+        ecs_threadpool_destroy(tp);
+    }
+}
