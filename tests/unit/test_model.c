@@ -575,16 +575,16 @@ Test(experts, local_backend_equals_naive_loop)
         experts_case(m, 7, 7, (const int[]){1, 3, 0}, (const float[]){0.1f, 0.2f, 0.01f});
     model_experts_local_t *l;
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &l), ECS_OK);
-    cr_assert_eq(model_experts_local_ops.submit(l, layer, c.n, c.x, c.k, c.ids, c.w), ECS_OK,
+    cr_assert_eq(model_experts_local_ops.submit(l, 0, layer, c.n, c.x, c.k, c.ids, c.w), ECS_OK,
                  "%s", ecs_errmsg());
-    cr_assert_eq(model_experts_local_ops.wait(l, layer, c.a), ECS_OK);
+    cr_assert_eq(model_experts_local_ops.wait(l, 0, layer, c.a), ECS_OK);
     check_experts_case(m, layer, &c, "local");
     /* bad input is refused, not computed */
     c.ids[3] = model_hparams(m)->n_expert;
-    cr_assert_eq(model_experts_local_ops.submit(l, layer, c.n, c.x, c.k, c.ids, c.w),
+    cr_assert_eq(model_experts_local_ops.submit(l, 0, layer, c.n, c.x, c.k, c.ids, c.w),
                  ECS_ERR_RANGE);
-    cr_assert_neq(model_experts_local_ops.wait(l, layer, c.a), ECS_OK);
-    cr_assert_eq(model_experts_local_ops.submit(l, 0, c.n, c.x, c.k, c.ids, c.w), ECS_ERR_INVAL,
+    cr_assert_neq(model_experts_local_ops.wait(l, 0, layer, c.a), ECS_OK);
+    cr_assert_eq(model_experts_local_ops.submit(l, 0, 0, c.n, c.x, c.k, c.ids, c.w), ECS_ERR_INVAL,
                  "layer 0 is dense");
     model_experts_local_free(l);
     experts_case_free(&c);
@@ -598,20 +598,20 @@ typedef struct {
     int submits, waits, last_layer;
 } spy_t;
 
-static ecs_err_t spy_submit(void *ctx, int layer, int n, const float *x, int k, const int32_t *ids,
+static ecs_err_t spy_submit(void *ctx, int tag, int layer, int n, const float *x, int k, const int32_t *ids,
                             const float *w)
 {
     spy_t *s = ctx;
     s->submits++;
     s->last_layer = layer;
-    return model_experts_local_ops.submit(s->l, layer, n, x, k, ids, w);
+    return model_experts_local_ops.submit(s->l, tag, layer, n, x, k, ids, w);
 }
 
-static ecs_err_t spy_wait(void *ctx, int layer, float *out)
+static ecs_err_t spy_wait(void *ctx, int tag, int layer, float *out)
 {
     spy_t *s = ctx;
     s->waits++;
-    return model_experts_local_ops.wait(s->l, layer, out);
+    return model_experts_local_ops.wait(s->l, tag, layer, out);
 }
 
 Test(experts, custom_backend_is_used)
@@ -620,7 +620,7 @@ Test(experts, custom_backend_is_used)
     float *ref = eval_all(m, 0, PROMPT, 10);
     spy_t spy = {0};
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &spy.l), ECS_OK);
-    static const model_experts_ops ops = {spy_submit, spy_wait};
+    static const model_experts_ops ops = {spy_submit, spy_wait, 1};
     model_set_experts(m, &ops, &spy);
     float *got = eval_all(m, 0, PROMPT, 10);
     const arch_hparams_t *hp = model_hparams(m);
@@ -635,10 +635,10 @@ Test(experts, custom_backend_is_used)
     model_free(m);
 }
 
-static ecs_err_t failing_submit(void *ctx, int layer, int n, const float *x, int k,
+static ecs_err_t failing_submit(void *ctx, int tag, int layer, int n, const float *x, int k,
                                 const int32_t *ids, const float *w)
 {
-    (void)ctx, (void)n, (void)x, (void)k, (void)ids, (void)w;
+    (void)ctx, (void)tag, (void)n, (void)x, (void)k, (void)ids, (void)w;
     return ecs_error(ECS_ERR_IO, "worker for layer %d is gone", layer);
 }
 
@@ -647,7 +647,7 @@ Test(experts, backend_error_is_reported)
     model_t *m = load(DS2_Q8, 64);
     model_ctx_t *c;
     cr_assert_eq(model_ctx_new(m, 64, 0, &c), ECS_OK);
-    static const model_experts_ops ops = {failing_submit, spy_wait};
+    static const model_experts_ops ops = {failing_submit, spy_wait, 1};
     model_set_experts(m, &ops, NULL);
     cr_assert_eq(model_eval(c, PROMPT, 4, NULL, false), ECS_ERR_IO);
     cr_assert(strstr(ecs_errmsg(), "is gone"));
@@ -668,18 +668,18 @@ typedef struct {
     int only_row; /* -1: every row */
 } nan_backend_t;
 
-static ecs_err_t nan_submit(void *ctx, int layer, int n, const float *x, int k, const int32_t *ids,
+static ecs_err_t nan_submit(void *ctx, int tag, int layer, int n, const float *x, int k, const int32_t *ids,
                             const float *w)
 {
     nan_backend_t *b = ctx;
     b->n_tok = n;
-    return model_experts_local_ops.submit(b->l, layer, n, x, k, ids, w);
+    return model_experts_local_ops.submit(b->l, tag, layer, n, x, k, ids, w);
 }
 
-static ecs_err_t nan_wait(void *ctx, int layer, float *out)
+static ecs_err_t nan_wait(void *ctx, int tag, int layer, float *out)
 {
     nan_backend_t *b = ctx;
-    const ecs_err_t e = model_experts_local_ops.wait(b->l, layer, out);
+    const ecs_err_t e = model_experts_local_ops.wait(b->l, tag, layer, out);
     for (int r = 0; layer == 2 && r < b->n_tok; r++)
         if (b->only_row < 0 || r == b->only_row)
             out[(size_t)r * b->E + 5] = NAN;
@@ -693,7 +693,7 @@ static void check_nan_named(int only_row)
     cr_assert_eq(model_ctx_new(m, 64, 0, &c), ECS_OK);
     nan_backend_t b = {NULL, 0, model_hparams(m)->n_embd, only_row};
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &b.l), ECS_OK);
-    static const model_experts_ops ops = {nan_submit, nan_wait};
+    static const model_experts_ops ops = {nan_submit, nan_wait, 1};
     model_set_experts(m, &ops, &b);
     float *logits = malloc((size_t)model_n_vocab(m) * sizeof *logits);
     cr_assert_not_null(logits);
@@ -1428,11 +1428,11 @@ Test(experts, one_row_equals_naive_loop)
     model_experts_local_t *l;
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &l), ECS_OK);
     for (int t = 0; t < c.n; t++) {
-        cr_assert_eq(model_experts_local_ops.submit(l, layer, 1, c.x + (size_t)t * c.E, c.k,
+        cr_assert_eq(model_experts_local_ops.submit(l, 0, layer, 1, c.x + (size_t)t * c.E, c.k,
                                                     c.ids + (size_t)t * c.k,
                                                     c.w + (size_t)t * c.k),
                      ECS_OK, "%s", ecs_errmsg());
-        cr_assert_eq(model_experts_local_ops.wait(l, layer, c.a + (size_t)t * c.E), ECS_OK);
+        cr_assert_eq(model_experts_local_ops.wait(l, 0, layer, c.a + (size_t)t * c.E), ECS_OK);
     }
     check_experts_case(m, layer, &c, "one row");
     model_experts_local_free(l);
