@@ -635,6 +635,104 @@ Test(experts, custom_backend_is_used)
     model_free(m);
 }
 
+/* A backend with two slots that computes each submit through the local
+ * one at its tag's wait, from the rows, ids and weights the model handed
+ * over (which must stay valid until then): the model's micro-batches
+ * (model_set_micro_batches) must give the whole step's bits, with two
+ * submits outstanding at a time. */
+typedef struct {
+    model_experts_local_t *l;
+    const float *x[2], *w[2];
+    const int32_t *ids[2];
+    int n_tok[2], layer[2], k;
+    bool busy[2];
+    int most_out, overlapped;
+} slots_t;
+
+static ecs_err_t slots_submit(void *ctx, int tag, int layer, int n, const float *x, int k,
+                              const int32_t *ids, const float *w)
+{
+    slots_t *s = ctx;
+    cr_assert(tag >= 0 && tag < 2 && !s->busy[tag], "tag %d", tag);
+    s->busy[tag] = true;
+    s->x[tag] = x, s->ids[tag] = ids, s->w[tag] = w;
+    s->n_tok[tag] = n, s->layer[tag] = layer, s->k = k;
+    const int now = s->busy[0] + s->busy[1];
+    s->most_out = now > s->most_out ? now : s->most_out;
+    s->overlapped += now > 1;
+    return ECS_OK;
+}
+
+static ecs_err_t slots_wait(void *ctx, int tag, int layer, float *out)
+{
+    slots_t *s = ctx;
+    cr_assert(tag >= 0 && tag < 2 && s->busy[tag] && s->layer[tag] == layer);
+    s->busy[tag] = false;
+    ecs_err_t e = model_experts_local_ops.submit(s->l, 0, layer, s->n_tok[tag], s->x[tag], s->k,
+                                                 s->ids[tag], s->w[tag]);
+    return e != ECS_OK ? e : model_experts_local_ops.wait(s->l, 0, layer, out);
+}
+
+/* One step of three sequences (70, 3 and 20 rows; 70 attends in the
+ * expanded form in ds2), every row wanting logits, in rows or interleaved. */
+static float *micro_step(model_t *m, bool interleave)
+{
+    static const int len[3] = {70, 3, 20};
+    model_ctx_t *c[3];
+    model_row_t rows[93];
+    int r = 0;
+    for (int q = 0; q < 3; q++)
+        cr_assert_eq(model_ctx_new(m, 128, 0, &c[q]), ECS_OK);
+    for (int i = 0; i < 70; i++)
+        for (int q = 0; q < 3; q++)
+            if (i < len[q] && (interleave || q == 0))
+                rows[r++] = (model_row_t){c[q], (int32_t)((i * 37 + q * 11) % 1900 + 1), true};
+    for (int q = 1; q < 3 && !interleave; q++)
+        for (int i = 0; i < len[q]; i++)
+            rows[r++] = (model_row_t){c[q], (int32_t)((i * 37 + q * 11) % 1900 + 1), true};
+    cr_assert_eq(r, 93);
+    float *out = malloc((size_t)r * model_n_vocab(m) * sizeof *out);
+    cr_assert_not_null(out);
+    cr_assert_eq(model_eval_batch(m, rows, r, out), ECS_OK, "%s", ecs_errmsg());
+    for (int q = 0; q < 3; q++)
+        model_ctx_free(c[q]);
+    return out;
+}
+
+static void check_micro(const char *path)
+{
+    model_t *m = load(path, 128);
+    const size_t n = (size_t)93 * model_n_vocab(m) * sizeof(float);
+    slots_t s = {0};
+    cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &s.l), ECS_OK);
+    static const model_experts_ops ops = {slots_submit, slots_wait, 2};
+    for (int il = 0; il < 2; il++) {
+        float *ref = micro_step(m, il);
+        model_set_experts(m, &ops, &s);
+        for (int nm = 1; nm <= 3; nm++) {
+            cr_assert_eq(model_set_micro_batches(m, nm), ECS_OK);
+            s.most_out = s.overlapped = 0;
+            float *got = micro_step(m, il);
+            cr_assert_eq(memcmp(ref, got, n), 0, "%s, %d micro-batches%s: other logits", path, nm,
+                         il ? ", interleaved" : "");
+            /* three asked, two slots: two */
+            cr_assert_eq(s.most_out, nm > 1 ? 2 : 1, "%d micro-batches", nm);
+            cr_assert(nm == 1 || s.overlapped > 0);
+            free(got);
+        }
+        cr_assert_eq(model_set_micro_batches(m, 1), ECS_OK);
+        model_set_experts(m, NULL, NULL);
+        free(ref);
+    }
+    cr_assert_eq(model_set_micro_batches(m, 0), ECS_ERR_RANGE);
+    cr_assert_eq(model_set_micro_batches(m, MODEL_MAX_MICRO + 1), ECS_ERR_RANGE);
+    model_experts_local_free(s.l);
+    model_free(m);
+}
+
+Test(experts, micro_batches_same_bits_ds2) { check_micro(DS2_Q8); }
+Test(experts, micro_batches_same_bits_qwen) { check_micro(QWEN_Q8); }
+
 static ecs_err_t failing_submit(void *ctx, int tag, int layer, int n, const float *x, int k,
                                 const int32_t *ids, const float *w)
 {
