@@ -8,7 +8,10 @@
  * by expert. The model computes the shared experts meanwhile. wait()
  * collects one f32 row per pair and sums each row's slots in slot order
  * with kmoe_sum, the local backend's code: the same bits as the local
- * backend whatever the placement. Everything is sized at start-up; a
+ * backend whatever the placement. A layer call per tag may be out at
+ * once (the model's micro-batches, --micro-batches): each tag has its own
+ * call state (dispatch_batch_t), and a placement change waits until no tag
+ * is busy. Everything is sized at start-up; a
  * step allocates nothing here but the transport's messages, into which
  * the rows are gathered directly. */
 #include <stdio.h>
@@ -546,7 +549,8 @@ static ecs_err_t dispatch_wait(void *ctx, int tag, int layer, float *out)
         now = dispatch_now_ms();
         bool cancelled = false;
         for (int s = 0; s < d->hp.n_expert; s++)
-            if (d->b->calls[s] && !mux_call_done(d->b->calls[s]) && now >= d->b->call_t0[s] + retry &&
+            if (d->b->calls[s] && !mux_call_done(d->b->calls[s]) &&
+                now >= d->b->call_t0[s] + retry &&
                 now < deadline) {
                 mux_call_cancel(d->mux, d->b->calls[s]);
                 d->b->call_t0[s] = deadline; /* once */
@@ -609,8 +613,8 @@ static ecs_err_t dispatch_wait(void *ctx, int tag, int layer, float *out)
                      "lost (%d calls retried)%s; the layer took %llu ms", layer, resent, retried,
                      held ? ", held until a holder was back" : "",
                      (unsigned long long)(dispatch_now_ms() - t0));
-    kmoe_sum(model_threadpool(d->m), d->b->n_tok, d->b->k, (int)d->hp.n_embd, d->b->d, d->ident, d->b->wts,
-             out);
+    kmoe_sum(model_threadpool(d->m), d->b->n_tok, d->b->k, (int)d->hp.n_embd, d->b->d, d->ident,
+             d->b->wts, out);
     return ECS_OK;
 }
 

@@ -549,8 +549,8 @@ static const model_step_row_t *keep_rows(model_t *m, const model_step_row_t *row
 
 typedef struct {
     int r0, n; /* the step's rows [r0, r0 + n) */
-    bool out;  /* a submit of this micro-batch's tag is outstanding, */
-    int layer; /* for this layer */
+    bool out;  /* a submit of this micro-batch's tag is outstanding */
+    int layer; /* the layer of its last start */
 } micro_t;
 
 /* Cuts the step into up to m->n_micro micro-batches (as many as the
