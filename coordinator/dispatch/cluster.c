@@ -564,6 +564,7 @@ ecs_err_t dispatch_start(model_t *m, const dispatch_opts_t *o, dispatch_t **out)
         return ecs_error(rc, "%s", msg);
     }
     model_set_experts(m, &dispatch_experts_ops, d);
+    (void)model_set_micro_batches(m, o->micro_batches > 0 ? o->micro_batches : 1); /* parsed 1..4 */
     *out = d;
     return ECS_OK;
 }
@@ -574,11 +575,12 @@ void dispatch_free(dispatch_t *d)
         return;
     if (d->m)
         model_set_experts(d->m, NULL, NULL);
-    for (int i = 0; d->calls && i < d->hp.n_expert; i++)
-        if (d->calls[i]) {
-            mux_call_release(d->calls[i]);
-            d->calls[i] = NULL;
-        }
+    for (int t = 0; t < MODEL_MAX_MICRO; t++)
+        for (int i = 0; d->bt[t].calls && i < d->hp.n_expert; i++)
+            if (d->bt[t].calls[i]) {
+                mux_call_release(d->bt[t].calls[i]);
+                d->bt[t].calls[i] = NULL;
+            }
     dispatch_cluster_stop(d);
     dispatch_buffers_free(d);
     placement_free(d->pl);

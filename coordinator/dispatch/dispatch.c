@@ -8,7 +8,10 @@
  * by expert. The model computes the shared experts meanwhile. wait()
  * collects one f32 row per pair and sums each row's slots in slot order
  * with kmoe_sum, the local backend's code: the same bits as the local
- * backend whatever the placement. Everything is sized at start-up; a
+ * backend whatever the placement. A layer call per tag may be out at
+ * once (the model's micro-batches, --micro-batches): each tag has its own
+ * call state (dispatch_batch_t), and a placement change waits until no tag
+ * is busy. Everything is sized at start-up; a
  * step allocates nothing here but the transport's messages, into which
  * the rows are gathered directly. */
 #include <stdio.h>
@@ -39,9 +42,10 @@ static uint32_t layer_act_type(const dispatch_t *d, int il)
     return wire_act_type(g->type, u->type, (uint32_t)d->hp.n_embd);
 }
 
-static ecs_err_t act_buffers_new(dispatch_t *d)
+/* Bytes of the widest quantized activation row (0: none travel so). */
+static ecs_err_t act_types_new(dispatch_t *d, size_t *row)
 {
-    size_t row = 0;
+    *row = 0;
     d->act_type = calloc((size_t)d->hp.n_layer, sizeof *d->act_type);
     if (!d->act_type)
         return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory");
@@ -49,11 +53,9 @@ static ecs_err_t act_buffers_new(dispatch_t *d)
         d->act_type[il] = arch_layer_moe(&d->hp, il) ? layer_act_type(d, il) : ECS_TYPE_F32;
         if (d->act_type[il] != ECS_TYPE_F32) {
             const size_t r = wire_row_bytes(d->act_type[il], (uint32_t)d->hp.n_embd);
-            row = r > row ? r : row;
+            *row = r > *row ? r : *row;
         }
     }
-    if (row && !(d->xq = malloc(row * MODEL_MAX_BATCH)))
-        return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory for the quantized rows");
     return ECS_OK;
 }
 
@@ -61,43 +63,63 @@ static ecs_err_t act_buffers_new(dispatch_t *d)
  * quantized once per submit for every worker that takes them. */
 static const void *act_rows(dispatch_t *d, int wi, uint32_t *dtype, size_t *row)
 {
-    const uint32_t t = d->act_type[d->layer];
+    const uint32_t t = d->act_type[d->b->layer];
     const size_t E = (size_t)d->hp.n_embd;
     if (t == ECS_TYPE_F32 || !(atomic_load(&d->w[wi].caps) & WIRE_CAP_INPUT_Q8)) {
         *dtype = ECS_TYPE_F32;
         *row = E * sizeof(float);
-        return d->x;
+        return d->b->x;
     }
     const gguf_tensor_t *g; /* found when act_type was set */
-    if (!d->xq_done) {
-        if (arch_exps_tensor(model_gguf(d->m), &d->hp, d->layer, ARCH_EXPS_GATE, &g) != ECS_OK) {
+    if (!d->b->xq_done) {
+        if (arch_exps_tensor(model_gguf(d->m), &d->hp, d->b->layer, ARCH_EXPS_GATE, &g) != ECS_OK) {
             *dtype = ECS_TYPE_F32;
             *row = E * sizeof(float);
-            return d->x;
+            return d->b->x;
         }
-        kcpu_quantize_rows(d->n_tok >= 8 ? model_threadpool(d->m) : NULL, g->type, d->x,
-                           (int64_t)E, d->n_tok, (int64_t)E, d->xq);
-        d->xq_done = true;
+        kcpu_quantize_rows(d->b->n_tok >= 8 ? model_threadpool(d->m) : NULL, g->type, d->b->x,
+                           (int64_t)E, d->b->n_tok, (int64_t)E, d->b->xq);
+        d->b->xq_done = true;
     }
     *dtype = t;
     *row = wire_row_bytes(t, (uint32_t)E);
-    return d->xq;
+    return d->b->xq;
+}
+
+/* A batch's buffers (the results' pages are touched only as far as its
+ * rows go: a micro-batch's share). */
+static ecs_err_t batch_new(dispatch_t *d, dispatch_batch_t *b, size_t xq_row)
+{
+    const size_t nb = MODEL_MAX_BATCH, k = (size_t)d->hp.n_expert_used;
+    const size_t X = (size_t)d->hp.n_expert, E = (size_t)d->hp.n_embd;
+    b->calls = calloc(X, sizeof *b->calls);
+    b->call_worker = calloc(X, sizeof *b->call_worker);
+    b->call_nent = calloc(X, sizeof *b->call_nent);
+    b->call_t0 = calloc(X, sizeof *b->call_t0);
+    b->pair_call = calloc(nb * k, sizeof *b->pair_call);
+    b->pair_pos = calloc(nb * k, sizeof *b->pair_pos);
+    b->exp_slot = calloc(X, sizeof *b->exp_slot);
+    b->todo = calloc(X, sizeof *b->todo);
+    b->order = calloc(nb * k, sizeof *b->order);
+    b->start = calloc(X + 1, sizeof *b->start);
+    b->d = calloc(nb * k * E, sizeof *b->d);
+    b->xq = xq_row ? malloc(xq_row * nb) : NULL;
+    if (!b->calls || !b->call_worker || !b->call_nent || !b->call_t0 || !b->pair_call ||
+        !b->pair_pos || !b->exp_slot || !b->todo || !b->order || !b->start || !b->d ||
+        (xq_row && !b->xq))
+        return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory for the call buffers");
+    for (size_t e = 0; e < X; e++)
+        b->exp_slot[e] = -1;
+    for (size_t i = 0; i < nb * k; i++)
+        b->pair_call[i] = -1;
+    return ECS_OK;
 }
 
 ecs_err_t dispatch_buffers_new(dispatch_t *d)
 {
     const size_t nb = MODEL_MAX_BATCH, k = (size_t)d->hp.n_expert_used;
-    const size_t X = (size_t)d->hp.n_expert, E = (size_t)d->hp.n_embd, W = (size_t)d->n_workers;
-    d->calls = calloc(X, sizeof *d->calls);
-    d->call_worker = calloc(X, sizeof *d->call_worker);
-    d->call_nent = calloc(X, sizeof *d->call_nent);
-    d->pair_call = calloc(nb * k, sizeof *d->pair_call);
-    d->pair_pos = calloc(nb * k, sizeof *d->pair_pos);
-    d->exp_slot = calloc(X, sizeof *d->exp_slot);
-    d->todo = calloc(X, sizeof *d->todo);
+    const size_t X = (size_t)d->hp.n_expert, W = (size_t)d->n_workers;
     d->pairs_tmp = calloc(nb * k, sizeof *d->pairs_tmp);
-    d->order = calloc(nb * k, sizeof *d->order);
-    d->start = calloc(X + 1, sizeof *d->start);
     d->choice = calloc(X, sizeof *d->choice);
     d->rows_now = calloc(W, sizeof *d->rows_now);
     d->local = calloc(nb, sizeof *d->local);
@@ -105,32 +127,35 @@ ecs_err_t dispatch_buffers_new(dispatch_t *d)
     d->c_counts = calloc(X, sizeof *d->c_counts);
     d->c_rows = calloc(nb * k, sizeof *d->c_rows);
     d->c_slots = calloc(nb * k, sizeof *d->c_slots);
-    d->d = calloc(nb * k * E, sizeof *d->d);
     d->ident = calloc(nb * k, sizeof *d->ident);
-    d->call_t0 = calloc(X, sizeof *d->call_t0);
-    if (!d->call_t0 || !d->calls || !d->call_worker || !d->call_nent || !d->pair_call || !d->pair_pos ||
-        !d->exp_slot || !d->todo || !d->pairs_tmp || !d->order || !d->start || !d->choice ||
-        !d->rows_now || !d->local || !d->c_experts || !d->c_counts || !d->c_rows ||
-        !d->c_slots || !d->d || !d->ident)
+    if (!d->pairs_tmp || !d->choice || !d->rows_now || !d->local || !d->c_experts ||
+        !d->c_counts || !d->c_rows || !d->c_slots || !d->ident)
         return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory for the call buffers");
     for (size_t i = 0; i < nb * k; i++)
         d->ident[i] = (int32_t)i;
-    for (size_t e = 0; e < X; e++)
-        d->exp_slot[e] = -1;
-    for (size_t i = 0; i < nb * k; i++)
-        d->pair_call[i] = -1;
-    return act_buffers_new(d);
+    size_t xq_row;
+    ecs_err_t rc = act_types_new(d, &xq_row);
+    for (int t = 0; t < MODEL_MAX_MICRO && rc == ECS_OK; t++)
+        rc = batch_new(d, &d->bt[t], xq_row);
+    if (rc != ECS_OK)
+        return rc;
+    d->b = &d->bt[0];
+    return ECS_OK;
 }
 
 void dispatch_buffers_free(dispatch_t *d)
 {
-    void *bufs[] = {d->calls,     d->call_worker, d->call_nent, d->pair_call, d->pair_pos,
-                    d->exp_slot,  d->todo,        d->pairs_tmp, d->order,     d->start,
-                    d->choice,    d->rows_now,    d->local,     d->c_experts, d->c_counts,
-                    d->c_rows,    d->c_slots,     d->d,         d->ident,     d->call_t0,
-                    d->act_type,  d->xq};
+    void *bufs[] = {d->pairs_tmp, d->choice, d->rows_now, d->local,   d->c_experts,
+                    d->c_counts,  d->c_rows, d->c_slots,  d->ident,   d->act_type};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
+    for (int t = 0; t < MODEL_MAX_MICRO; t++) {
+        dispatch_batch_t *b = &d->bt[t];
+        void *bb[] = {b->calls, b->call_worker, b->call_nent, b->call_t0, b->pair_call,
+                      b->pair_pos, b->exp_slot, b->todo, b->order, b->start, b->d, b->xq};
+        for (size_t i = 0; i < sizeof bb / sizeof bb[0]; i++)
+            free(bb[i]);
+    }
 }
 
 /* Counting sort of the pairs by expert: order lists pair indices t*k+j,
@@ -138,16 +163,16 @@ void dispatch_buffers_free(dispatch_t *d)
 static void group_pairs(dispatch_t *d, int n_pairs, const int32_t *ids)
 {
     const int X = d->hp.n_expert;
-    memset(d->start, 0, ((size_t)X + 1) * sizeof *d->start);
+    memset(d->b->start, 0, ((size_t)X + 1) * sizeof *d->b->start);
     for (int p = 0; p < n_pairs; p++)
-        d->start[ids[p] + 1]++;
+        d->b->start[ids[p] + 1]++;
     for (int e = 0; e < X; e++)
-        d->start[e + 1] += d->start[e];
+        d->b->start[e + 1] += d->b->start[e];
     for (int p = 0; p < n_pairs; p++)
-        d->order[d->start[ids[p]]++] = p;
+        d->b->order[d->b->start[ids[p]]++] = p;
     for (int e = X; e > 0; e--)
-        d->start[e] = d->start[e - 1];
-    d->start[0] = 0;
+        d->b->start[e] = d->b->start[e - 1];
+    d->b->start[0] = 0;
 }
 
 /* The holder of (layer, e) that gets its rows in this call. */
@@ -174,7 +199,7 @@ static int choose(dispatch_t *d, int layer, int e)
 static int free_slot(const dispatch_t *d)
 {
     for (int s = 0; s < d->hp.n_expert; s++)
-        if (!d->calls[s])
+        if (!d->b->calls[s])
             return s;
     return -1;
 }
@@ -185,29 +210,29 @@ static int free_slot(const dispatch_t *d)
  * under us (then they stay to send, and this is no error). */
 static ecs_err_t send_worker(dispatch_t *d, int wi)
 {
-    const int X = d->hp.n_expert, k = d->k;
+    const int X = d->hp.n_expert, k = d->b->k;
     const size_t E = (size_t)d->hp.n_embd;
     uint32_t dtype;
     size_t row;
     const char *x = act_rows(d, wi, &dtype, &row);
-    for (int t = 0; t < d->n_tok; t++)
+    for (int t = 0; t < d->b->n_tok; t++)
         d->local[t] = -1;
     for (int e = 0; e < X; e++)
-        if (d->todo[e] && d->choice[e] == wi)
-            for (int q = d->start[e]; q < d->start[e + 1]; q++)
-                d->local[d->order[q] / k] = 0;
+        if (d->b->todo[e] && d->choice[e] == wi)
+            for (int q = d->b->start[e]; q < d->b->start[e + 1]; q++)
+                d->local[d->b->order[q] / k] = 0;
     uint32_t n_rows = 0;
-    for (int t = 0; t < d->n_tok; t++)
+    for (int t = 0; t < d->b->n_tok; t++)
         if (d->local[t] == 0)
             d->local[t] = (int32_t)n_rows++;
     size_t n_exp = 0, n_ent = 0;
     for (int e = 0; e < X; e++) {
-        if (!d->todo[e] || d->choice[e] != wi)
+        if (!d->b->todo[e] || d->choice[e] != wi)
             continue;
         d->c_experts[n_exp] = (uint32_t)e;
-        d->c_counts[n_exp++] = (uint32_t)(d->start[e + 1] - d->start[e]);
-        for (int q = d->start[e]; q < d->start[e + 1]; q++, n_ent++) {
-            const int p = d->order[q];
+        d->c_counts[n_exp++] = (uint32_t)(d->b->start[e + 1] - d->b->start[e]);
+        for (int q = d->b->start[e]; q < d->b->start[e + 1]; q++, n_ent++) {
+            const int p = d->b->order[q];
             d->c_rows[n_ent] = (uint32_t)d->local[p / k];
             d->c_slots[n_ent] = (uint32_t)(p % k);
             d->pairs_tmp[n_ent] = p;
@@ -216,7 +241,7 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
     const int slot = free_slot(d);
     if (slot < 0)
         return ecs_error(ECS_ERR_INTERNAL, "dispatch: no free call slot");
-    wire_call_t c = {.layer = (uint32_t)d->layer, .n_rows = n_rows, .n_embd = (uint32_t)E,
+    wire_call_t c = {.layer = (uint32_t)d->b->layer, .n_rows = n_rows, .n_embd = (uint32_t)E,
                      .dtype = dtype, .k = (uint32_t)k, .n_experts = n_exp,
                      .experts = d->c_experts, .expert_counts = d->c_counts, .n_entries = n_ent,
                      .row_index = d->c_rows, .slot = d->c_slots,
@@ -229,7 +254,7 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
     void *payload;
     ecs_err_t rc = mux_call_prepare(d->mux, atomic_load(&d->w[wi].peer), &c, &payload, &call);
     if (rc == ECS_OK) {
-        for (int t = 0; t < d->n_tok; t++)
+        for (int t = 0; t < d->b->n_tok; t++)
             if (d->local[t] >= 0)
                 memcpy((char *)payload + (size_t)d->local[t] * row, x + (size_t)t * row, row);
         rc = mux_call_send(d->mux, call);
@@ -241,20 +266,20 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
     if (rc != ECS_OK) {
         if (atomic_load(&d->w[wi].state) != DW_LIVE)
             return ECS_OK; /* it died meanwhile: its experts stay to send */
-        return ecs_error(rc, "dispatch: layer %d to worker %s: %s", d->layer, d->w[wi].id,
+        return ecs_error(rc, "dispatch: layer %d to worker %s: %s", d->b->layer, d->w[wi].id,
                          ecs_errmsg());
     }
-    d->calls[slot] = call;
-    d->call_t0[slot] = dispatch_now_ms();
-    d->call_worker[slot] = wi;
-    d->call_nent[slot] = (int)n_ent;
+    d->b->calls[slot] = call;
+    d->b->call_t0[slot] = dispatch_now_ms();
+    d->b->call_worker[slot] = wi;
+    d->b->call_nent[slot] = (int)n_ent;
     for (size_t q = 0; q < n_ent; q++) {
-        d->pair_call[d->pairs_tmp[q]] = slot;
-        d->pair_pos[d->pairs_tmp[q]] = (int32_t)q;
+        d->b->pair_call[d->pairs_tmp[q]] = slot;
+        d->b->pair_pos[d->pairs_tmp[q]] = (int32_t)q;
     }
     for (size_t i = 0; i < n_exp; i++) {
-        d->todo[d->c_experts[i]] = false;
-        d->exp_slot[d->c_experts[i]] = slot;
+        d->b->todo[d->c_experts[i]] = false;
+        d->b->exp_slot[d->c_experts[i]] = slot;
     }
     d->w[wi].calls++;
     d->w[wi].rows += n_rows;
@@ -264,10 +289,29 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
 static void release_calls(dispatch_t *d)
 {
     for (int s = 0; s < d->hp.n_expert; s++)
-        if (d->calls[s]) {
-            mux_call_release(d->calls[s]);
-            d->calls[s] = NULL;
+        if (d->b->calls[s]) {
+            mux_call_release(d->b->calls[s]);
+            d->b->calls[s] = NULL;
         }
+}
+
+/* The current batch done with (waited for, failed or abandoned): its
+ * calls released, and placement changes may run once no batch is busy. */
+static void batch_end(dispatch_t *d)
+{
+    release_calls(d);
+    if (d->b->busy) {
+        d->b->busy = false;
+        dispatch_layer_end(d);
+    }
+}
+
+/* The batch of tag as the current one (NULL: no such tag). */
+static dispatch_batch_t *batch_of(dispatch_t *d, int tag)
+{
+    if (tag < 0 || tag >= MODEL_MAX_MICRO)
+        return NULL;
+    return d->b = &d->bt[tag];
 }
 
 /* Gives every expert still to send to a live holder and sends one call
@@ -281,13 +325,13 @@ static ecs_err_t send_todo(dispatch_t *d, int *busiest, int *sent)
     *sent = 0;
     for (int e = 0; e < X; e++) {
         d->choice[e] = -1;
-        if (!d->todo[e])
+        if (!d->b->todo[e])
             continue;
-        const int wi = choose(d, d->layer, e);
+        const int wi = choose(d, d->b->layer, e);
         if (wi < 0)
             continue;
         d->choice[e] = wi;
-        d->rows_now[wi] += d->start[e + 1] - d->start[e];
+        d->rows_now[wi] += d->b->start[e + 1] - d->b->start[e];
     }
     *busiest = 0;
     for (int wi = 0; wi < d->n_workers; wi++) {
@@ -302,46 +346,50 @@ static ecs_err_t send_todo(dispatch_t *d, int *busiest, int *sent)
     return ECS_OK;
 }
 
-static ecs_err_t dispatch_submit(void *ctx, int layer, int n_tok, const float *x, int k,
-                                 const int32_t *ids, const float *w)
+static ecs_err_t dispatch_submit(void *ctx, int tag, int layer, int n_tok, const float *x,
+                                 int k, const int32_t *ids, const float *w)
 {
     dispatch_t *d = ctx;
-    release_calls(d);
+    if (!batch_of(d, tag))
+        return ecs_error(ECS_ERR_INVAL, "dispatch: submit with tag %d (0..%d)", tag,
+                         MODEL_MAX_MICRO - 1);
+    batch_end(d); /* one never waited for */
     dispatch_layer_begin(d);
+    d->b->busy = true;
     const int X = d->hp.n_expert;
     if (layer < 0 || layer >= d->hp.n_layer || !arch_layer_moe(&d->hp, layer) || n_tok < 1 ||
         n_tok > MODEL_MAX_BATCH || k != d->hp.n_expert_used) {
-        dispatch_layer_end(d);
+        batch_end(d);
         return ecs_error(ECS_ERR_INVAL, "dispatch: layer %d, %d rows x %d slots", layer, n_tok,
                          k);
     }
     for (int p = 0; p < n_tok * k; p++)
         if (ids[p] < 0 || ids[p] >= X) {
-            dispatch_layer_end(d);
+            batch_end(d);
             return ecs_error(ECS_ERR_RANGE, "dispatch: expert id %d out of range", ids[p]);
         }
-    d->layer = layer;
-    d->n_tok = n_tok;
-    d->k = k;
-    d->x = x;
-    d->wts = w;
-    d->xq_done = false;
+    d->b->layer = layer;
+    d->b->n_tok = n_tok;
+    d->b->k = k;
+    d->b->x = x;
+    d->b->wts = w;
+    d->b->xq_done = false;
     group_pairs(d, n_tok * k, ids);
     for (int e = 0; e < X; e++) {
-        d->todo[e] = d->start[e + 1] > d->start[e];
-        d->exp_slot[e] = -1;
+        d->b->todo[e] = d->b->start[e + 1] > d->b->start[e];
+        d->b->exp_slot[e] = -1;
     }
     for (int p = 0; p < n_tok * k; p++)
-        d->pair_call[p] = -1;
+        d->b->pair_call[p] = -1;
     int busiest, sent;
     ecs_err_t rc = send_todo(d, &busiest, &sent);
     if (rc != ECS_OK) {
-        release_calls(d);
-        dispatch_layer_end(d);
+        batch_end(d);
         return rc;
     }
     pthread_mutex_lock(&d->lock);
     d->layer_calls++;
+    d->overlapped += d->in_layer > 1;
     d->step_rows += (uint64_t)n_tok;
     d->imbalance_sum += (double)busiest * d->n_workers / (double)(n_tok * k);
     pthread_mutex_unlock(&d->lock);
@@ -355,12 +403,12 @@ static ecs_err_t dispatch_submit(void *ctx, int layer, int n_tok, const float *x
 static ecs_err_t collect(dispatch_t *d, int *resend, uint64_t *rtt_max, uint64_t *compute)
 {
     const size_t E = (size_t)d->hp.n_embd, row = E * sizeof(float);
-    const int n_pairs = d->n_tok * d->k;
+    const int n_pairs = d->b->n_tok * d->b->k;
     for (int s = 0; s < d->hp.n_expert; s++) {
-        if (!d->calls[s] || !mux_call_done(d->calls[s]))
+        if (!d->b->calls[s] || !mux_call_done(d->b->calls[s]))
             continue;
-        const dispatch_worker_t *wk = &d->w[d->call_worker[s]];
-        const mux_result_t *r = mux_call_result(d->calls[s]);
+        const dispatch_worker_t *wk = &d->w[d->b->call_worker[s]];
+        const mux_result_t *r = mux_call_result(d->b->calls[s]);
         ecs_err_t rc = ECS_OK;
         if (r->rtt_ns > *rtt_max) {
             *rtt_max = r->rtt_ns;
@@ -368,47 +416,47 @@ static ecs_err_t collect(dispatch_t *d, int *resend, uint64_t *rtt_max, uint64_t
         }
         if (r->err == ECS_ERR_IO) {
             for (int e = 0; e < d->hp.n_expert; e++)
-                if (d->exp_slot[e] == s) {
-                    d->todo[e] = true;
-                    d->exp_slot[e] = -1;
+                if (d->b->exp_slot[e] == s) {
+                    d->b->todo[e] = true;
+                    d->b->exp_slot[e] = -1;
                     (*resend)++;
                 }
         } else if (r->err != ECS_OK || r->status != WIRE_ST_OK) {
             rc = ecs_error(r->err != ECS_OK ? r->err : ECS_ERR_INTERNAL,
-                           "dispatch: layer %d: worker %s: %s%s%s", d->layer, wk->id,
+                           "dispatch: layer %d: worker %s: %s%s%s", d->b->layer, wk->id,
                            r->err != ECS_OK ? ecs_errname(r->err) : wire_status_name(r->status),
                            r->message[0] ? ": " : "", r->message);
-        } else if ((int)r->n_entries != d->call_nent[s] || r->n_embd != E ||
+        } else if ((int)r->n_entries != d->b->call_nent[s] || r->n_embd != E ||
                    (r->dtype != ECS_TYPE_F32 && !d->o.wire_bf16)) {
             rc = ecs_error(ECS_ERR_FORMAT, "dispatch: layer %d: worker %s sent %u rows of %u "
-                           "%s, want %d of %zu", d->layer, wk->id, r->n_entries, r->n_embd,
-                           ecs_type_name((ecs_type_t)r->dtype), d->call_nent[s], E);
+                           "%s, want %d of %zu", d->b->layer, wk->id, r->n_entries, r->n_embd,
+                           ecs_type_name((ecs_type_t)r->dtype), d->b->call_nent[s], E);
         } else if (r->dtype == ECS_TYPE_BF16) { /* --wire-result bf16: inexact */
             const ecs_bf16_t *b = r->payload;
             for (int p = 0; p < n_pairs; p++)
-                if (d->pair_call[p] == s)
+                if (d->b->pair_call[p] == s)
                     for (size_t c = 0; c < E; c++)
-                        d->d[(size_t)p * E + c] =
-                            ecs_bf16_to_f32(b[(size_t)d->pair_pos[p] * E + c]);
+                        d->b->d[(size_t)p * E + c] =
+                            ecs_bf16_to_f32(b[(size_t)d->b->pair_pos[p] * E + c]);
             for (int e = 0; e < d->hp.n_expert; e++)
-                if (d->exp_slot[e] == s)
-                    d->exp_slot[e] = -1;
+                if (d->b->exp_slot[e] == s)
+                    d->b->exp_slot[e] = -1;
         } else {
             for (int p = 0; p < n_pairs; p++)
-                if (d->pair_call[p] == s)
-                    memcpy(d->d + (size_t)p * E,
-                           (const char *)r->payload + (size_t)d->pair_pos[p] * row, row);
+                if (d->b->pair_call[p] == s)
+                    memcpy(d->b->d + (size_t)p * E,
+                           (const char *)r->payload + (size_t)d->b->pair_pos[p] * row, row);
             for (int e = 0; e < d->hp.n_expert; e++)
-                if (d->exp_slot[e] == s)
-                    d->exp_slot[e] = -1;
+                if (d->b->exp_slot[e] == s)
+                    d->b->exp_slot[e] = -1;
         }
         if (rc != ECS_OK)
             return rc;
         for (int p = 0; p < n_pairs; p++)
-            if (d->pair_call[p] == s)
-                d->pair_call[p] = -1;
-        mux_call_release(d->calls[s]);
-        d->calls[s] = NULL;
+            if (d->b->pair_call[p] == s)
+                d->b->pair_call[p] = -1;
+        mux_call_release(d->b->calls[s]);
+        d->b->calls[s] = NULL;
     }
     return ECS_OK;
 }
@@ -423,13 +471,13 @@ static ecs_err_t missing_error(dispatch_t *d, ecs_err_t code, const char *what)
     list[0] = 0;
     pthread_mutex_lock(&d->lock);
     for (int e = 0; e < d->hp.n_expert; e++) {
-        if (!d->todo[e] && d->exp_slot[e] < 0)
+        if (!d->b->todo[e] && d->b->exp_slot[e] < 0)
             continue;
         if (n++ >= 4 || len >= sizeof list)
             continue;
         const int16_t *h;
-        const int nh = placement_holders(d->pl, d->layer, e, &h);
-        int w = snprintf(list + len, sizeof list - len, "%s%d/%d (", len ? ", " : "", d->layer,
+        const int nh = placement_holders(d->pl, d->b->layer, e, &h);
+        int w = snprintf(list + len, sizeof list - len, "%s%d/%d (", len ? ", " : "", d->b->layer,
                          e);
         len += w > 0 ? (size_t)w : 0;
         for (int i = 0; i < nh && len < sizeof list; i++) {
@@ -448,17 +496,17 @@ static ecs_err_t missing_error(dispatch_t *d, ecs_err_t code, const char *what)
     }
     pthread_mutex_unlock(&d->lock);
     return ecs_error(code, "dispatch: layer %d: %s; %d experts missing (layer/expert): %s%s",
-                     d->layer, what, n, list, n > 4 ? ", ..." : "");
+                     d->b->layer, what, n, list, n > 4 ? ", ..." : "");
 }
 
 /* Whether an expert still to send has lost every holder for good. */
 static bool orphaned(const dispatch_t *d)
 {
     for (int e = 0; e < d->hp.n_expert; e++) {
-        if (!d->todo[e])
+        if (!d->b->todo[e])
             continue;
         const int16_t *h;
-        const int nh = placement_holders(d->pl, d->layer, e, &h);
+        const int nh = placement_holders(d->pl, d->b->layer, e, &h);
         bool hope = false;
         for (int i = 0; i < nh; i++)
             hope |= atomic_load(&d->w[h[i]].state) != DW_FAILED;
@@ -472,13 +520,16 @@ static bool orphaned(const dispatch_t *d)
  * by a death are sent again to a live holder, or wait for one (a replica,
  * the restarted worker) until the deadline. The sum runs only when every
  * pair is answered, so the bits are those of a run without the failure. */
-static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
+static ecs_err_t dispatch_wait(void *ctx, int tag, int layer, float *out)
 {
     dispatch_t *d = ctx;
-    if (layer != d->layer) {
-        dispatch_layer_end(d);
+    if (!batch_of(d, tag))
+        return ecs_error(ECS_ERR_INVAL, "dispatch: wait with tag %d (0..%d)", tag,
+                         MODEL_MAX_MICRO - 1);
+    if (!d->b->busy || layer != d->b->layer) {
+        batch_end(d);
         return ecs_error(ECS_ERR_INVAL, "dispatch: wait for layer %d, submitted %d", layer,
-                         d->layer);
+                         d->b->layer);
     }
     const int timeout = d->o.call_timeout_ms > 0 ? d->o.call_timeout_ms : 120000;
     const uint64_t t0 = dispatch_now_ms(), deadline = t0 + (uint64_t)timeout;
@@ -497,10 +548,10 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
         int n = 0;
         uint64_t wake = deadline;
         for (int s = 0; s < d->hp.n_expert && n < PLACEMENT_MAX_WORKERS; s++)
-            if (d->calls[s]) {
-                list[n++] = d->calls[s];
-                if (d->call_t0[s] + retry < wake)
-                    wake = d->call_t0[s] + retry;
+            if (d->b->calls[s]) {
+                list[n++] = d->b->calls[s];
+                if (d->b->call_t0[s] + retry < wake)
+                    wake = d->b->call_t0[s] + retry;
             }
         uint64_t now = dispatch_now_ms();
         if (n && now < wake)
@@ -512,10 +563,11 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
         now = dispatch_now_ms();
         bool cancelled = false;
         for (int s = 0; s < d->hp.n_expert; s++)
-            if (d->calls[s] && !mux_call_done(d->calls[s]) && now >= d->call_t0[s] + retry &&
+            if (d->b->calls[s] && !mux_call_done(d->b->calls[s]) &&
+                now >= d->b->call_t0[s] + retry &&
                 now < deadline) {
-                mux_call_cancel(d->mux, d->calls[s]);
-                d->call_t0[s] = deadline; /* once */
+                mux_call_cancel(d->mux, d->b->calls[s]);
+                d->b->call_t0[s] = deadline; /* once */
                 cancelled = true;
                 retried++;
             }
@@ -529,8 +581,8 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
         resent += again;
         bool pending = false, todo = false;
         for (int e = 0; e < d->hp.n_expert; e++) {
-            pending |= d->exp_slot[e] >= 0;
-            todo |= d->todo[e];
+            pending |= d->b->exp_slot[e] >= 0;
+            todo |= d->b->todo[e];
         }
         if (!pending && !todo)
             break;
@@ -567,8 +619,7 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
             break;
         }
     }
-    release_calls(d);
-    dispatch_layer_end(d);
+    batch_end(d);
     if (rc != ECS_OK)
         return rc;
     d->ns_overlap += w0 - d->t_submitted_ns;
@@ -580,12 +631,12 @@ static ecs_err_t dispatch_wait(void *ctx, int layer, float *out)
                      "lost (%d calls retried)%s; the layer took %llu ms", layer, resent, retried,
                      held ? ", held until a holder was back" : "",
                      (unsigned long long)(dispatch_now_ms() - t0));
-    kmoe_sum(model_threadpool(d->m), d->n_tok, d->k, (int)d->hp.n_embd, d->d, d->ident, d->wts,
-             out);
+    kmoe_sum(model_threadpool(d->m), d->b->n_tok, d->b->k, (int)d->hp.n_embd, d->b->d, d->ident,
+             d->b->wts, out);
     return ECS_OK;
 }
 
-const model_experts_ops dispatch_experts_ops = {dispatch_submit, dispatch_wait};
+const model_experts_ops dispatch_experts_ops = {dispatch_submit, dispatch_wait, MODEL_MAX_MICRO};
 
 const placement_t *dispatch_placement(const dispatch_t *d) { return d->pl; }
 
@@ -594,6 +645,7 @@ void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s)
     pthread_mutex_lock((pthread_mutex_t *)&d->lock);
     s->n_workers = d->n_workers;
     s->layer_calls = d->layer_calls;
+    s->overlapped = d->overlapped;
     s->imbalance = d->layer_calls ? d->imbalance_sum / (double)d->layer_calls : 0;
     pthread_mutex_unlock((pthread_mutex_t *)&d->lock);
 }
@@ -650,9 +702,9 @@ void dispatch_print_stats(const dispatch_t *d, FILE *f)
     const int moe_layers = d->hp.n_layer - d->hp.n_layer_dense;
     const double tokens = moe_layers > 0 ? (double)d->step_rows / moe_layers : 0;
     uint64_t out = 0, in = 0;
-    fprintf(f, "dispatch: %d workers, %llu layer calls, %.0f tokens, imbalance (busiest / mean "
-            "rows) %.2f\n", st.n_workers, (unsigned long long)st.layer_calls, tokens,
-            st.imbalance);
+    fprintf(f, "dispatch: %d workers, %llu layer calls (%llu overlapped), %.0f tokens, imbalance "
+            "(busiest / mean rows) %.2f\n", st.n_workers, (unsigned long long)st.layer_calls,
+            (unsigned long long)st.overlapped, tokens, st.imbalance);
     for (int i = 0; i < d->n_workers; i++) {
         dispatch_worker_stats_t w;
         if (dispatch_worker_stats(d, i, &w) != ECS_OK)

@@ -126,6 +126,8 @@ typedef struct {
                                  * take the quantized rows (same bits, ~3.5x the bytes) */
     bool wire_bf16;             /* --wire-result bf16: results back as bf16 from workers that
                                  * can (half the bytes; INEXACT: docs/benchmarks.md) */
+    int micro_batches;          /* --micro-batches: steps cut into this many, attention of
+                                 * one while another's experts are out; 0: 1 */
 } dispatch_opts_t;
 
 typedef struct dispatch dispatch_t;
@@ -173,6 +175,7 @@ typedef struct {
 typedef struct {
     int n_workers;
     uint64_t layer_calls;        /* submits */
+    uint64_t overlapped;         /* submits while another micro-batch's calls were out */
     double imbalance;            /* mean over submits of busiest / mean rows per worker */
 } dispatch_stats_t;
 
@@ -225,7 +228,9 @@ void dispatch_op_status(dispatch_t *d, char *buf, size_t cap);
     "  --wire-act q8|f32  activation rows to the workers: q8 (default; the rows the\n"     \
     "                     kernels compute from, to workers that take them) or f32\n"     \
     "  --wire-result f32|bf16  result rows back: f32 (default, exact) or bf16 (half the\n" \
-    "                     bytes, logits no longer bit-identical to one process)\n"
+    "                     bytes, logits no longer bit-identical to one process)\n"    \
+    "  --micro-batches N  cut each step of several rows into N (1-4, default 1): one's\n" \
+    "                     attention runs while another's experts are out (same logits)\n"
 
 /* Whether opt is one of the options above that takes a value. */
 bool dispatch_opt_takes_value(const char *opt);
@@ -234,6 +239,8 @@ bool dispatch_opt_takes_value(const char *opt);
 int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v);
 /* Whether o asks for workers at all. */
 bool dispatch_wanted(const dispatch_opts_t *o);
+/* Options that need workers given without them (ECS_ERR_INVAL, saying so). */
+ecs_err_t dispatch_opts_check(const dispatch_opts_t *o);
 ecs_err_t dispatch_worker_stats(const dispatch_t *d, int wi, dispatch_worker_stats_t *out);
 /* A few lines: per worker calls, rows, bytes each way, latency; bytes per
  * token; the imbalance. */

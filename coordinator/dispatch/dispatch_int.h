@@ -72,6 +72,23 @@ typedef struct {
     bool drained;               /* holds nothing on purpose (under lock) */
 } dispatch_worker_t;
 
+/* One batch's layer call, from its submit() to its wait(). */
+typedef struct {
+    bool busy;                  /* submitted, not waited for */
+    int layer, n_tok, k;
+    const float *x, *wts;       /* the model's, valid until wait() returns */
+    mux_call_t **calls;         /* [n_expert] slots, NULL: free */
+    int *call_worker, *call_nent;  /* [n_expert] */
+    uint64_t *call_t0;          /* [n_expert] when the slot's call was sent (ms) */
+    int32_t *pair_call, *pair_pos; /* [MODEL_MAX_BATCH * k] pair -> slot, entry in it */
+    int *exp_slot;              /* [n_expert] slot holding the expert's call, -1 */
+    bool *todo;                 /* [n_expert] rows not sent (or to send again) */
+    int32_t *order, *start;     /* [MODEL_MAX_BATCH * k], [n_expert + 1]: pairs by expert */
+    float *d;                   /* [MODEL_MAX_BATCH * k * n_embd] results, pair order */
+    void *xq;                   /* [MODEL_MAX_BATCH] rows of this layer in act_type */
+    bool xq_done;               /* xq holds this submit's rows */
+} dispatch_batch_t;
+
 /* An operator's request (drain.c), queued for the control thread. */
 typedef struct dispatch_op {
     dispatch_op_kind_t kind;
@@ -110,7 +127,7 @@ struct dispatch {
      * while a change runs (the union of old and new), NULL: pl. Threads
      * other than the model's read pl under lock. */
     placement_t *pl_next, *hold;
-    bool in_layer;              /* under lock */
+    int in_layer;               /* batches between submit and wait (under lock) */
     dispatch_op_t *ops;         /* queued (under lock) */
     dispatch_op_t *op;          /* running (control thread) */
     int op_phase, op_wi;
@@ -119,26 +136,20 @@ struct dispatch {
     int op_pid;
     uint64_t started_ms;
 
-    /* one layer call at a time (the model runs one step at a time); a
-     * call slot per expert at most (calls in flight hold disjoint experts) */
-    int layer, n_tok, k;
-    const float *x, *wts;       /* the model's, valid until wait() returns */
-    mux_call_t **calls;         /* [n_expert] slots, NULL: free */
-    int *call_worker, *call_nent;  /* [n_expert] */
-    uint64_t *call_t0;          /* [n_expert] when the slot's call was sent (ms) */
-    int32_t *pair_call, *pair_pos; /* [MODEL_MAX_BATCH * k] pair -> slot, entry in it */
-    int *exp_slot;              /* [n_expert] slot holding the expert's call, -1 */
-    bool *todo;                 /* [n_expert] rows not sent (or to send again) */
+    /* A layer call per batch (the model's micro-batches, one slot each,
+     * MODEL_MAX_MICRO at most); b: the one submit() or wait() works on
+     * (the model thread's). Calls in flight hold disjoint experts within
+     * a batch: a call slot per expert at most. */
+    dispatch_batch_t bt[MODEL_MAX_MICRO];
+    dispatch_batch_t *b;
     int32_t *pairs_tmp;         /* [MODEL_MAX_BATCH * k] */
-    int32_t *order, *start;     /* [MODEL_MAX_BATCH * k], [n_expert + 1]: pairs by expert */
     int *choice;                /* [n_expert] worker of each expert this call, -1 */
     int *rows_now;              /* [n_workers] rows given this call */
     int32_t *local;             /* [MODEL_MAX_BATCH] row -> row of the worker's payload */
     uint32_t *c_experts, *c_counts, *c_rows, *c_slots;
-    float *d;                   /* [MODEL_MAX_BATCH * k * n_embd] results, pair order */
     int32_t *ident;             /* [MODEL_MAX_BATCH * k] 0, 1, 2, ... */
     unsigned rr;
-    uint64_t layer_calls, step_rows;
+    uint64_t layer_calls, step_rows, overlapped;
     double imbalance_sum;
     /* where a layer's time goes (model thread; read by dispatch_print_stats
      * after the run): submit's end to wait's start (the model's overlapped
@@ -147,8 +158,6 @@ struct dispatch {
     uint64_t t_submitted_ns, ns_overlap, ns_blocked, ns_rtt_max, ns_compute_of_max;
     /* activations as the kernels compute from them (dispatch.c: act_rows) */
     uint32_t *act_type;         /* [n_layer] the rows' type for a worker taking q8, F32: none */
-    void *xq;                   /* [MODEL_MAX_BATCH] rows of this layer in act_type */
-    bool xq_done;               /* xq holds this submit's rows */
 };
 
 void dispatch_log(const dispatch_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

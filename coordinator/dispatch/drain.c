@@ -121,16 +121,16 @@ static void swap_locked(dispatch_t *d)
 void dispatch_layer_begin(dispatch_t *d)
 {
     pthread_mutex_lock(&d->lock);
-    if (d->pl_next)
+    if (d->pl_next && !d->in_layer) /* no other batch's calls out */
         swap_locked(d);
-    d->in_layer = true;
+    d->in_layer++;
     pthread_mutex_unlock(&d->lock);
 }
 
 void dispatch_layer_end(dispatch_t *d)
 {
     pthread_mutex_lock(&d->lock);
-    d->in_layer = false;
+    d->in_layer--;
     pthread_mutex_unlock(&d->lock);
 }
 

@@ -12,7 +12,7 @@ static const char *const with_value[] = {"--control",    "--spawn-workers",  "--
                                          "--placement",  "--min-workers",    "--worker-threads",
                                          "--worker-mem-budget", "--worker-bin", "--call-timeout",
                                          "--call-retry", "--curve-key", "--curve-clients",
-                                         "--wire-act", "--wire-result"};
+                                         "--wire-act", "--wire-result", "--micro-batches"};
 
 bool dispatch_opt_takes_value(const char *opt)
 {
@@ -70,6 +70,9 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
         if (strcmp(v, "f32") && strcmp(v, "bf16"))
             goto bad;
         o->wire_bf16 = !strcmp(v, "bf16");
+    } else if (!strcmp(opt, "--micro-batches")) {
+        if (!ecs_parse_int(v, 1, MODEL_MAX_MICRO, &o->micro_batches))
+            goto bad;
     } else if (!strcmp(opt, "--placement")) {
         o->placement_file = NULL;
         if (!strcmp(v, "uniform"))
@@ -86,3 +89,14 @@ bad:
 }
 
 bool dispatch_wanted(const dispatch_opts_t *o) { return o->control || o->spawn_workers > 0; }
+
+ecs_err_t dispatch_opts_check(const dispatch_opts_t *o)
+{
+    /* the local experts run inside the step's own regions: no call is
+     * ever out, so there is nothing for another micro-batch to overlap */
+    if (o->micro_batches > 1 && !dispatch_wanted(o))
+        return ecs_error(ECS_ERR_INVAL, "--micro-batches %d needs expert workers (--spawn-workers "
+                         "or --control): with the experts in this process there are no calls "
+                         "to overlap", o->micro_batches);
+    return ECS_OK;
+}

@@ -85,10 +85,11 @@ void model_experts_local_finish(model_experts_local_t *l, const float *w, float 
     kmoe_sum(l->tp, l->n_tok, l->k, l->n_embd, kmoe_outs(l->moe), kmoe_where(l->moe), w, out);
 }
 
-static ecs_err_t local_submit(void *ctx, int layer, int n_tok, const float *x, int k,
+static ecs_err_t local_submit(void *ctx, int tag, int layer, int n_tok, const float *x, int k,
                               const int32_t *ids, const float *w)
 {
     model_experts_local_t *l = ctx;
+    (void)tag; /* one slot: always 0 */
     l->status = ECS_ERR_INVAL;
     MODEL_TRY(model_experts_local_prepare(l, layer, n_tok, x, k, ids));
     kmoe_compute(l->moe);
@@ -97,9 +98,10 @@ static ecs_err_t local_submit(void *ctx, int layer, int n_tok, const float *x, i
     return ECS_OK;
 }
 
-static ecs_err_t local_wait(void *ctx, int layer, float *out)
+static ecs_err_t local_wait(void *ctx, int tag, int layer, float *out)
 {
     model_experts_local_t *l = ctx;
+    (void)tag;
     if (l->status != ECS_OK || layer != l->layer)
         return ecs_error(ECS_ERR_INVAL, "experts: wait for layer %d without a successful submit",
                          layer);
@@ -108,4 +110,4 @@ static ecs_err_t local_wait(void *ctx, int layer, float *out)
     return ECS_OK;
 }
 
-const model_experts_ops model_experts_local_ops = {local_submit, local_wait};
+const model_experts_ops model_experts_local_ops = {local_submit, local_wait, 1};

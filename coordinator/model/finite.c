@@ -82,7 +82,7 @@ static ecs_err_t check_attention(diag_t *d, int layer)
     return found(d, layer, "residual after attention", "blk.%d.attn_output");
 }
 
-static ecs_err_t diag_submit(void *ctx, int layer, int n_tok, const float *x, int k,
+static ecs_err_t diag_submit(void *ctx, int tag, int layer, int n_tok, const float *x, int k,
                              const int32_t *ids, const float *w)
 {
     diag_t *d = ctx;
@@ -97,14 +97,14 @@ static ecs_err_t diag_submit(void *ctx, int layer, int n_tok, const float *x, in
         return found(d, layer, "router", "blk.%d.ffn_gate_inp");
     if (!OK(w, k))
         return found(d, layer, "routing weights", "blk.%d.ffn_gate_inp, blk.%d.exp_probs_b");
-    return d->ops->submit(d->ctx, layer, n_tok, x, k, ids, w);
+    return d->ops->submit(d->ctx, tag, layer, n_tok, x, k, ids, w);
 }
 
-static ecs_err_t diag_wait(void *ctx, int layer, float *out)
+static ecs_err_t diag_wait(void *ctx, int tag, int layer, float *out)
 {
     diag_t *d = ctx;
     const arch_hparams_t *hp = &d->m->hp;
-    MODEL_TRY(d->ops->wait(d->ctx, layer, out));
+    MODEL_TRY(d->ops->wait(d->ctx, tag, layer, out));
     if (d->m->w.layers[layer].gate_shexp.nrows > 0 && !OK(d->m->ws.sh, hp->n_embd))
         return found(d, layer, "shared experts", "blk.%d.ffn_gate/up/down_shexp");
     if (!OK(out, hp->n_embd))
@@ -113,7 +113,8 @@ static ecs_err_t diag_wait(void *ctx, int layer, float *out)
     return ECS_OK;
 }
 
-static const model_experts_ops diag_ops = {diag_submit, diag_wait};
+/* one slot: the rerun is not cut into micro-batches (n_tok is the step's) */
+static const model_experts_ops diag_ops = {diag_submit, diag_wait, 1};
 
 ecs_err_t model_diagnose_step(model_t *m, const model_step_row_t *rows, int n,
                               const int *out_rows, int n_out, float *logits, ecs_err_t e)

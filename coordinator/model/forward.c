@@ -20,6 +20,7 @@
  * for decode, see attn.c; prompt steps expand the latent rows, attn_exp.c);
  * MODEL_CTX_MLA_EXPANDED caches per-head K and V as llama.cpp does. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "coordinator/model/model_int.h"
@@ -270,7 +271,12 @@ static ecs_err_t moe_local(model_t *m, const model_layer_t *ly, int n, int layer
     return ECS_OK;
 }
 
-static ecs_err_t ffn_moe(model_t *m, const model_layer_t *ly, int n, int layer, prof_mark_t *pm)
+/* The MoE FFN up to the routed experts' submit (tag: the micro-batch's
+ * backend slot): router, then the local experts fused with the shared
+ * ones, or a backend's submit with the shared experts while it computes.
+ * ffn_moe_finish waits for them and adds the residual. */
+static ecs_err_t ffn_moe_start(model_t *m, const model_layer_t *ly, int n, int layer, int tag,
+                               prof_mark_t *pm)
 {
     const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
@@ -280,19 +286,29 @@ static ecs_err_t ffn_moe(model_t *m, const model_layer_t *ly, int n, int layer, 
     route_job_t rj = {ly};
     for_rows(m, n, route_row, &rj);
     prof_end(m, MODEL_PH_ROUTER, pm);
-    if (m->ex_ops == &model_experts_local_ops) {
-        MODEL_TRY(moe_local(m, ly, n, layer, shared, pm));
-    } else {
-        const int k = hp->n_expert_used;
-        MODEL_TRY(m->ex_ops->submit(m->ex_ctx, layer, n, ws->xn, k, ws->ids, ws->w));
-        if (shared)
-            ffn_swiglu(m, &ly->gate_shexp, &ly->up_shexp, &ly->down_shexp, ws->xn, n, ws->sh);
-        MODEL_TRY(m->ex_ops->wait(m->ex_ctx, layer, ws->moe));
-        prof_end(m, MODEL_PH_FFN_DOWN, pm);
+    if (m->ex_ops == &model_experts_local_ops)
+        return moe_local(m, ly, n, layer, shared, pm);
+    const int k = hp->n_expert_used;
+    MODEL_TRY(m->ex_ops->submit(m->ex_ctx, tag, layer, n, ws->xn, k, ws->ids, ws->w));
+    if (shared)
+        ffn_swiglu(m, &ly->gate_shexp, &ly->up_shexp, &ly->down_shexp, ws->xn, n, ws->sh);
+    prof_end(m, MODEL_PH_FFN_DOWN, pm);
+    return ECS_OK;
+}
+
+static ecs_err_t ffn_moe_finish(model_t *m, const model_layer_t *ly, int n, int layer, int tag)
+{
+    model_ws_t *ws = &m->ws;
+    const bool shared = ly->gate_shexp.nrows > 0;
+    prof_mark_t pm;
+    prof_start(m, &pm);
+    if (m->ex_ops != &model_experts_local_ops) {
+        MODEL_TRY(m->ex_ops->wait(m->ex_ctx, tag, layer, ws->moe));
+        prof_end(m, MODEL_PH_FFN_DOWN, &pm);
     }
-    resid_job_t r = {ws->x, ws->moe, shared ? ws->sh : NULL, E};
+    resid_job_t r = {ws->x, ws->moe, shared ? ws->sh : NULL, m->hp.n_embd};
     for_rows(m, n, resid_row, &r);
-    prof_end(m, MODEL_PH_MOE_SUM, pm);
+    prof_end(m, MODEL_PH_MOE_SUM, &pm);
     return ECS_OK;
 }
 
@@ -436,9 +452,11 @@ static void add_row(model_t *m, void *ctx, int r)
     add_into(j->x + (size_t)r * j->E, j->y + (size_t)r * j->E, NULL, (size_t)j->E);
 }
 
-/* Layer il for n rows; kv_only: only as far as the rows' K/V in the cache. */
-static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, int il,
-                               bool kv_only)
+/* Layer il for n rows up to its routed experts' submit (*out: a submit
+ * of tag is outstanding; layer_finish waits for it); kv_only: only as far
+ * as the rows' K/V in the cache. */
+static ecs_err_t layer_start(model_t *m, const model_step_row_t *rows, int n, int il, int tag,
+                             bool kv_only, bool *out)
 {
     const arch_hparams_t *hp = &m->hp;
     const model_layer_t *ly = &m->w.layers[il];
@@ -461,12 +479,40 @@ static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, 
 
     norm_rows(m, ly->ffn_norm, ws->x, E, ws->xn, E, E, n);
     prof_end(m, MODEL_PH_NORM, &pm);
-    if (ly->moe)
-        return ffn_moe(m, ly, n, il, &pm);
+    if (ly->moe) {
+        MODEL_TRY(ffn_moe_start(m, ly, n, il, tag, &pm));
+        *out = m->ex_ops != &model_experts_local_ops;
+        return ECS_OK;
+    }
     ffn_swiglu(m, &ly->ffn_gate, &ly->ffn_up, &ly->ffn_down, ws->xn, n, ws->tmp);
     for_rows(m, n, add_row, &aj);
     prof_end(m, MODEL_PH_DENSE, &pm);
     return ECS_OK;
+}
+
+/* The rest of layer il (the routed experts' wait and residual add of a
+ * MoE layer); out: its submit was outstanding. Below the last layer, every
+ * row is checked once: a NaN in a row that wants no logits would otherwise
+ * reach the cache and show up steps later; the caller's diagnosis
+ * (finite.c) names where it started. */
+static ecs_err_t layer_finish(model_t *m, int n, int il, int tag, bool *out)
+{
+    if (m->w.layers[il].moe) {
+        *out = false;
+        MODEL_TRY(ffn_moe_finish(m, &m->w.layers[il], n, il, tag));
+    }
+    if (il < m->hp.n_layer - 1 &&
+        !model_all_finite(m->ws.x, (size_t)n * (size_t)m->hp.n_embd))
+        return ecs_error(ECS_ERR_FORMAT, "model: non-finite activations after layer %d", il);
+    return ECS_OK;
+}
+
+static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, int il,
+                               bool kv_only)
+{
+    bool out = false;
+    MODEL_TRY(layer_start(m, rows, n, il, 0, kv_only, &out));
+    return kv_only ? ECS_OK : layer_finish(m, n, il, 0, &out);
 }
 
 typedef struct {
@@ -499,6 +545,96 @@ static const model_step_row_t *keep_rows(model_t *m, const model_step_row_t *row
     return kept;
 }
 
+/* ------------------------------------------------------- micro-batches */
+
+typedef struct {
+    int r0, n; /* the step's rows [r0, r0 + n) */
+    bool out;  /* a submit of this micro-batch's tag is outstanding */
+    int layer; /* the layer of its last start */
+} micro_t;
+
+/* Cuts the step into up to m->n_micro micro-batches (as many as the
+ * backend has slots) of about equal rows: each cut at the sequence
+ * boundary nearest its even share, within half a share, else at the share
+ * itself inside a sequence (its earlier rows are then in the earlier
+ * micro-batch, which stores their K/V first in every layer; the attention
+ * form stays the whole step's, model_step_row_t.seq_rows). */
+static int split_micro(const model_t *m, const model_step_row_t *rows, int n, micro_t *mb)
+{
+    int want = m->n_micro < m->ex_ops->slots ? m->n_micro : m->ex_ops->slots;
+    want = want < n ? want : n;
+    int r0 = 0, k = 0;
+    for (int b = 1; b < want; b++) {
+        const int target = (int)((int64_t)n * b / want), reach = n / (2 * want);
+        int cut = target;
+        for (int d = 0; d <= reach; d++) {
+            if (target - d > r0 && rows[target - d - 1].ctx != rows[target - d].ctx) {
+                cut = target - d;
+                break;
+            }
+            if (target + d < n && rows[target + d - 1].ctx != rows[target + d].ctx) {
+                cut = target + d;
+                break;
+            }
+        }
+        if (cut <= r0 || cut >= n)
+            continue;
+        mb[k++] = (micro_t){r0, cut - r0, false, 0};
+        r0 = cut;
+    }
+    mb[k++] = (micro_t){r0, n - r0, false, 0};
+    return k;
+}
+
+/* The workspace rows a micro-batch keeps from its layer's start to its
+ * finish (residual, FFN input, routing, expert outputs, rope rows) moved
+ * to its rows, r0 on of base's; the rest is scratch of one start at a
+ * time. r0 0: the step's own. */
+static void micro_rows(model_t *m, const model_ws_t *base, int r0)
+{
+    const arch_hparams_t *hp = &m->hp;
+    model_ws_t *ws = &m->ws;
+    const size_t r = (size_t)r0, E = (size_t)hp->n_embd, k = (size_t)hp->n_expert_used;
+    ws->x = base->x + r * E;
+    ws->xn = base->xn + r * E;
+    ws->sh = base->sh + r * E;
+    ws->moe = base->moe + r * E;
+    ws->ids = base->ids + r * k;
+    ws->w = base->w + r * k;
+    ws->rope = base->rope + r * (size_t)hp->rope.n_rot;
+}
+
+/* Layers [0, n_lay) for every row, in ping-pong: each micro-batch finishes
+ * its previous layer and starts the next one while the submits of the
+ * others are out. With one micro-batch this is start, finish, start, ...
+ * of the whole step. A failure waits out every submit still outstanding. */
+static ecs_err_t layers_micro(model_t *m, const model_step_row_t *rows, int n, int n_lay)
+{
+    micro_t mb[MODEL_MAX_MICRO];
+    const int nmb = split_micro(m, rows, n, mb);
+    const model_ws_t base = m->ws;
+    ecs_err_t e = ECS_OK;
+    for (int il = 0; il <= n_lay && e == ECS_OK; il++)
+        for (int b = 0; b < nmb && e == ECS_OK; b++) {
+            micro_rows(m, &base, mb[b].r0);
+            if (il > 0)
+                e = layer_finish(m, mb[b].n, il - 1, b, &mb[b].out);
+            mb[b].layer = il;
+            if (e == ECS_OK && il < n_lay)
+                e = layer_start(m, rows + mb[b].r0, mb[b].n, il, b, false, &mb[b].out);
+        }
+    for (int b = 0; b < nmb; b++)
+        if (mb[b].out) { /* the backend's own error is the one that counts */
+            char why[512];
+            snprintf(why, sizeof why, "%s", ecs_errmsg());
+            micro_rows(m, &base, mb[b].r0);
+            (void)m->ex_ops->wait(m->ex_ctx, b, mb[b].layer, m->ws.moe);
+            ecs_error(e, "%s", why);
+        }
+    micro_rows(m, &base, 0);
+    return e;
+}
+
 ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const int *out_rows,
                         int n_out, float *logits)
 {
@@ -512,25 +648,20 @@ ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const i
     for_rows(m, n, embd_row, &ej);
     prof_end(m, MODEL_PH_EMBED, &pm);
     const int last = hp->n_layer - 1;
-    for (int il = 0; il < last; il++) {
-        MODEL_TRY(layer_forward(m, rows, n, il, false));
-        /* once per layer, every row: a NaN in a row that wants no logits
-         * would otherwise reach the cache and show up steps later; the
-         * caller's diagnosis (finite.c) names where it started */
-        if (!model_all_finite(ws->x, (size_t)n * (size_t)E))
-            return ecs_error(ECS_ERR_FORMAT, "model: non-finite activations after layer %d", il);
-    }
-    model_step_row_t kept[MODEL_MAX_BATCH];
-    /* the kept rows store their K/V once more in the full pass: the same
-     * values, a few rows' worth of work */
+    /* every layer in ping-pong when every row wants logits (decode), else
+     * all but the last, which runs in full only for the rows that want
+     * logits; the kept rows store their K/V once more in the full pass: the
+     * same values, a few rows' worth of work */
+    MODEL_TRY(layers_micro(m, rows, n, n_out == n ? hp->n_layer : last));
     if (n_out < n) {
+        model_step_row_t kept[MODEL_MAX_BATCH];
         MODEL_TRY(layer_forward(m, rows, n, last, true));
         rows = keep_rows(m, rows, out_rows, n_out, kept);
         n = n_out;
+        if (n == 0)
+            return ECS_OK;
+        MODEL_TRY(layer_forward(m, rows, n, last, false));
     }
-    if (n == 0)
-        return ECS_OK;
-    MODEL_TRY(layer_forward(m, rows, n, last, false));
     prof_start(m, &pm);
     for (int j = 0; j < n_out; j++)
         rmsnorm(ws->x + (size_t)j * E, w->output_norm, ws->xn + (size_t)j * E, E, hp->rms_eps);

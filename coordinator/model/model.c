@@ -419,6 +419,14 @@ kcpu_mat_t model_expert_mat(const kcpu_mat_t *stack, int e, int rows_per_expert)
     return kcpu_mat_rows(stack, (int64_t)e * rows_per_expert, rows_per_expert);
 }
 
+ecs_err_t model_set_micro_batches(model_t *m, int n)
+{
+    if (n < 1 || n > MODEL_MAX_MICRO)
+        return ecs_error(ECS_ERR_RANGE, "model: %d micro-batches (1..%d)", n, MODEL_MAX_MICRO);
+    m->n_micro = n;
+    return ECS_OK;
+}
+
 void model_set_experts(model_t *m, const model_experts_ops *ops, void *ctx)
 {
     if (ops) {

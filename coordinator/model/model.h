@@ -183,12 +183,33 @@ size_t model_decode_bytes(const model_t *m);
  * weights w (n_tok x k); wait() returns in out (n_tok x n_embd) the per-row
  * weighted sum of the routed experts' outputs, summed in slot order
  * (slot 0 first). x, ids and w stay valid until wait() returns. The model
- * computes the shared experts between the two calls. */
+ * computes the shared experts between the two calls.
+ *
+ * A backend with slots > 1 takes that many submits outstanding at once,
+ * each with its own tag (0 .. slots - 1) that its wait() names: the model
+ * then runs one micro-batch's attention while another's experts are out
+ * (model_set_micro_batches). Every submit is followed by a wait of its tag,
+ * failed steps included. slots 0 or 1: one at a time, tag always 0. */
 typedef struct model_experts_ops {
-    ecs_err_t (*submit)(void *ctx, int layer, int n_tok, const float *x, int k,
+    ecs_err_t (*submit)(void *ctx, int tag, int layer, int n_tok, const float *x, int k,
                         const int32_t *ids, const float *w);
-    ecs_err_t (*wait)(void *ctx, int layer, float *out);
+    ecs_err_t (*wait)(void *ctx, int tag, int layer, float *out);
+    int slots;
 } model_experts_ops;
+
+/* Micro-batches a step may be cut into (--micro-batches). */
+#define MODEL_MAX_MICRO 4
+
+/* Steps of several rows are cut into up to n micro-batches (1: whole, the
+ * default) of about equal rows, at sequence boundaries where one lies
+ * near, in ping-pong per layer: micro-batch b's attention, router and
+ * shared experts run while the routed experts of the others are out. Only
+ * while the backend takes that many submits at once (ops.slots; the local
+ * backend takes one: nothing to overlap). The logits are the same bits
+ * however a step is cut (every row's products are batch-invariant and the
+ * deepseek2 attention form is chosen by the sequence's rows in the whole
+ * step). ECS_ERR_RANGE outside 1 .. MODEL_MAX_MICRO. */
+ecs_err_t model_set_micro_batches(model_t *m, int n);
 
 /* Use another expert backend (ops NULL: back to the built-in local one). */
 void model_set_experts(model_t *m, const model_experts_ops *ops, void *ctx);

@@ -164,6 +164,7 @@ struct model {
     const model_experts_ops *ex_ops;
     void *ex_ctx;
     model_experts_local_t *ex_local;
+    int n_micro;            /* micro-batches per step (model_set_micro_batches), >= 1 */
 
     model_prof_t prof[MODEL_PH_COUNT];
 

@@ -1,7 +1,8 @@
 """serve_http.py - ecs-coordinator over raw HTTP: malformed and hostile
 requests each get their documented answer while a stream runs on and
 returns exactly what it returns alone; 16 simultaneous greedy streams equal
-their solo runs (both architectures); a KV pool smaller than the workload
+their solo runs (both architectures), also on 2 workers with steps cut
+into 2 micro-batches (--micro-batches 2); a KV pool smaller than the workload
 completes it by waiting with identical outputs; control-token text in a
 chat message stays text; API keys. Every server is started here and stopped
 by pid.
@@ -40,8 +41,9 @@ def greedy(prompt, n, **kw):
 PROMPTS = ["Once upon a time %d" % i + " there was" * (i * 7) for i in range(16)]
 
 
-def solo_and_parallel(srv, n_tok):
-    solo = [stream_text(srv.port, "/v1/completions", greedy(p, n_tok))[0] for p in PROMPTS]
+def solo_and_parallel(srv, n_tok, solo=None):
+    if solo is None:
+        solo = [stream_text(srv.port, "/v1/completions", greedy(p, n_tok))[0] for p in PROMPTS]
     out = [None] * len(PROMPTS)
 
     def run(i):
@@ -58,11 +60,12 @@ def solo_and_parallel(srv, n_tok):
 
 
 # ---- 16 simultaneous greedy streams, both architectures ----
+solo_ref = {}
 for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
     srv = Server(binary, model_path(root, build, name), "--ctx", "1024", "--max-running", "16")
     try:
         check("%s: 16 simultaneous greedy streams equal their solo runs" % name,
-              lambda: solo_and_parallel(srv, 24))
+              lambda: solo_ref.__setitem__(name, solo_and_parallel(srv, 24)))
 
         def nonstream_equals_stream():
             st, r = post_json(srv.port, "/v1/completions", greedy(PROMPTS[3], 24))
@@ -74,6 +77,17 @@ for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
     finally:
         check("%s: clean exit on SIGTERM" % name, lambda: srv.stop() == 0 or (_ for _ in ()).throw(
             AssertionError("exit status %s" % srv.proc.returncode)))
+
+# ---- the same 16 streams with the experts on 2 workers and every step of
+# several sequences cut into 2 micro-batches (ping-pong): the local solo text
+srv = Server(binary, model_path(root, build, "tiny-ds2-q8_0"), "--ctx", "1024", "--max-running",
+             "16", "--spawn-workers", "2", "--micro-batches", "2")
+try:
+    check("tiny-ds2-q8_0, 2 workers, --micro-batches 2: 16 simultaneous streams equal the local "
+          "solo runs", lambda: solo_and_parallel(srv, 24, solo_ref["tiny-ds2-q8_0"]))
+finally:
+    check("micro-batches server: clean exit on SIGTERM", lambda: srv.stop() == 0 or (
+        _ for _ in ()).throw(AssertionError("exit status %s" % srv.proc.returncode)))
 
 # ---- hostile requests while a stream runs ----
 srv = Server(binary, model_path(root, build, "tiny-ds2-q8_0"), "--ctx", "512", "--max-running", "8",

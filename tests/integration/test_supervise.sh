@@ -2,7 +2,8 @@
 # test_supervise.sh - a worker's death loses no call and changes no output:
 # kill -9 a spawned worker in the middle of a teacher-forced run, with a
 # replica (its calls go to the replica) and without (the supervisor
-# restarts it and its held calls wait for it); SIGSTOP a worker until it is
+# restarts it and its held calls wait for it), also with two micro-batches'
+# calls out at once; SIGSTOP a worker until it is
 # declared dead, then SIGCONT it; a worker that dies at every restart is
 # backed off, reported, and the run fails with an error naming the missing
 # experts instead of hanging; ecs-coordinator streams a greedy completion
@@ -54,8 +55,10 @@ wait_started() { # err-file id
     return 1
 }
 
-# 1. kill -9 with a replica, 2. without one
-for case in "replica:--replication 2" "restart:"; do
+# 1. kill -9 with a replica, 2. without one; again with steps of 2 rows cut
+#    into 2 micro-batches (two layer calls out at once when w1 dies)
+for case in "replica:--replication 2" "restart:" \
+    "replica-mb:--replication 2 --step 2 --micro-batches 2" "restart-mb:--step 2 --micro-batches 2"; do
     name=${case%%:*}; extra=${case#*:}
     out="$tmp/$name.json"
     timeout 120 "$run" "${common[@]}" --dump-logits "$out" --spawn-workers 2 --worker-threads 1 \
@@ -66,9 +69,9 @@ for case in "replica:--replication 2" "restart:"; do
     kill -9 "$victim"
     wait "$r"; rc=$?
     verdict "$name" $rc "$out.err" "worker w1 declared dead" "$out" "kill -9 of w1 (pid $victim) mid-run"
-    [ "$name" = restart ] && { grep -q "w1 is back (restarted" "$out.err" \
-        && ok "restart: w1 was restarted and got its experts back" \
-        || bad "restart: no restart of w1 seen"; }
+    [ "${name%-mb}" = restart ] && { grep -q "w1 is back (restarted" "$out.err" \
+        && ok "$name: w1 was restarted and got its experts back" \
+        || bad "$name: no restart of w1 seen"; }
 done
 
 # 3. SIGSTOP until declared dead (liveness), then SIGCONT: it is taken back

@@ -5,7 +5,9 @@
 # deepseek2 and qwen3moe; greedy text identical; a worker over its memory
 # budget is refused and the coordinator says which experts lack a holder;
 # a worker with another model is refused; garbage sent to both daemons is
-# survived; ecs-worker holds no coordinator symbol.
+# survived; ecs-worker holds no coordinator symbol; steps cut into
+# micro-batches in ping-pong (--micro-batches) give the same logits and
+# text, and the option is refused without workers.
 # usage: tests/integration/test_workers.sh BUILD_DIR   (from the repo root)
 set -u
 build=${1:?usage: test_workers.sh BUILD_DIR}
@@ -55,7 +57,9 @@ EOF
     layouts=("--spawn-workers 1" "--spawn-workers 3" "--spawn-workers 3 --replication 2"
              "--spawn-workers 2 --placement capacity --worker-mem-budget 64M"
              "--spawn-workers 3 --placement $tmp/placement"
-             "--spawn-workers 2 --wire-act f32")
+             "--spawn-workers 2 --wire-act f32"
+             "--spawn-workers 1 --micro-batches 2" "--spawn-workers 2 --micro-batches 2"
+             "--spawn-workers 2 --micro-batches 3")
     for lay in "${layouts[@]}"; do
         out="$tmp/$name-w.json"
         if ! dump "$model" "$out" $lay; then
@@ -71,7 +75,27 @@ EOF
     b=$(timeout 60 "$run" -m "$model" --threads 2 --no-repack -p "The quick brown fox" -n 24 --temp 0 --spawn-workers 2 2>/dev/null)
     if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$name: greedy text identical on 2 workers"
     else bad "$name: greedy text differs: [$a] vs [$b]"; fi
+    # the prompt step cut in two micro-batches, then decode
+    b=$(timeout 60 "$run" -m "$model" --threads 2 --no-repack -p "The quick brown fox" -n 24 --temp 0 --spawn-workers 2 --micro-batches 2 2>/dev/null)
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$name: greedy text identical on 2 workers, 2 micro-batches"
+    else bad "$name: greedy text differs with 2 micro-batches: [$a] vs [$b]"; fi
 done
+
+# 2a. the micro-batches really overlap: submits made while the other's
+#     calls were out; without workers the option is refused
+timeout 60 "$run" -m "$ds2" --threads 2 --no-repack --bench --pp 32 --tg 1 --spawn-workers 1 \
+    --micro-batches 2 >/dev/null 2>"$tmp/mb.err"
+ov=$(sed -n 's/.*layer calls (\([0-9]*\) overlapped).*/\1/p' "$tmp/mb.err")
+if [ -n "$ov" ] && [ "$ov" -gt 0 ]; then ok "--micro-batches 2: $ov submits while the other micro-batch's experts were out"
+else bad "--micro-batches 2 did not overlap ('$ov'): $(tail -2 "$tmp/mb.err")"; fi
+if timeout 30 "$run" -m "$ds2" --threads 2 --no-repack --tokens 1,2,3 --dump-logits "$tmp/mb.json" \
+        --micro-batches 2 2>"$tmp/mbl.err"; then
+    bad "--micro-batches 2 without workers was accepted"
+elif grep -q "needs expert workers" "$tmp/mbl.err"; then
+    ok "--micro-batches without workers refused: $(head -1 "$tmp/mbl.err" | cut -c1-100)"
+else
+    bad "--micro-batches without workers: $(tail -2 "$tmp/mbl.err")"
+fi
 
 # 2b. a Q4_K_M model with the interleaved copy: each worker makes the copy of
 #     just its experts, and the bits stay those of the local backend's copy

@@ -1,6 +1,7 @@
 /* test_dispatch_opts.c - the wire options of the dispatcher's command line:
  * --wire-act (q8 default, f32) and --wire-result (f32 default, bf16) are
- * taken with their values and a bad value is refused naming the option. */
+ * taken with their values and a bad value is refused naming the option;
+ * --micro-batches needs workers. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -31,4 +32,22 @@ Test(dispatch_opts, wire_result)
     cr_assert(strstr(ecs_errmsg(), "--wire-result"), "%s", ecs_errmsg());
     /* not a dispatcher option: left to the program */
     cr_assert_eq(dispatch_parse_opt(&o, "--wire", "x"), 0);
+}
+
+/* --micro-batches 1..MODEL_MAX_MICRO, and only with workers: the local
+ * experts have no calls out to overlap. */
+Test(dispatch_opts, micro_batches)
+{
+    dispatch_opts_t o = {0};
+    cr_assert(dispatch_opt_takes_value("--micro-batches"));
+    cr_assert_eq(dispatch_opts_check(&o), ECS_OK);
+    cr_assert_eq(dispatch_parse_opt(&o, "--micro-batches", "2"), 1);
+    cr_assert_eq(o.micro_batches, 2);
+    cr_assert_eq(dispatch_opts_check(&o), ECS_ERR_INVAL);
+    cr_assert(strstr(ecs_errmsg(), "needs expert workers"), "%s", ecs_errmsg());
+    cr_assert_eq(dispatch_parse_opt(&o, "--spawn-workers", "1"), 1);
+    cr_assert_eq(dispatch_opts_check(&o), ECS_OK);
+    cr_assert_eq(dispatch_parse_opt(&o, "--micro-batches", "0"), -1);
+    cr_assert_eq(dispatch_parse_opt(&o, "--micro-batches", "5"), -1);
+    cr_assert(strstr(ecs_errmsg(), "--micro-batches"), "%s", ecs_errmsg());
 }

@@ -575,16 +575,16 @@ Test(experts, local_backend_equals_naive_loop)
         experts_case(m, 7, 7, (const int[]){1, 3, 0}, (const float[]){0.1f, 0.2f, 0.01f});
     model_experts_local_t *l;
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &l), ECS_OK);
-    cr_assert_eq(model_experts_local_ops.submit(l, layer, c.n, c.x, c.k, c.ids, c.w), ECS_OK,
+    cr_assert_eq(model_experts_local_ops.submit(l, 0, layer, c.n, c.x, c.k, c.ids, c.w), ECS_OK,
                  "%s", ecs_errmsg());
-    cr_assert_eq(model_experts_local_ops.wait(l, layer, c.a), ECS_OK);
+    cr_assert_eq(model_experts_local_ops.wait(l, 0, layer, c.a), ECS_OK);
     check_experts_case(m, layer, &c, "local");
     /* bad input is refused, not computed */
     c.ids[3] = model_hparams(m)->n_expert;
-    cr_assert_eq(model_experts_local_ops.submit(l, layer, c.n, c.x, c.k, c.ids, c.w),
+    cr_assert_eq(model_experts_local_ops.submit(l, 0, layer, c.n, c.x, c.k, c.ids, c.w),
                  ECS_ERR_RANGE);
-    cr_assert_neq(model_experts_local_ops.wait(l, layer, c.a), ECS_OK);
-    cr_assert_eq(model_experts_local_ops.submit(l, 0, c.n, c.x, c.k, c.ids, c.w), ECS_ERR_INVAL,
+    cr_assert_neq(model_experts_local_ops.wait(l, 0, layer, c.a), ECS_OK);
+    cr_assert_eq(model_experts_local_ops.submit(l, 0, 0, c.n, c.x, c.k, c.ids, c.w), ECS_ERR_INVAL,
                  "layer 0 is dense");
     model_experts_local_free(l);
     experts_case_free(&c);
@@ -598,20 +598,20 @@ typedef struct {
     int submits, waits, last_layer;
 } spy_t;
 
-static ecs_err_t spy_submit(void *ctx, int layer, int n, const float *x, int k, const int32_t *ids,
+static ecs_err_t spy_submit(void *ctx, int tag, int layer, int n, const float *x, int k, const int32_t *ids,
                             const float *w)
 {
     spy_t *s = ctx;
     s->submits++;
     s->last_layer = layer;
-    return model_experts_local_ops.submit(s->l, layer, n, x, k, ids, w);
+    return model_experts_local_ops.submit(s->l, tag, layer, n, x, k, ids, w);
 }
 
-static ecs_err_t spy_wait(void *ctx, int layer, float *out)
+static ecs_err_t spy_wait(void *ctx, int tag, int layer, float *out)
 {
     spy_t *s = ctx;
     s->waits++;
-    return model_experts_local_ops.wait(s->l, layer, out);
+    return model_experts_local_ops.wait(s->l, tag, layer, out);
 }
 
 Test(experts, custom_backend_is_used)
@@ -620,7 +620,7 @@ Test(experts, custom_backend_is_used)
     float *ref = eval_all(m, 0, PROMPT, 10);
     spy_t spy = {0};
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &spy.l), ECS_OK);
-    static const model_experts_ops ops = {spy_submit, spy_wait};
+    static const model_experts_ops ops = {spy_submit, spy_wait, 1};
     model_set_experts(m, &ops, &spy);
     float *got = eval_all(m, 0, PROMPT, 10);
     const arch_hparams_t *hp = model_hparams(m);
@@ -635,10 +635,108 @@ Test(experts, custom_backend_is_used)
     model_free(m);
 }
 
-static ecs_err_t failing_submit(void *ctx, int layer, int n, const float *x, int k,
+/* A backend with two slots that computes each submit through the local
+ * one at its tag's wait, from the rows, ids and weights the model handed
+ * over (which must stay valid until then): the model's micro-batches
+ * (model_set_micro_batches) must give the whole step's bits, with two
+ * submits outstanding at a time. */
+typedef struct {
+    model_experts_local_t *l;
+    const float *x[2], *w[2];
+    const int32_t *ids[2];
+    int n_tok[2], layer[2], k;
+    bool busy[2];
+    int most_out, overlapped;
+} slots_t;
+
+static ecs_err_t slots_submit(void *ctx, int tag, int layer, int n, const float *x, int k,
+                              const int32_t *ids, const float *w)
+{
+    slots_t *s = ctx;
+    cr_assert(tag >= 0 && tag < 2 && !s->busy[tag], "tag %d", tag);
+    s->busy[tag] = true;
+    s->x[tag] = x, s->ids[tag] = ids, s->w[tag] = w;
+    s->n_tok[tag] = n, s->layer[tag] = layer, s->k = k;
+    const int now = s->busy[0] + s->busy[1];
+    s->most_out = now > s->most_out ? now : s->most_out;
+    s->overlapped += now > 1;
+    return ECS_OK;
+}
+
+static ecs_err_t slots_wait(void *ctx, int tag, int layer, float *out)
+{
+    slots_t *s = ctx;
+    cr_assert(tag >= 0 && tag < 2 && s->busy[tag] && s->layer[tag] == layer);
+    s->busy[tag] = false;
+    ecs_err_t e = model_experts_local_ops.submit(s->l, 0, layer, s->n_tok[tag], s->x[tag], s->k,
+                                                 s->ids[tag], s->w[tag]);
+    return e != ECS_OK ? e : model_experts_local_ops.wait(s->l, 0, layer, out);
+}
+
+/* One step of three sequences (70, 3 and 20 rows; 70 attends in the
+ * expanded form in ds2), every row wanting logits, in rows or interleaved. */
+static float *micro_step(model_t *m, bool interleave)
+{
+    static const int len[3] = {70, 3, 20};
+    model_ctx_t *c[3];
+    model_row_t rows[93];
+    int r = 0;
+    for (int q = 0; q < 3; q++)
+        cr_assert_eq(model_ctx_new(m, 128, 0, &c[q]), ECS_OK);
+    for (int i = 0; i < 70; i++)
+        for (int q = 0; q < 3; q++)
+            if (i < len[q] && (interleave || q == 0))
+                rows[r++] = (model_row_t){c[q], (int32_t)((i * 37 + q * 11) % 1900 + 1), true};
+    for (int q = 1; q < 3 && !interleave; q++)
+        for (int i = 0; i < len[q]; i++)
+            rows[r++] = (model_row_t){c[q], (int32_t)((i * 37 + q * 11) % 1900 + 1), true};
+    cr_assert_eq(r, 93);
+    float *out = malloc((size_t)r * model_n_vocab(m) * sizeof *out);
+    cr_assert_not_null(out);
+    cr_assert_eq(model_eval_batch(m, rows, r, out), ECS_OK, "%s", ecs_errmsg());
+    for (int q = 0; q < 3; q++)
+        model_ctx_free(c[q]);
+    return out;
+}
+
+static void check_micro(const char *path)
+{
+    model_t *m = load(path, 128);
+    const size_t n = (size_t)93 * model_n_vocab(m) * sizeof(float);
+    slots_t s = {0};
+    cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &s.l), ECS_OK);
+    static const model_experts_ops ops = {slots_submit, slots_wait, 2};
+    for (int il = 0; il < 2; il++) {
+        float *ref = micro_step(m, il);
+        model_set_experts(m, &ops, &s);
+        for (int nm = 1; nm <= 3; nm++) {
+            cr_assert_eq(model_set_micro_batches(m, nm), ECS_OK);
+            s.most_out = s.overlapped = 0;
+            float *got = micro_step(m, il);
+            cr_assert_eq(memcmp(ref, got, n), 0, "%s, %d micro-batches%s: other logits", path, nm,
+                         il ? ", interleaved" : "");
+            /* three asked, two slots: two */
+            cr_assert_eq(s.most_out, nm > 1 ? 2 : 1, "%d micro-batches", nm);
+            cr_assert(nm == 1 || s.overlapped > 0);
+            free(got);
+        }
+        cr_assert_eq(model_set_micro_batches(m, 1), ECS_OK);
+        model_set_experts(m, NULL, NULL);
+        free(ref);
+    }
+    cr_assert_eq(model_set_micro_batches(m, 0), ECS_ERR_RANGE);
+    cr_assert_eq(model_set_micro_batches(m, MODEL_MAX_MICRO + 1), ECS_ERR_RANGE);
+    model_experts_local_free(s.l);
+    model_free(m);
+}
+
+Test(experts, micro_batches_same_bits_ds2) { check_micro(DS2_Q8); }
+Test(experts, micro_batches_same_bits_qwen) { check_micro(QWEN_Q8); }
+
+static ecs_err_t failing_submit(void *ctx, int tag, int layer, int n, const float *x, int k,
                                 const int32_t *ids, const float *w)
 {
-    (void)ctx, (void)n, (void)x, (void)k, (void)ids, (void)w;
+    (void)ctx, (void)tag, (void)n, (void)x, (void)k, (void)ids, (void)w;
     return ecs_error(ECS_ERR_IO, "worker for layer %d is gone", layer);
 }
 
@@ -647,7 +745,7 @@ Test(experts, backend_error_is_reported)
     model_t *m = load(DS2_Q8, 64);
     model_ctx_t *c;
     cr_assert_eq(model_ctx_new(m, 64, 0, &c), ECS_OK);
-    static const model_experts_ops ops = {failing_submit, spy_wait};
+    static const model_experts_ops ops = {failing_submit, spy_wait, 1};
     model_set_experts(m, &ops, NULL);
     cr_assert_eq(model_eval(c, PROMPT, 4, NULL, false), ECS_ERR_IO);
     cr_assert(strstr(ecs_errmsg(), "is gone"));
@@ -668,18 +766,18 @@ typedef struct {
     int only_row; /* -1: every row */
 } nan_backend_t;
 
-static ecs_err_t nan_submit(void *ctx, int layer, int n, const float *x, int k, const int32_t *ids,
+static ecs_err_t nan_submit(void *ctx, int tag, int layer, int n, const float *x, int k, const int32_t *ids,
                             const float *w)
 {
     nan_backend_t *b = ctx;
     b->n_tok = n;
-    return model_experts_local_ops.submit(b->l, layer, n, x, k, ids, w);
+    return model_experts_local_ops.submit(b->l, tag, layer, n, x, k, ids, w);
 }
 
-static ecs_err_t nan_wait(void *ctx, int layer, float *out)
+static ecs_err_t nan_wait(void *ctx, int tag, int layer, float *out)
 {
     nan_backend_t *b = ctx;
-    const ecs_err_t e = model_experts_local_ops.wait(b->l, layer, out);
+    const ecs_err_t e = model_experts_local_ops.wait(b->l, tag, layer, out);
     for (int r = 0; layer == 2 && r < b->n_tok; r++)
         if (b->only_row < 0 || r == b->only_row)
             out[(size_t)r * b->E + 5] = NAN;
@@ -693,7 +791,7 @@ static void check_nan_named(int only_row)
     cr_assert_eq(model_ctx_new(m, 64, 0, &c), ECS_OK);
     nan_backend_t b = {NULL, 0, model_hparams(m)->n_embd, only_row};
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &b.l), ECS_OK);
-    static const model_experts_ops ops = {nan_submit, nan_wait};
+    static const model_experts_ops ops = {nan_submit, nan_wait, 1};
     model_set_experts(m, &ops, &b);
     float *logits = malloc((size_t)model_n_vocab(m) * sizeof *logits);
     cr_assert_not_null(logits);
@@ -1428,11 +1526,11 @@ Test(experts, one_row_equals_naive_loop)
     model_experts_local_t *l;
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &l), ECS_OK);
     for (int t = 0; t < c.n; t++) {
-        cr_assert_eq(model_experts_local_ops.submit(l, layer, 1, c.x + (size_t)t * c.E, c.k,
+        cr_assert_eq(model_experts_local_ops.submit(l, 0, layer, 1, c.x + (size_t)t * c.E, c.k,
                                                     c.ids + (size_t)t * c.k,
                                                     c.w + (size_t)t * c.k),
                      ECS_OK, "%s", ecs_errmsg());
-        cr_assert_eq(model_experts_local_ops.wait(l, layer, c.a + (size_t)t * c.E), ECS_OK);
+        cr_assert_eq(model_experts_local_ops.wait(l, 0, layer, c.a + (size_t)t * c.E), ECS_OK);
     }
     check_experts_case(m, layer, &c, "one row");
     model_experts_local_free(l);

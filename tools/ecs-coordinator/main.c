@@ -366,7 +366,9 @@ int main(int argc, char **argv)
     static admin_src_t src; /* read by the admin thread until admin_stop */
     int rc = 0;
     a.dispatch.worker_repack = mo.repack_dir ? mo.repack_dir : "";
-    if (model_load(a.model, &mo, &m) != ECS_OK)
+    if (dispatch_opts_check(&a.dispatch) != ECS_OK)
+        rc = fail("%s", ecs_errmsg());
+    else if (model_load(a.model, &mo, &m) != ECS_OK)
         rc = fail("%s", ecs_errmsg());
     else if (tok_load(model_gguf(m), &tok) != ECS_OK)
         rc = fail("%s: tokenizer: %s", a.model, ecs_errmsg());

@@ -211,17 +211,17 @@ typedef struct {
     double waited; /* seconds spent in wait() */
 } null_ctx_t;
 
-static ecs_err_t null_submit(void *ctx, int layer, int n_tok, const float *x, int k,
+static ecs_err_t null_submit(void *ctx, int tag, int layer, int n_tok, const float *x, int k,
                              const int32_t *ids, const float *w)
 {
-    (void)layer, (void)x, (void)k, (void)ids, (void)w;
+    (void)tag, (void)layer, (void)x, (void)k, (void)ids, (void)w;
     ((null_ctx_t *)ctx)->n_tok = n_tok;
     return ECS_OK;
 }
 
-static ecs_err_t null_wait(void *ctx, int layer, float *out)
+static ecs_err_t null_wait(void *ctx, int tag, int layer, float *out)
 {
-    (void)layer;
+    (void)tag, (void)layer;
     null_ctx_t *c = ctx;
     const double t0 = meas_now();
     if (c->sleep_ns > 0)
@@ -231,7 +231,7 @@ static ecs_err_t null_wait(void *ctx, int layer, float *out)
     return ECS_OK;
 }
 
-static const model_experts_ops null_ops = {null_submit, null_wait};
+static const model_experts_ops null_ops = {null_submit, null_wait, 1};
 
 /* Shared experts of the steps since the last reset: in the non-local path
  * the FFN_DOWN phase is submit + shared experts + wait, and a null backend

@@ -528,6 +528,8 @@ static int run_args(const args_t *ap)
     const args_t a = *ap;
     if (a.tokenize)
         return cmd_tokenize(&a);
+    if (dispatch_opts_check(&a.dispatch) != ECS_OK)
+        return run_fail("%s", ecs_errmsg());
     model_t *m;
     char cache[4096];
     model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads, .profile = a.profile,
