@@ -101,7 +101,16 @@ typedef struct {
      * the cache once instead of once per group of heads. 0: 512; < 0:
      * never (tests use 1 to cover the split on short contexts). */
     int attn_split_min;
+    /* The routed experts run in workers (coordinator/dispatch): the decode
+     * copy leaves them out (its own file, <gguf>.coord.r16) and nothing here
+     * reads their bytes, so a coordinator holds attention, shared experts
+     * and the output head in memory, not the expert shards as well. */
+    bool experts_remote;
 } model_opts_t;
+
+/* Whether tensor data (a routed-expert stack of this model) is read only by
+ * the workers when opts.experts_remote. */
+bool model_is_routed_expert(const model_t *m, const void *data);
 
 /* Maps and validates path; every tensor the architecture needs must exist
  * with the right shape and a type the CPU kernels support. */

@@ -25,12 +25,15 @@ static int decode_mats(model_t *m, kcpu_mat_t **out, int cap)
     int n = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
         model_layer_t *l = &m->w.layers[il];
+        const bool local = !m->opts.experts_remote;
+        kcpu_mat_t *none = NULL;
         kcpu_mat_t *all[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wkv_b, &l->wk,
                              &l->wv, &l->wo, &l->ffn_gate, &l->ffn_up, &l->ffn_down,
-                             &l->gate_inp, &l->gate_exps, &l->up_exps, &l->down_exps,
+                             &l->gate_inp, local ? &l->gate_exps : none,
+                             local ? &l->up_exps : none, local ? &l->down_exps : none,
                              &l->gate_shexp, &l->up_shexp, &l->down_shexp};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            if (krepack_fits(all[i]) && n < cap)
+            if (all[i] && krepack_fits(all[i]) && n < cap)
                 out[n++] = all[i];
     }
     kcpu_mat_t *o = &m->w.output;
@@ -55,6 +58,12 @@ static ecs_err_t check_ram(const model_t *m, kcpu_mat_t *const *mats, int n, siz
     size_t rest = gguf;
     for (int i = 0; i < n; i++)
         rest -= (size_t)mats[i]->nrows * mats[i]->row_bytes;
+    for (int il = 0; m->opts.experts_remote && il < m->hp.n_layer; il++) {
+        const model_layer_t *l = &m->w.layers[il]; /* the workers' bytes */
+        const kcpu_mat_t *ex[] = {&l->gate_exps, &l->up_exps, &l->down_exps};
+        for (int j = 0; j < 3; j++)
+            rest -= ex[j]->data ? (size_t)ex[j]->nrows * ex[j]->row_bytes : 0;
+    }
     if (rest + copy <= ram)
         return ECS_OK;
     return ecs_error(ECS_ERR_NOMEM,
@@ -74,7 +83,9 @@ static ecs_err_t repack(model_t *m, const char *dir)
     const char *gpath = gguf_path(m->file), *slash = strrchr(gpath, '/');
     char name[512];
     ecs_err_t e = ECS_OK;
-    if ((size_t)snprintf(name, sizeof name, "%s.r16", slash ? slash + 1 : gpath) >= sizeof name)
+    const char *kind = m->opts.experts_remote ? ".coord" : ""; /* another list of matrices */
+    if ((size_t)snprintf(name, sizeof name, "%s%s.r16", slash ? slash + 1 : gpath, kind) >=
+        sizeof name)
         e = ecs_error(ECS_ERR_INVAL, "repack: file name too long (%s)", gpath);
     if (e == ECS_OK && n)
         e = check_ram(m, mats, n, krepack_file_bytes(mats, n));
@@ -112,6 +123,16 @@ void model_repack_free(model_t *m)
     free(m->r16_src);
     m->r16_src = NULL;
     m->r16_n = 0;
+}
+
+bool model_is_routed_expert(const model_t *m, const void *data)
+{
+    for (int il = 0; data && il < m->hp.n_layer; il++) {
+        const model_layer_t *l = &m->w.layers[il];
+        if (data == l->gate_exps.data || data == l->up_exps.data || data == l->down_exps.data)
+            return true;
+    }
+    return false;
 }
 
 bool model_repack_has(const model_t *m, const void *data)

@@ -49,6 +49,15 @@ for arch in deepseek2 qwen3moe; do
     cmp -s "$tmp/plain.json" "$tmp/t1.json" || bad "$arch: decode logits differ, short memory"
     echo "ok   $arch: same logits (one token per step and batched), cache made once ($(stat -c %s "$cache/$arch.gguf.r16") bytes)"
 
+    # experts on a worker: the coordinator's copy leaves the routed experts
+    # out (its own file), the worker has its shard's, the logits are the same
+    dump "$model" "$tmp/w1.json" --repack "$cache" --spawn-workers 1 || bad "$arch: run with a worker"
+    cmp -s "$tmp/plain.json" "$tmp/w1.json" || bad "$arch: logits differ with a worker and copies"
+    full=$(stat -c %s "$cache/$arch.gguf.r16") coord=$(stat -c %s "$cache/$arch.gguf.coord.r16" 2>/dev/null || echo 0)
+    [ "$coord" -gt 0 ] && [ "$coord" -lt $((full / 2)) ] ||
+        bad "$arch: coordinator copy $coord bytes against $full for the whole model: $(cat "$tmp/w1.json.err")"
+    [ $fail -eq 0 ] && echo "ok   $arch: with a worker the coordinator's copy holds no routed expert ($coord of $full bytes)"
+
     # a newer GGUF: remade
     touch -d '+1 min' "$model"
     dump "$model" "$tmp/r3.json" --repack "$cache" || bad "$arch: run after touch"

@@ -358,7 +358,8 @@ int main(int argc, char **argv)
         return 2;
     char cache[4096];
     model_opts_t mo = {.n_ctx = a.ctx, .n_threads = a.threads,
-                       .repack_dir = repack_dir(&a, cache, sizeof cache)};
+                       .repack_dir = repack_dir(&a, cache, sizeof cache),
+                       .experts_remote = dispatch_wanted(&a.dispatch)};
     model_t *m = NULL;
     tok_t *tok = NULL;
     dispatch_t *dsp = NULL;

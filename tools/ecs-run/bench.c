@@ -46,7 +46,7 @@ static void read_mem(mem_kb_t *m)
 /* Touches every page of every tensor, so that timed runs measure the
  * engine, not page faults of a freshly mapped file (llama-bench's warm-up
  * run does the same for the pages it uses). */
-static double prefault(const model_t *m)
+static double prefault(const model_t *m, bool remote)
 {
     const gguf_file_t *f = model_gguf(m);
     volatile unsigned char sink = 0;
@@ -56,6 +56,8 @@ static double prefault(const model_t *m)
         const gguf_tensor_t *t = gguf_tensor_at(f, i);
         const unsigned char *p = t->data;
         if (model_repack_has(m, t->data)) /* read from the copy instead */
+            continue;
+        if (remote && model_is_routed_expert(m, t->data)) /* the workers' */
             continue;
         for (size_t o = 0; o < t->nbytes; o += 4096)
             acc ^= p[o];
@@ -254,7 +256,7 @@ int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
                                            : "mla-latent (expanded prompts)");
     printf("weights read per decoded token: %.4f GB (attention, dense, router, shared, %d of %d "
            "routed experts per MoE layer, output head)\n", gb_tok, hp->n_expert_used, hp->n_expert);
-    printf("prefault: %.2f s\n", prefault(m));
+    printf("prefault: %.2f s\n", prefault(m, dispatch_wanted(&a->dispatch)));
     const double bw = read_bandwidth(m, nth);
     printf("read bandwidth of the mapped weights, %d threads: %.2f GB/s = decode roofline %.2f "
            "tok/s\n", nth, bw, bw / gb_tok);

@@ -534,7 +534,8 @@ static int run_args(const args_t *ap)
     char cache[4096];
     model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads, .profile = a.profile,
                          .repack_dir = repack_dir(&a, cache, sizeof cache),
-                         .attn_split_min = a.attn_split};
+                         .attn_split_min = a.attn_split,
+                         .experts_remote = dispatch_wanted(&a.dispatch)};
     const char *ram = getenv("ECS_REPACK_RAM"); /* bytes to assume (tests, ops) */
     if (ram && *ram)
         opts.repack_ram = (size_t)strtoull(ram, NULL, 10);
