@@ -224,18 +224,24 @@ static void do_connect(mux_t *m, cmd_t *c)
         cmd_done(m, c, ECS_ERR_INVAL, ecs_errmsg());
         return;
     }
+    /* the connection's drops, seen at once (a dead worker's socket closes
+     * before any heartbeat is missed); without a monitor, no drops. Watched
+     * before the connect: a connection made first would send its CONNECTED
+     * to nobody and its drop would never count. */
+    p->mon = zu_handshake_monitor(m->zctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
     if (zmq_connect(s, c->endpoint) != 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "connect %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
+        if (p->mon) {
+            zmq_socket_monitor(s, NULL, 0);
+            zmq_close(p->mon);
+        }
         zmq_close(s);
         free(p);
         cmd_done(m, c, ECS_ERR_IO, msg);
         return;
     }
     zu_short_slice_zmq(); /* the context's I/O threads exist now */
-    /* the connection's drops, seen at once (a dead worker's socket closes
-     * before any heartbeat is missed); without a monitor, no drops */
-    p->mon = zu_handshake_monitor(m->zctx, s, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED);
     p->sock = s;
     snprintf(p->endpoint, sizeof p->endpoint, "%s", c->endpoint);
     atomic_store(&p->connected, true);
