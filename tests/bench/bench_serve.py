@@ -249,7 +249,7 @@ class Texts:
         return self.head() + " " + " ".join(pool[:m])
 
     def calibrate(self, t):
-        p = self.fresh(400)  # fits a 512-token slot (-c 4096 --parallel 8)
+        p = self.fresh(200)  # fits a 512-token slot (-c 4096 --parallel 8) at 2.5 tokens a word
         s = stream(t, p, 1)
         if s["prompt_tokens"]:
             self.tok_per_word = s["prompt_tokens"] / len(p.split())
