@@ -50,7 +50,7 @@ for r in $(seq "$rounds"); do
         if [ -n "${IK_LLAMA_BENCH:-}" ]; then
             lock "$IK_LLAMA_BENCH" -m "$model" -t "$threads" -r 1 -p 0 -n "$tg" -gp "$d,$tg" \
                 -rtr 1 -fa 1 -mla 3 -fmoe 1 >"$tmp/ik" 2>"$tmp/err" || { tail -5 "$tmp/err" >&2; exit 1; }
-            i0=$(peer_rate "| tg$tg " "$tmp/ik")
+            i0=$(peer_rate " tg$tg |" "$tmp/ik")
             id=$(peer_rate "tg$tg@pp$d" "$tmp/ik")
             printf "round %d  depth %5d  ik_llama.cpp tg%d %7s tok/s  @depth %7s tok/s  ratio %s   ECS/ik @depth %s\n" \
                 "$r" "$d" "$tg" "$i0" "$id" "$(awk -v a="$id" -v b="$i0" 'BEGIN {printf "%.2f", a / b}')" \
@@ -60,7 +60,7 @@ for r in $(seq "$rounds"); do
             lock "$LLAMA_BENCH" -m "$model" -t "$threads" -r 1 -p 0 -n "$tg" -pg "$d,$tg" \
                 >"$tmp/lc" 2>"$tmp/err" || { tail -5 "$tmp/err" >&2; exit 1; }
             printf "round %d  depth %5d  llama.cpp    tg%d %7s tok/s  pp%d+tg%d (prompt and generation timed together) %s tok/s\n" \
-                "$r" "$d" "$tg" "$(peer_rate "| tg$tg " "$tmp/lc")" "$d" "$tg" "$(peer_rate "pp$d+tg$tg" "$tmp/lc")"
+                "$r" "$d" "$tg" "$(peer_rate " tg$tg |" "$tmp/lc")" "$d" "$tg" "$(peer_rate "pp$d+tg$tg" "$tmp/lc")"
         fi
     done
 done
