@@ -341,6 +341,8 @@ void api_metrics_text(api_server_t *srv, api_buf_t *b)
            "Cached KV blocks reused for other requests.", (double)st.kv_evictions);
     metric(b, "ecs_preemptions_total", "counter",
            "Running requests preempted for KV blocks (recomputed later).", (double)st.preemptions);
+    metric(b, "ecs_prefill_slices_total", "counter",
+           "Prompt chunks' layer slices run between decode steps.", (double)st.prefill_slices);
     metric(b, "ecs_recomputed_tokens_total", "counter",
            "Generated tokens re-fed after a preemption.", (double)st.recomputed_tokens);
     metric(b, "ecs_recompute_steps_total", "counter",

@@ -604,23 +604,23 @@ static void micro_rows(model_t *m, const model_ws_t *base, int r0)
     ws->rope = base->rope + r * (size_t)hp->rope.n_rot;
 }
 
-/* Layers [0, n_lay) for every row, in ping-pong: each micro-batch finishes
+/* Layers [l0, l1) for every row, in ping-pong: each micro-batch finishes
  * its previous layer and starts the next one while the submits of the
  * others are out. With one micro-batch this is start, finish, start, ...
  * of the whole step. A failure waits out every submit still outstanding. */
-static ecs_err_t layers_micro(model_t *m, const model_step_row_t *rows, int n, int n_lay)
+static ecs_err_t layers_micro(model_t *m, const model_step_row_t *rows, int n, int l0, int l1)
 {
     micro_t mb[MODEL_MAX_MICRO];
     const int nmb = split_micro(m, rows, n, mb);
     const model_ws_t base = m->ws;
     ecs_err_t e = ECS_OK;
-    for (int il = 0; il <= n_lay && e == ECS_OK; il++)
+    for (int il = l0; il <= l1 && e == ECS_OK; il++)
         for (int b = 0; b < nmb && e == ECS_OK; b++) {
             micro_rows(m, &base, mb[b].r0);
-            if (il > 0)
+            if (il > l0)
                 e = layer_finish(m, mb[b].n, il - 1, b, &mb[b].out);
             mb[b].layer = il;
-            if (e == ECS_OK && il < n_lay)
+            if (e == ECS_OK && il < l1)
                 e = layer_start(m, rows + mb[b].r0, mb[b].n, il, b, false, &mb[b].out);
         }
     for (int b = 0; b < nmb; b++)
@@ -635,24 +635,47 @@ static ecs_err_t layers_micro(model_t *m, const model_step_row_t *rows, int n, i
     return e;
 }
 
-ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const int *out_rows,
-                        int n_out, float *logits)
+typedef struct {
+    const model_step_row_t *rows;
+} rope_rows_job_t;
+
+/* A later slice's rope rows (embd_row makes them with the embedding). */
+static void rope_row(model_t *m, void *ctx, int i)
+{
+    const rope_rows_job_t *j = ctx;
+    model_rope_cache(&m->hp.rope, j->rows[i].pos, m->ws.rope + (size_t)i * m->hp.rope.n_rot);
+}
+
+ecs_err_t model_forward_layers(model_t *m, const model_step_row_t *rows, int n, int l0, int l1,
+                               float *resid, const int *out_rows, int n_out, float *logits)
 {
     const arch_hparams_t *hp = &m->hp;
     const model_weights_t *w = &m->w;
     model_ws_t *ws = &m->ws;
     const int E = hp->n_embd;
+    const size_t res = (size_t)n * (size_t)E * sizeof *ws->x;
     prof_mark_t pm;
     prof_start(m, &pm);
-    embd_job_t ej = {rows};
-    for_rows(m, n, embd_row, &ej);
+    if (l0 == 0) {
+        embd_job_t ej = {rows};
+        for_rows(m, n, embd_row, &ej);
+    } else { /* a later slice: the residual its last slice left */
+        memcpy(ws->x, resid, res);
+        rope_rows_job_t rj = {rows};
+        for_rows(m, n, rope_row, &rj);
+    }
     prof_end(m, MODEL_PH_EMBED, &pm);
     const int last = hp->n_layer - 1;
     /* every layer in ping-pong when every row wants logits (decode), else
      * all but the last, which runs in full only for the rows that want
      * logits; the kept rows store their K/V once more in the full pass: the
      * same values, a few rows' worth of work */
-    MODEL_TRY(layers_micro(m, rows, n, n_out == n ? hp->n_layer : last));
+    const int upto = l1 < hp->n_layer || n_out == n ? l1 : last;
+    MODEL_TRY(layers_micro(m, rows, n, l0, upto));
+    if (l1 < hp->n_layer) { /* the next slice goes on from here */
+        memcpy(resid, ws->x, res);
+        return ECS_OK;
+    }
     if (n_out < n) {
         model_step_row_t kept[MODEL_MAX_BATCH];
         MODEL_TRY(layer_forward(m, rows, n, last, true));
@@ -668,4 +691,10 @@ ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const i
     mm(m, &w->output, ws->xn, E, n_out, logits, hp->n_vocab);
     prof_end(m, MODEL_PH_OUTPUT, &pm);
     return ECS_OK;
+}
+
+ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const int *out_rows,
+                        int n_out, float *logits)
+{
+    return model_forward_layers(m, rows, n, 0, m->hp.n_layer, NULL, out_rows, n_out, logits);
 }

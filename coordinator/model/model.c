@@ -668,13 +668,14 @@ int model_ctx_n_ctx(const model_ctx_t *c) { return c->n_ctx; }
 
 /* -------------------------------------------------------------- evaluation */
 
-ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *logits)
+/* The step rows of rows (validated), and which want logits. */
+static ecs_err_t step_rows(model_t *m, const model_row_t *rows, int n, float *logits,
+                           model_step_row_t *st, int *out_rows, int *n_out)
 {
     if (n < 1 || n > MODEL_MAX_BATCH)
         return ecs_error(ECS_ERR_INVAL, "model: a step takes 1..%d rows, got %d", MODEL_MAX_BATCH, n);
-    model_step_row_t st[MODEL_MAX_BATCH] = {{0}};
-    int out_rows[MODEL_MAX_BATCH] = {0}, n_out = 0;
     bool latent = false;
+    *n_out = 0;
     for (int i = 0; i < n; i++) {
         model_ctx_t *c = rows[i].ctx;
         if (!c || c->m != m)
@@ -699,21 +700,61 @@ ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *lo
                              "%d KV blocks", i, c->n_past + before, c->n_blk);
         st[i] = (model_step_row_t){c, c->n_past + before, rows[i].token, same};
         if (rows[i].want_logits)
-            out_rows[n_out++] = i;
+            out_rows[(*n_out)++] = i;
     }
-    if (n_out > 0 && !logits)
+    if (*n_out > 0 && !logits)
         return ecs_error(ECS_ERR_INVAL, "model: rows want logits but the output is NULL");
-    ecs_err_t e = model_forward(m, st, n, out_rows, n_out, logits);
+    return ECS_OK;
+}
+
+/* Layers [l0, l1) of a validated step; the sequences advance after the
+ * last layer. */
+static ecs_err_t eval_layers(model_t *m, model_step_row_t *st, int n, int l0, int l1,
+                             float *resid, const int *out_rows, int n_out, float *logits)
+{
+    const bool end = l1 == m->hp.n_layer;
+    ecs_err_t e = model_forward_layers(m, st, n, l0, l1, resid, out_rows, n_out, logits);
     /* the residual keeps a NaN or inf once one enters it, where quantized
      * products may turn them into finite garbage: its last rows (the output
-     * rows, else all after the last full layer) tell, with the logits */
-    const size_t res = (size_t)(n_out > 0 ? n_out : n) * (size_t)m->hp.n_embd;
-    if (e != ECS_OK || !model_all_finite(m->ws.x, res) ||
-        !model_all_finite(logits, (size_t)n_out * (size_t)m->hp.n_vocab))
-        MODEL_TRY(model_diagnose_step(m, st, n, out_rows, n_out, logits, e));
+     * rows, else all after the last full layer) tell, with the logits; a
+     * failed slice is diagnosed by a rerun of the whole step without
+     * logits (the same rows' K/V written again, the same values) */
+    const size_t res = (size_t)(end && n_out > 0 ? n_out : n) * (size_t)m->hp.n_embd;
+    if (e != ECS_OK || !model_all_finite(end ? m->ws.x : resid, res) ||
+        (end && !model_all_finite(logits, (size_t)n_out * (size_t)m->hp.n_vocab)))
+        MODEL_TRY(model_diagnose_step(m, st, n, out_rows, end ? n_out : 0, logits, e));
+    if (!end)
+        return ECS_OK;
     for (int i = 0; i < n; i++)
         st[i].ctx->n_past = st[i].pos + 1 > st[i].ctx->n_past ? st[i].pos + 1 : st[i].ctx->n_past;
     return ECS_OK;
+}
+
+ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *logits)
+{
+    model_step_row_t st[MODEL_MAX_BATCH] = {{0}};
+    int out_rows[MODEL_MAX_BATCH] = {0}, n_out = 0;
+    MODEL_TRY(step_rows(m, rows, n, logits, st, out_rows, &n_out));
+    return eval_layers(m, st, n, 0, m->hp.n_layer, NULL, out_rows, n_out, logits);
+}
+
+size_t model_slice_bytes(const model_t *m, int n)
+{
+    return (size_t)n * (size_t)m->hp.n_embd * sizeof(float);
+}
+
+ecs_err_t model_eval_slice(model_t *m, const model_row_t *rows, int n, int l0, int l1,
+                           float *resid, float *logits)
+{
+    if (l0 < 0 || l1 <= l0 || l1 > m->hp.n_layer)
+        return ecs_error(ECS_ERR_INVAL, "model: layers [%d, %d) outside 0..%d", l0, l1,
+                         m->hp.n_layer);
+    if (!resid && (l0 > 0 || l1 < m->hp.n_layer))
+        return ecs_error(ECS_ERR_INVAL, "model: a slice of a step needs its residual buffer");
+    model_step_row_t st[MODEL_MAX_BATCH] = {{0}};
+    int out_rows[MODEL_MAX_BATCH] = {0}, n_out = 0;
+    MODEL_TRY(step_rows(m, rows, n, logits, st, out_rows, &n_out));
+    return eval_layers(m, st, n, l0, l1, resid, out_rows, n_out, logits);
 }
 
 ecs_err_t model_eval(model_ctx_t *c, const int32_t *tokens, int n, float *logits, bool all)

@@ -9,6 +9,10 @@
  *     sched_opts_t.chunk rows, as even as possible, so a deepseek2 chunk has
  *     at least MODEL_MLA_EXPAND_ROWS rows unless the whole prompt is
  *     shorter): a request's tokens never depend on what else is running.
+ *   - While streams decode, the first waiting prompt chunk advances a slice
+ *     of layers per step beside the decode rows (sched_opts_t.slice_budget),
+ *     the chunks after it waiting; its rows' residual stream waits in a
+ *     buffer allocated at sched_new. Slicing changes no bits.
  *   - Admission is first come, first served: a prompt chunk that does not fit
  *     in this step's budget waits, and no later request overtakes it.
  *   - Memory is fixed at sched_new: one pool of KV blocks of MODEL_KV_BLOCK
@@ -61,6 +65,17 @@ typedef struct {
     int max_queue;    /* requests waiting for a slot before submit refuses */
     int chunk;        /* prompt rows per chunk (>= 2 * MODEL_MLA_EXPAND_ROWS) */
     bool prefix_cache; /* full KV blocks stay cached for later requests' prefixes */
+    /* Layer-sliced prefill: while streams decode, a prompt chunk runs
+     * through a few layers per step (its residual kept aside, its K/V
+     * written layer by layer; the same bits as in one step), so that a step
+     * carrying it takes about slice_budget decode steps' time: the layers
+     * per slice come from the last decode steps' and slices' times. 0: off
+     * (a chunk runs through every layer in the step that carries it); else
+     * >= 1. With nothing decoding a chunk runs through every layer at once. */
+    double slice_budget;
+    /* > 0: exactly this many layers per slice, and slices even when nothing
+     * decodes (tests, to cut prompts the same way every run) */
+    int slice_layers;
     void (*notify)(void *arg); /* called (any thread) when sched_drain has work */
     void *notify_arg;
 } sched_opts_t;
@@ -122,6 +137,7 @@ typedef struct {
     size_t kv_bytes, kv_block_bytes;
     uint64_t kv_evictions;      /* cached blocks reused for others */
     uint64_t steps, prompt_tokens, gen_tokens, preemptions;
+    uint64_t prefill_slices;    /* model calls that ran part of a chunk's layers */
     /* after preemptions: generated tokens re-fed, and the (request, step)
      * pairs that re-fed them (tokens / steps: how many a step recomputes) */
     uint64_t recomputed_tokens, recompute_steps;

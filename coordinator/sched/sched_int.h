@@ -72,6 +72,13 @@ struct sched {
     float *lp_row;            /* one row kept for logprobs */
     model_row_t *rows;
     sched_req_t **row_req;
+    /* layer-sliced prefill (step.c): the request whose chunk is part way
+     * through the layers, the next layer, its residual rows [chunk][n_embd];
+     * recent times (seconds) of a decode-only step and of one chunk layer */
+    sched_req_t *slicing;
+    int slice_l, n_layer;
+    float *slice_resid;
+    double t_dec, t_layer;
     sched_req_t *running, *running_tail; /* scheduler thread only */
     int n_running;
     pthread_t thread;

@@ -12,7 +12,15 @@
  * (replay_rows: cut so that every row is computed in the form it was
  * first computed in), so its rows and tokens are the same bits (its
  * sampler state is kept, the re-fed tokens are not sampled again: the
- * last one's logits give the next token). */
+ * last one's logits give the next token).
+ *
+ * Layer-sliced prefill: while streams decode, the first prompt chunk of a
+ * step runs apart from the decode rows through a slice of the layers
+ * (model_eval_slice), one slice per step, until its last slice gives its
+ * logits; the chunks after it wait. A slice has as many layers as fit
+ * (slice_budget - 1) decode steps by the recent times of a decode-only step
+ * and of one layer of a chunk. The chunk's rows are the same rows in any
+ * slicing, so its bits are those of one step. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -47,6 +55,8 @@ static void running_remove(sched_t *s, sched_req_t *r)
  * state is published, the scheduler drops its reference. */
 static void finish(sched_t *s, sched_req_t *r, sched_finish_t f, const char *err)
 {
+    if (s->slicing == r) /* a chunk part way through its layers: dropped */
+        s->slicing = NULL;
     sched_kv_release(s, r);
     running_remove(s, r);
     pthread_mutex_lock(&s->mu);
@@ -201,6 +211,8 @@ static void on_logits(sched_t *s, sched_req_t *r, float *l)
  * the queue to be recomputed. */
 static void preempt(sched_t *s, sched_req_t *r)
 {
+    if (s->slicing == r) /* its chunk starts again from the first layer */
+        s->slicing = NULL;
     sched_kv_release(s, r);
     running_remove(s, r);
     r->n_fed = r->chunk_i = r->replay = 0;
@@ -289,6 +301,107 @@ static int plan(sched_t *s)
     return n;
 }
 
+/* The prompt chunk that runs in layer slices this step (NULL: every chunk
+ * runs through all layers in the step's batch): the one part way through,
+ * else the step's first chunk when a stream decodes beside it (always with
+ * o.slice_layers). The other chunks wait while one is sliced. */
+static sched_req_t *slice_pick(sched_t *s, bool *dec)
+{
+    sched_req_t *pick = s->slicing;
+    *dec = false;
+    for (sched_req_t *r = s->running; r; r = r->next) {
+        *dec |= r->step_rows > 0 && r->decoding;
+        if (!pick && r->step_rows > 0 && !r->decoding)
+            pick = r;
+    }
+    if (!pick || (!s->slicing && !*dec && s->o.slice_layers <= 0) ||
+        (s->o.slice_budget <= 0 && s->o.slice_layers <= 0))
+        return NULL;
+    for (sched_req_t *r = s->running; r; r = r->next)
+        if (r != pick && !r->decoding)
+            r->step_rows = 0;
+    return pick->step_rows > 0 ? pick : NULL;
+}
+
+/* Layers of the next slice: o.slice_layers, else all that are left when
+ * nothing decodes, else as many as fit (budget - 1) decode steps (one
+ * until both times are known). */
+static int slice_count(const sched_t *s, bool dec)
+{
+    const int left = s->n_layer - s->slice_l;
+    if (s->o.slice_layers > 0)
+        return s->o.slice_layers < left ? s->o.slice_layers : left;
+    if (!dec)
+        return left;
+    if (s->t_dec <= 0 || s->t_layer <= 0)
+        return 1;
+    const double k = (s->o.slice_budget - 1) * s->t_dec / s->t_layer;
+    return k < 1 ? 1 : k >= left ? left : (int)k;
+}
+
+/* Recent times: the last ones weigh half. */
+static void time_note(double *avg, double t) { *avg = *avg > 0 ? 0.5 * *avg + 0.5 * t : t; }
+
+/* The next slice of r's chunk, its rows at rows[0 ..): true when it was
+ * the last (the chunk is computed, logits in out if its last row wants
+ * them). */
+static ecs_err_t slice_run(sched_t *s, sched_req_t *r, bool dec, model_row_t *rows, float *out,
+                           bool *done)
+{
+    if (s->slicing != r) {
+        s->slicing = r;
+        s->slice_l = 0;
+    }
+    const int k = slice_count(s, dec), l0 = s->slice_l;
+    const double t0 = sched_now();
+    const ecs_err_t e = model_eval_slice(s->m, rows, r->step_rows, l0, l0 + k, s->slice_resid, out);
+    if (e != ECS_OK)
+        return e;
+    time_note(&s->t_layer, (sched_now() - t0) / k);
+    s->slice_l += k;
+    *done = s->slice_l == s->n_layer;
+    if (*done)
+        s->slicing = NULL;
+    if (k < s->n_layer) {
+        pthread_mutex_lock(&s->mu);
+        s->stats.prefill_slices++;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return ECS_OK;
+}
+
+/* r's prompt chunk has gone through every layer. */
+static void chunk_done(sched_req_t *r)
+{
+    r->n_fed += chunk_len(r);
+    r->chunk_i++;
+    if (r->chunk_i == r->n_chunks && r->n_gen > 0) /* recomputed: re-feed the rest */
+        r->decoding = true;
+}
+
+/* Rows of r's prompt chunk from rows[n]; the count. */
+static int chunk_rows(sched_t *s, sched_req_t *r, int n)
+{
+    const int c = r->step_rows;
+    const bool final = r->chunk_i + 1 == r->n_chunks;
+    for (int j = 0; j < c; j++) {
+        s->rows[n + j] = (model_row_t){r->ctx, r->p.prompt[r->n_fed + j],
+                                       final && j + 1 == c && r->n_gen == 0};
+        s->row_req[n + j] = r;
+    }
+    return c;
+}
+
+static void step_failed(sched_t *s, sched_req_t **req, int n)
+{
+    char msg[200];
+    snprintf(msg, sizeof msg, "model step failed: %s", ecs_errmsg());
+    for (int i = 0; i < n; i++)
+        if (i == 0 || req[i] != req[i - 1])
+            if (req[i]->slot >= 0)
+                finish(s, req[i], SCHED_FINISH_ERROR, msg);
+}
+
 static void step(sched_t *s)
 {
     for (sched_req_t *r = s->running, *next; r; r = next) {
@@ -298,9 +411,13 @@ static void step(sched_t *s)
     }
     if (plan(s) == 0)
         return;
+    bool dec;
+    sched_req_t *sl = slice_pick(s, &dec);
     int n = 0, n_prompt_rows = 0;
+    bool dec_only = true; /* no re-fed chunk: the step times a decode step */
     for (sched_req_t *r = s->running; r; r = r->next)
         if (r->step_rows && r->decoding) {
+            dec_only &= !replaying(r);
             /* after a preemption: a chunk of generated tokens, the last
              * one's logits giving the next token; else the next token */
             for (int j = 0, g = r->replay; j < r->step_rows; j++, g++) {
@@ -310,27 +427,35 @@ static void step(sched_t *s)
                 s->row_req[n++] = r;
             }
         }
-    for (sched_req_t *r = s->running; r; r = r->next) {
-        if (!r->step_rows || r->decoding)
-            continue;
-        const int c = r->step_rows;
-        const bool final = r->chunk_i + 1 == r->n_chunks;
-        for (int j = 0; j < c; j++) {
-            s->rows[n] = (model_row_t){r->ctx, r->p.prompt[r->n_fed + j],
-                                       final && j + 1 == c && r->n_gen == 0};
-            s->row_req[n++] = r;
+    for (sched_req_t *r = s->running; r; r = r->next)
+        if (r->step_rows && !r->decoding && r != sl) {
+            const int c = chunk_rows(s, r, n);
+            n += c;
+            n_prompt_rows += c;
         }
-        n_prompt_rows += c;
-    }
-    ecs_err_t e = model_eval_batch(s->m, s->rows, n, s->logits);
-    if (e != ECS_OK) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "model step failed: %s", ecs_errmsg());
+    int n_out = 0;
+    if (n > 0) {
+        const double t0 = sched_now();
+        if (model_eval_batch(s->m, s->rows, n, s->logits) != ECS_OK) {
+            step_failed(s, s->row_req, n);
+            return;
+        }
+        if (dec_only && n_prompt_rows == 0)
+            time_note(&s->t_dec, sched_now() - t0);
         for (int i = 0; i < n; i++)
-            if (i == 0 || s->row_req[i] != s->row_req[i - 1])
-                if (s->row_req[i]->slot >= 0)
-                    finish(s, s->row_req[i], SCHED_FINISH_ERROR, msg);
-        return;
+            n_out += s->rows[i].want_logits;
+    }
+    bool sl_done = false;
+    if (sl) {
+        const int c = chunk_rows(s, sl, n);
+        if (slice_run(s, sl, dec, s->rows + n, s->logits + (size_t)n_out * (size_t)s->n_vocab,
+                      &sl_done) != ECS_OK) {
+            step_failed(s, s->row_req + n, c);
+            sl = NULL;
+        } else if (sl_done) {
+            n += c;
+            n_prompt_rows += c;
+        }
     }
     int n_re_tok = 0, n_re_req = 0;
     for (int i = 0; i < n; i++) {
@@ -344,10 +469,7 @@ static void step(sched_t *s)
                 n_re_req++;
             }
         } else {
-            r->n_fed += chunk_len(r);
-            r->chunk_i++;
-            if (r->chunk_i == r->n_chunks && r->n_gen > 0) /* recomputed: re-feed the rest */
-                r->decoding = true;
+            chunk_done(r);
         }
         sched_kv_publish(s, r);
     }
