@@ -452,31 +452,39 @@ static void add_row(model_t *m, void *ctx, int r)
     add_into(j->x + (size_t)r * j->E, j->y + (size_t)r * j->E, NULL, (size_t)j->E);
 }
 
+/* The halves of a layer layer_start runs: the attention (with its
+ * residual add), the FFN, or both (a layer sliced in two runs each alone,
+ * model_eval_slice). */
+enum { HALF_ATTN = 1, HALF_FFN = 2, HALF_BOTH = 3 };
+
 /* Layer il for n rows up to its routed experts' submit (*out: a submit
  * of tag is outstanding; layer_finish waits for it); kv_only: only as far
  * as the rows' K/V in the cache. */
 static ecs_err_t layer_start(model_t *m, const model_step_row_t *rows, int n, int il, int tag,
-                             bool kv_only, bool *out)
+                             bool kv_only, int halves, bool *out)
 {
     const arch_hparams_t *hp = &m->hp;
     const model_layer_t *ly = &m->w.layers[il];
     model_ws_t *ws = &m->ws;
     const int E = hp->n_embd;
+    add_job_t aj = {ws->x, ws->tmp, E};
     prof_mark_t pm;
     prof_start(m, &pm);
-    norm_rows(m, ly->attn_norm, ws->x, E, ws->xn, E, E, n);
-    prof_end(m, MODEL_PH_NORM, &pm);
-    if (hp->arch == ARCH_DEEPSEEK2)
-        attn_mla(m, ly, rows, n, il, kv_only, &pm);
-    else
-        attn_gqa(m, ly, rows, n, il, kv_only, &pm);
-    if (kv_only)
+    if (halves & HALF_ATTN) {
+        norm_rows(m, ly->attn_norm, ws->x, E, ws->xn, E, E, n);
+        prof_end(m, MODEL_PH_NORM, &pm);
+        if (hp->arch == ARCH_DEEPSEEK2)
+            attn_mla(m, ly, rows, n, il, kv_only, &pm);
+        else
+            attn_gqa(m, ly, rows, n, il, kv_only, &pm);
+        if (kv_only)
+            return ECS_OK;
+        mm(m, &ly->wo, ws->attv, (int64_t)hp->n_head * hp->head_v, n, ws->tmp, E);
+        for_rows(m, n, add_row, &aj);
+        prof_end(m, MODEL_PH_ATTN_OUT, &pm);
+    }
+    if (!(halves & HALF_FFN))
         return ECS_OK;
-    mm(m, &ly->wo, ws->attv, (int64_t)hp->n_head * hp->head_v, n, ws->tmp, E);
-    add_job_t aj = {ws->x, ws->tmp, E};
-    for_rows(m, n, add_row, &aj);
-    prof_end(m, MODEL_PH_ATTN_OUT, &pm);
-
     norm_rows(m, ly->ffn_norm, ws->x, E, ws->xn, E, E, n);
     prof_end(m, MODEL_PH_NORM, &pm);
     if (ly->moe) {
@@ -508,11 +516,11 @@ static ecs_err_t layer_finish(model_t *m, int n, int il, int tag, bool *out)
 }
 
 static ecs_err_t layer_forward(model_t *m, const model_step_row_t *rows, int n, int il,
-                               bool kv_only)
+                               bool kv_only, int halves)
 {
     bool out = false;
-    MODEL_TRY(layer_start(m, rows, n, il, 0, kv_only, &out));
-    return kv_only ? ECS_OK : layer_finish(m, n, il, 0, &out);
+    MODEL_TRY(layer_start(m, rows, n, il, 0, kv_only, halves, &out));
+    return kv_only || !(halves & HALF_FFN) ? ECS_OK : layer_finish(m, n, il, 0, &out);
 }
 
 typedef struct {
@@ -621,7 +629,7 @@ static ecs_err_t layers_micro(model_t *m, const model_step_row_t *rows, int n, i
                 e = layer_finish(m, mb[b].n, il - 1, b, &mb[b].out);
             mb[b].layer = il;
             if (e == ECS_OK && il < l1)
-                e = layer_start(m, rows + mb[b].r0, mb[b].n, il, b, false, &mb[b].out);
+                e = layer_start(m, rows + mb[b].r0, mb[b].n, il, b, false, HALF_BOTH, &mb[b].out);
         }
     for (int b = 0; b < nmb; b++)
         if (mb[b].out) { /* the backend's own error is the one that counts */
@@ -646,17 +654,22 @@ static void rope_row(model_t *m, void *ctx, int i)
     model_rope_cache(&m->hp.rope, j->rows[i].pos, m->ws.rope + (size_t)i * m->hp.rope.n_rot);
 }
 
-ecs_err_t model_forward_layers(model_t *m, const model_step_row_t *rows, int n, int l0, int l1,
+int model_slice_units(const model_t *m) { return 2 * m->hp.n_layer - 1; }
+
+/* Units [u0, u1) (model_slice_units: unit 2l is layer l's attention half,
+ * 2l + 1 its FFN half, the last layer one unit, as it runs in full only
+ * for the rows that want logits). */
+ecs_err_t model_forward_layers(model_t *m, const model_step_row_t *rows, int n, int u0, int u1,
                                float *resid, const int *out_rows, int n_out, float *logits)
 {
     const arch_hparams_t *hp = &m->hp;
     const model_weights_t *w = &m->w;
     model_ws_t *ws = &m->ws;
-    const int E = hp->n_embd;
+    const int E = hp->n_embd, last = hp->n_layer - 1;
     const size_t res = (size_t)n * (size_t)E * sizeof *ws->x;
     prof_mark_t pm;
     prof_start(m, &pm);
-    if (l0 == 0) {
+    if (u0 == 0) {
         embd_job_t ej = {rows};
         for_rows(m, n, embd_row, &ej);
     } else { /* a later slice: the residual its last slice left */
@@ -665,25 +678,33 @@ ecs_err_t model_forward_layers(model_t *m, const model_step_row_t *rows, int n, 
         for_rows(m, n, rope_row, &rj);
     }
     prof_end(m, MODEL_PH_EMBED, &pm);
-    const int last = hp->n_layer - 1;
-    /* every layer in ping-pong when every row wants logits (decode), else
-     * all but the last, which runs in full only for the rows that want
-     * logits; the kept rows store their K/V once more in the full pass: the
-     * same values, a few rows' worth of work */
-    const int upto = l1 < hp->n_layer || n_out == n ? l1 : last;
-    MODEL_TRY(layers_micro(m, rows, n, l0, upto));
-    if (l1 < hp->n_layer) { /* the next slice goes on from here */
+    int u = u0;
+    if (u & 1) { /* the FFN half of a layer whose attention ran last slice */
+        MODEL_TRY(layer_forward(m, rows, n, u / 2, false, HALF_FFN));
+        u++;
+    }
+    const bool end = u1 == model_slice_units(m);
+    /* whole layers in ping-pong; at the end every layer when every row
+     * wants logits (decode), else all but the last, which runs in full only
+     * for the rows that want logits; the kept rows store their K/V once
+     * more in the full pass: the same values, a few rows' worth of work */
+    const int upto = !end ? u1 / 2 : n_out == n ? hp->n_layer : last;
+    if (u / 2 < upto)
+        MODEL_TRY(layers_micro(m, rows, n, u / 2, upto));
+    if (!end) { /* the next slice goes on from here */
+        if (u1 & 1)
+            MODEL_TRY(layer_forward(m, rows, n, u1 / 2, false, HALF_ATTN));
         memcpy(resid, ws->x, res);
         return ECS_OK;
     }
     if (n_out < n) {
         model_step_row_t kept[MODEL_MAX_BATCH];
-        MODEL_TRY(layer_forward(m, rows, n, last, true));
+        MODEL_TRY(layer_forward(m, rows, n, last, true, HALF_BOTH));
         rows = keep_rows(m, rows, out_rows, n_out, kept);
         n = n_out;
         if (n == 0)
             return ECS_OK;
-        MODEL_TRY(layer_forward(m, rows, n, last, false));
+        MODEL_TRY(layer_forward(m, rows, n, last, false, HALF_BOTH));
     }
     prof_start(m, &pm);
     for (int j = 0; j < n_out; j++)
@@ -696,5 +717,6 @@ ecs_err_t model_forward_layers(model_t *m, const model_step_row_t *rows, int n, 
 ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n, const int *out_rows,
                         int n_out, float *logits)
 {
-    return model_forward_layers(m, rows, n, 0, m->hp.n_layer, NULL, out_rows, n_out, logits);
+    return model_forward_layers(m, rows, n, 0, model_slice_units(m), NULL, out_rows, n_out,
+                                logits);
 }

@@ -707,13 +707,13 @@ static ecs_err_t step_rows(model_t *m, const model_row_t *rows, int n, float *lo
     return ECS_OK;
 }
 
-/* Layers [l0, l1) of a validated step; the sequences advance after the
- * last layer. */
-static ecs_err_t eval_layers(model_t *m, model_step_row_t *st, int n, int l0, int l1,
+/* Units [u0, u1) of a validated step (model_slice_units); the sequences
+ * advance after the last. */
+static ecs_err_t eval_layers(model_t *m, model_step_row_t *st, int n, int u0, int u1,
                              float *resid, const int *out_rows, int n_out, float *logits)
 {
-    const bool end = l1 == m->hp.n_layer;
-    ecs_err_t e = model_forward_layers(m, st, n, l0, l1, resid, out_rows, n_out, logits);
+    const bool end = u1 == model_slice_units(m);
+    ecs_err_t e = model_forward_layers(m, st, n, u0, u1, resid, out_rows, n_out, logits);
     /* the residual keeps a NaN or inf once one enters it, where quantized
      * products may turn them into finite garbage: its last rows (the output
      * rows, else all after the last full layer) tell, with the logits; a
@@ -735,7 +735,7 @@ ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *lo
     model_step_row_t st[MODEL_MAX_BATCH] = {{0}};
     int out_rows[MODEL_MAX_BATCH] = {0}, n_out = 0;
     MODEL_TRY(step_rows(m, rows, n, logits, st, out_rows, &n_out));
-    return eval_layers(m, st, n, 0, m->hp.n_layer, NULL, out_rows, n_out, logits);
+    return eval_layers(m, st, n, 0, model_slice_units(m), NULL, out_rows, n_out, logits);
 }
 
 size_t model_slice_bytes(const model_t *m, int n)
@@ -743,18 +743,18 @@ size_t model_slice_bytes(const model_t *m, int n)
     return (size_t)n * (size_t)m->hp.n_embd * sizeof(float);
 }
 
-ecs_err_t model_eval_slice(model_t *m, const model_row_t *rows, int n, int l0, int l1,
+ecs_err_t model_eval_slice(model_t *m, const model_row_t *rows, int n, int u0, int u1,
                            float *resid, float *logits)
 {
-    if (l0 < 0 || l1 <= l0 || l1 > m->hp.n_layer)
-        return ecs_error(ECS_ERR_INVAL, "model: layers [%d, %d) outside 0..%d", l0, l1,
-                         m->hp.n_layer);
-    if (!resid && (l0 > 0 || l1 < m->hp.n_layer))
+    const int nu = model_slice_units(m);
+    if (u0 < 0 || u1 <= u0 || u1 > nu)
+        return ecs_error(ECS_ERR_INVAL, "model: slice units [%d, %d) outside 0..%d", u0, u1, nu);
+    if (!resid && (u0 > 0 || u1 < nu))
         return ecs_error(ECS_ERR_INVAL, "model: a slice of a step needs its residual buffer");
     model_step_row_t st[MODEL_MAX_BATCH] = {{0}};
     int out_rows[MODEL_MAX_BATCH] = {0}, n_out = 0;
     MODEL_TRY(step_rows(m, rows, n, logits, st, out_rows, &n_out));
-    return eval_layers(m, st, n, l0, l1, resid, out_rows, n_out, logits);
+    return eval_layers(m, st, n, u0, u1, resid, out_rows, n_out, logits);
 }
 
 ecs_err_t model_eval(model_ctx_t *c, const int32_t *tokens, int n, float *logits, bool all)

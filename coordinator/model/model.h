@@ -337,20 +337,24 @@ typedef struct {
 ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *logits);
 
 /* The same step in layer slices: each call runs the rows (as
- * model_eval_batch's) through layers [l0, l1), so that a long prompt chunk
- * advances a few layers at a time while other steps run between its
- * slices (the serving scheduler decodes streams there). resid (the
- * caller's, model_slice_bytes(m, n) bytes) keeps the rows' residual
- * stream from one slice to the next: l0 0 starts from the embeddings, l1
- * n_layer ends as model_eval_batch does (logits of the rows that want
- * them; the sequences advance). Each slice writes its layers' K/V rows,
- * but the sequences advance only at the end, so steps between the slices
- * must leave these sequences alone, and a step dropped midway leaves them
- * as they were. The same rows give the same bits however their layers are
- * cut (and whatever shares a model_eval_batch with them). ECS_ERR_INVAL
- * for layers outside 0..n_layer or no resid where one is needed. */
+ * model_eval_batch's) through units [u0, u1) of the model_slice_units
+ * (unit 2l: layer l's attention with its residual add, 2l + 1: its FFN;
+ * the last layer is one unit), so that a long prompt chunk advances a
+ * part of the model at a time while other steps run between its slices
+ * (the serving scheduler decodes streams there). resid (the caller's,
+ * model_slice_bytes(m, n) bytes) keeps the rows' residual stream from one
+ * slice to the next: u0 0 starts from the embeddings, u1
+ * model_slice_units ends as model_eval_batch does (logits of the rows that
+ * want them; the sequences advance). Each slice writes its layers' K/V
+ * rows, but the sequences advance only at the end, so steps between the
+ * slices must leave these sequences alone, and a step dropped midway
+ * leaves them as they were. The same rows give the same bits however
+ * their units are cut (and whatever shares a model_eval_batch with them).
+ * ECS_ERR_INVAL for units outside 0..model_slice_units or no resid where
+ * one is needed. */
+int model_slice_units(const model_t *m);
 size_t model_slice_bytes(const model_t *m, int n);
-ecs_err_t model_eval_slice(model_t *m, const model_row_t *rows, int n, int l0, int l1,
+ecs_err_t model_eval_slice(model_t *m, const model_row_t *rows, int n, int u0, int u1,
                            float *resid, float *logits);
 
 /* ---- helpers exposed for tests and other backends ---- */

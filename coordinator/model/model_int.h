@@ -306,10 +306,10 @@ bool model_all_finite(const float *x, size_t n);
  * layer runs in full only for those; the other rows only store their K/V. */
 ecs_err_t model_forward(model_t *m, const model_step_row_t *rows, int n,
                         const int *out_rows, int n_out, float *logits);
-/* Layers [l0, l1) of the step (model_eval_slice): l0 > 0 starts from the
- * residual in resid, l1 < n_layer leaves it there; l1 n_layer ends as
- * model_forward does. */
-ecs_err_t model_forward_layers(model_t *m, const model_step_row_t *rows, int n, int l0, int l1,
+/* Units [u0, u1) of the step (model_eval_slice): u0 > 0 starts from the
+ * residual in resid, u1 < model_slice_units leaves it there; u1
+ * model_slice_units ends as model_forward does. */
+ecs_err_t model_forward_layers(model_t *m, const model_step_row_t *rows, int n, int u0, int u1,
                                float *resid, const int *out_rows, int n_out, float *logits);
 
 /* attn.c: the attention core of one layer, after the step's K/V rows are

@@ -64,9 +64,9 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     if (o->chunk < 2 * MODEL_MLA_EXPAND_ROWS || o->chunk + o->max_running > MODEL_MAX_BATCH)
         return ecs_error(ECS_ERR_RANGE, "sched: prompt chunk %d outside %d..%d", o->chunk,
                          2 * MODEL_MLA_EXPAND_ROWS, MODEL_MAX_BATCH - o->max_running);
-    if (!(o->slice_budget == 0 || o->slice_budget >= 1) || o->slice_layers < 0)
+    if (!(o->slice_budget == 0 || o->slice_budget >= 1) || o->slice_units < 0)
         return ecs_error(ECS_ERR_RANGE, "sched: slice budget %g (0: off, else >= 1) or slice "
-                         "layers %d (>= 0) out of range", o->slice_budget, o->slice_layers);
+                         "units %d (>= 0) out of range", o->slice_budget, o->slice_units);
     sched_t *s = calloc(1, sizeof *s);
     if (!s)
         return ecs_error(ECS_ERR_NOMEM, "sched: out of memory");
@@ -89,11 +89,11 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     s->lp_row = malloc((size_t)s->n_vocab * sizeof *s->lp_row);
     s->rows = malloc(MODEL_MAX_BATCH * sizeof *s->rows);
     s->row_req = malloc(MODEL_MAX_BATCH * sizeof *s->row_req);
-    s->n_layer = model_hparams(m)->n_layer;
-    if (o->slice_budget > 0 || o->slice_layers > 0)
+    s->n_units = model_slice_units(m);
+    if (o->slice_budget > 0 || o->slice_units > 0)
         s->slice_resid = malloc(model_slice_bytes(m, o->chunk));
     if (!s->logits || !s->lp_row || !s->rows || !s->row_req ||
-        ((o->slice_budget > 0 || o->slice_layers > 0) && !s->slice_resid))
+        ((o->slice_budget > 0 || o->slice_units > 0) && !s->slice_resid))
         goto nomem;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);

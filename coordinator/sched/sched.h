@@ -75,7 +75,7 @@ typedef struct {
     double slice_budget;
     /* > 0: exactly this many layers per slice, and slices even when nothing
      * decodes (tests, to cut prompts the same way every run) */
-    int slice_layers;
+    int slice_units;
     void (*notify)(void *arg); /* called (any thread) when sched_drain has work */
     void *notify_arg;
 } sched_opts_t;

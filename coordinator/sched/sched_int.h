@@ -73,12 +73,13 @@ struct sched {
     model_row_t *rows;
     sched_req_t **row_req;
     /* layer-sliced prefill (step.c): the request whose chunk is part way
-     * through the layers, the next layer, its residual rows [chunk][n_embd];
-     * recent times (seconds) of a decode-only step and of one chunk layer */
+     * through the model, its next unit (model_slice_units: half layers), its
+     * residual rows [chunk][n_embd]; recent times (seconds) of a
+     * decode-only step and of one unit of a chunk */
     sched_req_t *slicing;
-    int slice_l, n_layer;
+    int slice_u, n_units;
     float *slice_resid;
-    double t_dec, t_layer;
+    double t_dec, t_unit;
     sched_req_t *running, *running_tail; /* scheduler thread only */
     int n_running;
     pthread_t thread;

@@ -304,7 +304,7 @@ static int plan(sched_t *s)
 /* The prompt chunk that runs in layer slices this step (NULL: every chunk
  * runs through all layers in the step's batch): the one part way through,
  * else the step's first chunk when a stream decodes beside it (always with
- * o.slice_layers). The other chunks wait while one is sliced. */
+ * o.slice_units). The other chunks wait while one is sliced. */
 static sched_req_t *slice_pick(sched_t *s, bool *dec)
 {
     sched_req_t *pick = s->slicing;
@@ -314,8 +314,8 @@ static sched_req_t *slice_pick(sched_t *s, bool *dec)
         if (!pick && r->step_rows > 0 && !r->decoding)
             pick = r;
     }
-    if (!pick || (!s->slicing && !*dec && s->o.slice_layers <= 0) ||
-        (s->o.slice_budget <= 0 && s->o.slice_layers <= 0))
+    if (!pick || (!s->slicing && !*dec && s->o.slice_units <= 0) ||
+        (s->o.slice_budget <= 0 && s->o.slice_units <= 0))
         return NULL;
     for (sched_req_t *r = s->running; r; r = r->next)
         if (r != pick && !r->decoding)
@@ -323,19 +323,19 @@ static sched_req_t *slice_pick(sched_t *s, bool *dec)
     return pick->step_rows > 0 ? pick : NULL;
 }
 
-/* Layers of the next slice: o.slice_layers, else all that are left when
+/* Layers of the next slice: o.slice_units, else all that are left when
  * nothing decodes, else as many as fit (budget - 1) decode steps (one
  * until both times are known). */
 static int slice_count(const sched_t *s, bool dec)
 {
-    const int left = s->n_layer - s->slice_l;
-    if (s->o.slice_layers > 0)
-        return s->o.slice_layers < left ? s->o.slice_layers : left;
+    const int left = s->n_units - s->slice_u;
+    if (s->o.slice_units > 0)
+        return s->o.slice_units < left ? s->o.slice_units : left;
     if (!dec)
         return left;
-    if (s->t_dec <= 0 || s->t_layer <= 0)
+    if (s->t_dec <= 0 || s->t_unit <= 0)
         return 1;
-    const double k = (s->o.slice_budget - 1) * s->t_dec / s->t_layer;
+    const double k = (s->o.slice_budget - 1) * s->t_dec / s->t_unit;
     return k < 1 ? 1 : k >= left ? left : (int)k;
 }
 
@@ -350,19 +350,19 @@ static ecs_err_t slice_run(sched_t *s, sched_req_t *r, bool dec, model_row_t *ro
 {
     if (s->slicing != r) {
         s->slicing = r;
-        s->slice_l = 0;
+        s->slice_u = 0;
     }
-    const int k = slice_count(s, dec), l0 = s->slice_l;
+    const int k = slice_count(s, dec), l0 = s->slice_u;
     const double t0 = sched_now();
     const ecs_err_t e = model_eval_slice(s->m, rows, r->step_rows, l0, l0 + k, s->slice_resid, out);
     if (e != ECS_OK)
         return e;
-    time_note(&s->t_layer, (sched_now() - t0) / k);
-    s->slice_l += k;
-    *done = s->slice_l == s->n_layer;
+    time_note(&s->t_unit, (sched_now() - t0) / k);
+    s->slice_u += k;
+    *done = s->slice_u == s->n_units;
     if (*done)
         s->slicing = NULL;
-    if (k < s->n_layer) {
+    if (k < s->n_units) {
         pthread_mutex_lock(&s->mu);
         s->stats.prefill_slices++;
         pthread_mutex_unlock(&s->mu);

@@ -29,7 +29,7 @@ typedef struct {
     const char *model, *http, *key_file, *model_id, *repack_dir, *cache_dir, *admin,
                *admin_key, *admin_clients;
     double grace;
-    int threads, ctx, max_running, max_queue, chunk, slice_layers;
+    int threads, ctx, max_running, max_queue, chunk, slice_units;
     double slice_budget;
     size_t kv_mem, max_body, max_header;
     double read_timeout, idle_timeout;
@@ -53,8 +53,8 @@ static void usage(FILE *f)
             "  --slice-budget X     while streams decode, a prompt chunk runs a few layers\n"
             "                       per step, so that a step takes about X decode steps\n"
             "                       (default 2.5; 0: off, a chunk runs every layer at once)\n"
-            "  --slice-layers N     exactly N layers per slice, also with nothing decoding\n"
-            "                       (for tests; default 0: by --slice-budget)\n"
+            "  --slice-units N      exactly N half layers per slice, also with nothing\n"
+            "                       decoding (for tests; default 0: by --slice-budget)\n"
             "  --no-prefix-cache    full KV blocks are not kept (default: a later prompt\n"
             "                       with the same start reuses them)\n"
             "  --api-key-file FILE  require one of the keys in FILE (one per line)\n"
@@ -160,7 +160,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--chunk")) ok = ecs_parse_int(v, 2 * MODEL_MLA_EXPAND_ROWS, MODEL_MAX_BATCH, &a->chunk);
         else if (!strcmp(o, "--slice-budget") && !strcmp(v, "0")) a->slice_budget = 0;
         else if (!strcmp(o, "--slice-budget")) ok = parse_secs(v, &a->slice_budget) && a->slice_budget >= 1;
-        else if (!strcmp(o, "--slice-layers")) ok = ecs_parse_int(v, 0, 1 << 16, &a->slice_layers);
+        else if (!strcmp(o, "--slice-units")) ok = ecs_parse_int(v, 0, 1 << 16, &a->slice_units);
         else if (!strcmp(o, "--kv-mem")) ok = parse_size(v, &a->kv_mem) && a->kv_mem > 0;
         else if (!strcmp(o, "--max-body")) ok = parse_size(v, &a->max_body) && a->max_body > 0;
         else if (!strcmp(o, "--max-header")) ok = parse_size(v, &a->max_header) && a->max_header >= 256;
@@ -277,7 +277,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
     sched_opts_t so = {.n_ctx = model_n_ctx_max(m), .kv_mem = a->kv_mem,
                        .max_running = a->max_running, .max_queue = a->max_queue, .chunk = a->chunk,
                        .prefix_cache = !a->no_prefix_cache, .slice_budget = a->slice_budget,
-                       .slice_layers = a->slice_layers};
+                       .slice_units = a->slice_units};
     sched_t *s = NULL;
     if (sched_new(m, tok, &so, &s) != ECS_OK)
         return fail("%s", ecs_errmsg());
