@@ -66,14 +66,15 @@ typedef struct {
     int chunk;        /* prompt rows per chunk (>= 2 * MODEL_MLA_EXPAND_ROWS) */
     bool prefix_cache; /* full KV blocks stay cached for later requests' prefixes */
     /* Layer-sliced prefill: while streams decode, a prompt chunk runs
-     * through a few layers per step (its residual kept aside, its K/V
-     * written layer by layer; the same bits as in one step), so that a step
-     * carrying it takes about slice_budget decode steps' time: the layers
-     * per slice come from the last decode steps' and slices' times. 0: off
-     * (a chunk runs through every layer in the step that carries it); else
-     * >= 1. With nothing decoding a chunk runs through every layer at once. */
+     * through a few half layers per step (model_slice_units; its residual
+     * kept aside, its K/V written layer by layer; the same bits as in one
+     * step), so that a step carrying it takes about slice_budget decode
+     * steps' time: the units per slice come from the last decode steps' and
+     * slices' times (at least one). 0: off (a chunk runs through every
+     * layer in the step that carries it); else >= 1. With nothing decoding
+     * a chunk runs through every layer at once. */
     double slice_budget;
-    /* > 0: exactly this many layers per slice, and slices even when nothing
+    /* > 0: exactly this many units per slice, and slices even when nothing
      * decodes (tests, to cut prompts the same way every run) */
     int slice_units;
     void (*notify)(void *arg); /* called (any thread) when sched_drain has work */

@@ -15,12 +15,12 @@
  * last one's logits give the next token).
  *
  * Layer-sliced prefill: while streams decode, the first prompt chunk of a
- * step runs apart from the decode rows through a slice of the layers
- * (model_eval_slice), one slice per step, until its last slice gives its
- * logits; the chunks after it wait. A slice has as many layers as fit
- * (slice_budget - 1) decode steps by the recent times of a decode-only step
- * and of one layer of a chunk. The chunk's rows are the same rows in any
- * slicing, so its bits are those of one step. */
+ * step runs apart from the decode rows through a slice of the model's
+ * units (half layers, model_eval_slice), one slice per step, until its last
+ * slice gives its logits; the chunks after it wait. A slice has as many
+ * units as fit (slice_budget - 1) decode steps by the recent times of a
+ * decode-only step and of one unit of a chunk. The chunk's rows are the
+ * same rows in any slicing, so its bits are those of one step. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -55,7 +55,7 @@ static void running_remove(sched_t *s, sched_req_t *r)
  * state is published, the scheduler drops its reference. */
 static void finish(sched_t *s, sched_req_t *r, sched_finish_t f, const char *err)
 {
-    if (s->slicing == r) /* a chunk part way through its layers: dropped */
+    if (s->slicing == r) /* a chunk part way through the model: dropped */
         s->slicing = NULL;
     sched_kv_release(s, r);
     running_remove(s, r);
@@ -211,7 +211,7 @@ static void on_logits(sched_t *s, sched_req_t *r, float *l)
  * the queue to be recomputed. */
 static void preempt(sched_t *s, sched_req_t *r)
 {
-    if (s->slicing == r) /* its chunk starts again from the first layer */
+    if (s->slicing == r) /* its chunk starts again from the first unit */
         s->slicing = NULL;
     sched_kv_release(s, r);
     running_remove(s, r);
@@ -301,7 +301,7 @@ static int plan(sched_t *s)
     return n;
 }
 
-/* The prompt chunk that runs in layer slices this step (NULL: every chunk
+/* The prompt chunk that runs in slices this step (NULL: every chunk
  * runs through all layers in the step's batch): the one part way through,
  * else the step's first chunk when a stream decodes beside it (always with
  * o.slice_units). The other chunks wait while one is sliced. */
@@ -323,7 +323,7 @@ static sched_req_t *slice_pick(sched_t *s, bool *dec)
     return pick->step_rows > 0 ? pick : NULL;
 }
 
-/* Layers of the next slice: o.slice_units, else all that are left when
+/* Units of the next slice: o.slice_units, else all that are left when
  * nothing decodes, else as many as fit (budget - 1) decode steps (one
  * until both times are known). */
 static int slice_count(const sched_t *s, bool dec)
@@ -370,7 +370,7 @@ static ecs_err_t slice_run(sched_t *s, sched_req_t *r, bool dec, model_row_t *ro
     return ECS_OK;
 }
 
-/* r's prompt chunk has gone through every layer. */
+/* r's prompt chunk has gone through the whole model. */
 static void chunk_done(sched_req_t *r)
 {
     r->n_fed += chunk_len(r);

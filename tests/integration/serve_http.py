@@ -284,6 +284,7 @@ def metrics_exposition():
                       ("ecs_requests_waiting", "gauge"), ("ecs_kv_blocks_used", "gauge"),
                       ("ecs_kv_blocks_free", "gauge"), ("ecs_prefix_cache_hit_tokens_total", "counter"),
                       ("ecs_prefix_cache_lookup_tokens_total", "counter"), ("ecs_preemptions_total", "counter"),
+                      ("ecs_prefill_slices_total", "counter"),
                       ("ecs_time_to_first_token_seconds", "histogram"),
                       ("ecs_time_between_tokens_seconds", "histogram")):
         assert types.get(fam) == kind, (fam, types.get(fam))
@@ -302,8 +303,11 @@ check("hostile server: clean exit", lambda: srv.stop() == 0 or (_ for _ in ()).t
 # ---- more KV needed than the pool holds: requests wait and are preempted,
 # outputs unchanged (the pool holds one context: 8 blocks of 64 tokens of
 # 4 layers x 80 F16 for tiny-ds2, 40 KB each; 16 prompts of up to ~230
-# tokens, 8 running at once) ----
-for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
+# tokens, 8 running at once); then again with every prompt chunk in slices
+# of one half layer, so that preemption and cancellation meet chunks part
+# way through the model ----
+for name, extra in (("tiny-ds2-q8_0", []), ("tiny-qwen3moe-q8_0", []),
+                    ("tiny-ds2-q8_0", ["--slice-units", "1"])):
     try:  # too small: the server says how much one context needs
         Server(binary, model_path(root, build, name), "--ctx", "512", "--kv-mem", "1")
         raise AssertionError("a KV pool smaller than one context was accepted")
@@ -314,13 +318,15 @@ for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
     probe.stop()
     one_ctx = int(metric_value(m, "ecs_kv_cache_bytes") / metric_value(m, "ecs_kv_blocks")) * 8
     srv = Server(binary, model_path(root, build, name), "--ctx", "512", "--max-running", "8",
-                 "--kv-mem", str(one_ctx))
+                 "--kv-mem", str(one_ctx), *extra)
+    name += " " + " ".join(extra) if extra else ""
 
     def small_pool():
         assert metric_value(srv.metrics(), "ecs_kv_blocks") == 8
         solo_and_parallel(srv, 16)
         m = srv.metrics()
         assert metric_value(m, "ecs_preemptions_total") > 0, "the workload needed no preemption"
+        assert not extra or metric_value(m, "ecs_prefill_slices_total") > 0, "no chunk was sliced"
         wait_until(lambda: metric_value(srv.metrics(), "ecs_kv_blocks_used") == 0, "KV blocks are free")
 
     def refill():
