@@ -457,5 +457,28 @@ def api_keys():
 check("API keys: missing/wrong 401, right 200", api_keys)
 check("keys server: clean exit", lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
 
+# ---- layer slices with the experts on workers (in micro-batches): the same
+# text and log-probabilities as one in-process step per chunk ----
+def sliced_on_workers():
+    q = greedy("Once upon a time there was a river." * 40, 16, logprobs=3)
+    out = []
+    for args in (("--slice-budget", "0"), ("--slice-units", "1", "--spawn-workers", "1",
+                                            "--micro-batches", "2"),
+                 ("--slice-units", "3", "--spawn-workers", "2")):
+        srv = Server(binary, model_path(root, build, "tiny-ds2-q8_0"), "--ctx", "1024", *args)
+        try:
+            st, r = post_json(srv.port, "/v1/completions", q)
+            assert st == 200, r
+            slices = metric_value(srv.metrics(), "ecs_prefill_slices_total")
+            assert (slices > 0) == ("--slice-units" in args), (args, slices)
+            out.append((r["choices"][0]["text"], r["choices"][0]["logprobs"]))
+        finally:
+            assert srv.stop() == 0
+    assert out[1] == out[0] and out[2] == out[0], out
+
+
+check("slices with the experts on workers, in micro-batches: same tokens and logprobs",
+      sliced_on_workers)
+
 print("serve_http: %d failed" % fails)
 sys.exit(1 if fails else 0)
