@@ -274,13 +274,20 @@ static int plan(sched_t *s)
     int n_dec = 0;
     for (sched_req_t *r = s->running; r; r = r->next)
         n_dec += r->decoding && !replaying(r);
+    /* slicing beside decode rows: one prompt chunk a step, the one part way
+     * through the model, else the first (slice_pick); the others neither
+     * run nor take blocks */
+    const bool one = (s->o.slice_budget > 0 || s->o.slice_units > 0) &&
+                     (s->slicing || n_dec > 0 || s->o.slice_units > 0);
     int n = 0, n_chunk = 0;
-    bool prompts_wait = false;
+    bool prompts_wait = false, taken = false;
     for (sched_req_t *r = s->running, *next; r; r = next) {
         next = r->next;
         r->step_rows = 0;
         const bool chunk = !r->decoding || replaying(r);
         const int want = !r->decoding ? chunk_len(r) : chunk ? replay_rows(s, r) : 1;
+        if (!r->decoding && one && (taken || (s->slicing && r != s->slicing)))
+            continue;
         if (chunk && (prompts_wait || n_chunk + want > MODEL_MAX_BATCH - n_dec)) {
             prompts_wait = true;
             continue;
@@ -297,30 +304,28 @@ static int plan(sched_t *s)
         r->step_rows = want;
         n += want;
         n_chunk += chunk ? want : 0;
+        taken |= !r->decoding;
     }
     return n;
 }
 
 /* The prompt chunk that runs in slices this step (NULL: every chunk
  * runs through all layers in the step's batch): the one part way through,
- * else the step's first chunk when a stream decodes beside it (always with
- * o.slice_units). The other chunks wait while one is sliced. */
+ * else the step's chunk when a stream decodes beside it (always with
+ * o.slice_units); plan gave no other chunk rows then. */
 static sched_req_t *slice_pick(sched_t *s, bool *dec)
 {
-    sched_req_t *pick = s->slicing;
+    sched_req_t *pick = NULL;
     *dec = false;
     for (sched_req_t *r = s->running; r; r = r->next) {
         *dec |= r->step_rows > 0 && r->decoding;
         if (!pick && r->step_rows > 0 && !r->decoding)
             pick = r;
     }
-    if (!pick || (!s->slicing && !*dec && s->o.slice_units <= 0) ||
-        (s->o.slice_budget <= 0 && s->o.slice_units <= 0))
+    if (!pick || (s->o.slice_budget <= 0 && s->o.slice_units <= 0) ||
+        (!s->slicing && !*dec && s->o.slice_units <= 0))
         return NULL;
-    for (sched_req_t *r = s->running; r; r = r->next)
-        if (r != pick && !r->decoding)
-            r->step_rows = 0;
-    return pick->step_rows > 0 ? pick : NULL;
+    return pick;
 }
 
 /* Units of the next slice: o.slice_units, else all that are left when
