@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/threadpool.h"
 #include "sched_int.h"
 
 /* The i-th chunk of the prompt's uncached part cut into n_chunks chunks as
@@ -141,19 +142,50 @@ static void logprobs_top(const float *l, int V, int k, sched_token_t *rec, float
         rec->top_id[i] = -1;
 }
 
-static void on_logits(sched_t *s, sched_req_t *r, float *l)
+/* The half of a logits row's handling that touches only its request (its
+ * sampler) and p: logprobs and the draw. lp: this thread's row buffer. */
+static void pick_row(const sched_t *s, sched_pick_t *p, float *lp)
 {
-    sched_token_t rec = {0};
+    sched_req_t *r = p->r;
     float lse = 0;
+    p->rec = (sched_token_t){0};
     if (r->toks) { /* sampling applies penalties in place: keep the model's row */
-        memcpy(s->lp_row, l, (size_t)s->n_vocab * sizeof *l);
-        logprobs_top(l, s->n_vocab, r->p.top_logprobs, &rec, &lse);
+        memcpy(lp, p->l, (size_t)s->n_vocab * sizeof *lp);
+        logprobs_top(p->l, s->n_vocab, r->p.top_logprobs, &p->rec, &lse);
     }
-    int32_t id;
-    if (sampler_sample(r->smp, l, &id) != ECS_OK) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "sampling failed: %s", ecs_errmsg());
-        finish(s, r, SCHED_FINISH_ERROR, msg);
+    p->failed = sampler_sample(r->smp, p->l, &p->id) != ECS_OK;
+    if (p->failed)
+        snprintf(p->msg, sizeof p->msg, "sampling failed: %s", ecs_errmsg());
+    else if (r->toks)
+        p->rec.logprob = lp[p->id] - lse;
+}
+
+typedef struct {
+    sched_t *s;
+    int n;
+    _Atomic int next;
+} pick_task_t;
+
+static void pick_worker(void *arg, int ith, int nth)
+{
+    pick_task_t *t = arg;
+    (void)nth;
+    for (;;) {
+        const int j = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (j >= t->n)
+            break;
+        pick_row(t->s, &t->s->picks[j], t->s->lp_rows + (size_t)ith * (size_t)t->s->n_vocab);
+    }
+}
+
+/* The serial half: the token's text, stops, and what the request publishes. */
+static void on_pick(sched_t *s, const sched_pick_t *p)
+{
+    sched_req_t *r = p->r;
+    sched_token_t rec = p->rec;
+    const int32_t id = p->id;
+    if (p->failed) {
+        finish(s, r, SCHED_FINISH_ERROR, p->msg);
         return;
     }
     sampler_accept(r->smp, id);
@@ -168,7 +200,6 @@ static void on_logits(sched_t *s, sched_req_t *r, float *l)
         r->text_len += k;
     if (r->toks) {
         rec.id = id;
-        rec.logprob = s->lp_row[id] - lse;
         rec.text_off = before;
         r->toks[r->n_gen - 1] = rec;
     }
@@ -357,9 +388,23 @@ static void step(sched_t *s)
     s->stats.recomputed_tokens += (uint64_t)n_re_tok;
     s->stats.recompute_steps += (uint64_t)n_re_req;
     pthread_mutex_unlock(&s->mu);
-    for (int i = 0, j = 0; i < n; i++)
-        if (s->rows[i].want_logits)
-            on_logits(s, s->row_req[i], s->logits + (size_t)j++ * (size_t)s->n_vocab);
+    /* each row's logprobs and draw (~0.5 ms for a 100k vocabulary) on the
+     * pool, idle between steps: a step of 8 streams no longer spends ~4 ms
+     * on them serially */
+    pick_task_t t = {.s = s};
+    for (int i = 0; i < n; i++)
+        if (s->rows[i].want_logits) {
+            s->picks[t.n] = (sched_pick_t){.r = s->row_req[i],
+                                           .l = s->logits + (size_t)t.n * (size_t)s->n_vocab};
+            t.n++;
+        }
+    atomic_init(&t.next, 0);
+    if (t.n > 1)
+        ecs_threadpool_run_shared(model_threadpool(s->m), pick_worker, &t);
+    else
+        pick_worker(&t, 0, 1);
+    for (int j = 0; j < t.n; j++)
+        on_pick(s, &s->picks[j]);
 }
 
 /* One prompt chunk and one decode row on a sequence of free blocks, so
