@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/threadpool.h"
+#include "kernels/cpu/cpu.h"
 #include "sched_int.h"
 
 /* The i-th chunk of the prompt's uncached part cut into n_chunks chunks as
@@ -160,22 +160,11 @@ static void pick_row(const sched_t *s, sched_pick_t *p, float *lp)
         p->rec.logprob = lp[p->id] - lse;
 }
 
-typedef struct {
-    sched_t *s;
-    int n;
-    _Atomic int next;
-} pick_task_t;
-
-static void pick_worker(void *arg, int ith, int nth)
+/* kcpu_par_for's item: logits row j on pool thread ith. */
+static void pick_item(void *arg, int j, int ith)
 {
-    pick_task_t *t = arg;
-    (void)nth;
-    for (;;) {
-        const int j = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (j >= t->n)
-            break;
-        pick_row(t->s, &t->s->picks[j], t->s->lp_rows + (size_t)ith * (size_t)t->s->n_vocab);
-    }
+    sched_t *s = arg;
+    pick_row(s, &s->picks[j], s->lp_rows + (size_t)ith * (size_t)s->n_vocab);
 }
 
 /* The serial half: the token's text, stops, and what the request publishes. */
@@ -391,19 +380,15 @@ static void step(sched_t *s)
     /* each row's logprobs and draw (~0.5 ms for a 100k vocabulary) on the
      * pool, idle between steps: a step of 8 streams no longer spends ~4 ms
      * on them serially */
-    pick_task_t t = {.s = s};
+    int n_pick = 0;
     for (int i = 0; i < n; i++)
         if (s->rows[i].want_logits) {
-            s->picks[t.n] = (sched_pick_t){.r = s->row_req[i],
-                                           .l = s->logits + (size_t)t.n * (size_t)s->n_vocab};
-            t.n++;
+            s->picks[n_pick] = (sched_pick_t){.r = s->row_req[i],
+                                              .l = s->logits + (size_t)n_pick * (size_t)s->n_vocab};
+            n_pick++;
         }
-    atomic_init(&t.next, 0);
-    if (t.n > 1)
-        ecs_threadpool_run_shared(model_threadpool(s->m), pick_worker, &t);
-    else
-        pick_worker(&t, 0, 1);
-    for (int j = 0; j < t.n; j++)
+    kcpu_par_for(model_threadpool(s->m), n_pick, pick_item, s);
+    for (int j = 0; j < n_pick; j++)
         on_pick(s, &s->picks[j]);
 }
 
