@@ -86,13 +86,15 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     s->n_blocks = fit > (size_t)INT32_MAX / MODEL_KV_BLOCK ? INT32_MAX / MODEL_KV_BLOCK : (int)fit;
     s->n_vocab = model_n_vocab(m);
     s->logits = malloc((size_t)o->max_running * (size_t)s->n_vocab * sizeof *s->logits);
-    s->lp_row = malloc((size_t)s->n_vocab * sizeof *s->lp_row);
+    s->lp_rows = malloc((size_t)ecs_threadpool_size(model_threadpool(m)) * (size_t)s->n_vocab *
+                        sizeof *s->lp_rows);
+    s->picks = malloc((size_t)o->max_running * sizeof *s->picks);
     s->rows = malloc(MODEL_MAX_BATCH * sizeof *s->rows);
     s->row_req = malloc(MODEL_MAX_BATCH * sizeof *s->row_req);
     s->n_units = model_slice_units(m);
     if (o->slice_budget > 0 || o->slice_units > 0)
         s->slice_resid = malloc(model_slice_bytes(m, o->chunk));
-    if (!s->logits || !s->lp_row || !s->rows || !s->row_req ||
+    if (!s->logits || !s->lp_rows || !s->picks || !s->rows || !s->row_req ||
         ((o->slice_budget > 0 || o->slice_units > 0) && !s->slice_resid))
         goto nomem;
     pthread_mutex_init(&s->mu, NULL);
@@ -116,7 +118,8 @@ void sched_free(sched_t *s)
     sched_stop(s);
     sched_kv_free(s);
     free(s->logits);
-    free(s->lp_row);
+    free(s->lp_rows);
+    free(s->picks);
     free(s->rows);
     free(s->row_req);
     free(s->slice_resid);

@@ -52,6 +52,17 @@ struct sched_req {
     struct sched_req *next_ready;
 };
 
+/* A logits row's sampling, done in parallel over a step's rows (step.c):
+ * it touches only its own request's sampler and this record. */
+typedef struct sched_pick {
+    struct sched_req *r;
+    float *l;           /* the row (penalties are applied to it in place) */
+    sched_token_t rec;  /* logprobs, where the request asked for them */
+    int32_t id;
+    bool failed;
+    char msg[200];      /* why, when it failed */
+} sched_pick_t;
+
 struct sched {
     model_t *m;
     const tok_t *tok;
@@ -69,7 +80,10 @@ struct sched {
     model_ctx_t **ctxs;       /* [max_running] sequences, free ones on ctx_free */
     int *ctx_free, n_ctx_free;
     float *logits;            /* n_slots rows of n_vocab */
-    float *lp_row;            /* one row kept for logprobs */
+    /* per pool thread, a copy of the row it is sampling (the logprob of
+     * the chosen token is read from the row as the model gave it) */
+    float *lp_rows;           /* [pool threads][n_vocab] */
+    struct sched_pick *picks; /* [max_running]: each logits row's token */
     model_row_t *rows;
     sched_req_t **row_req;
     /* layer-sliced prefill (step.c): the request whose chunk is part way

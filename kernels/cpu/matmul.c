@@ -43,11 +43,13 @@
  * the next tile's weights. */
 #define PREFETCH_ROWS 8
 /* From this many activation rows the group kernels prefetch the copy's next
- * group, spread over their blocks. With fewer, one pass over a group
- * streams it and the hardware prefetcher keeps up: prefetching as well was
- * slower (pp8 -10 %, docs/benchmarks.md). */
+ * group, spread over their blocks. Once 4: on the slow-memory host a
+ * prefetch with fewer rows was slower (pp8 -10 %); on the fast-memory host
+ * one stream per core does not reach the memory's speed without it
+ * (ds2-lite-4l, 2026-12-02: 8-sequence decode steps, whose experts see 1-3
+ * rows, +4.9 %, one-sequence decode +2.4 %; docs/benchmarks.md "Serving"). */
 #ifndef GRP_PREFETCH_MIN_NB
-#define GRP_PREFETCH_MIN_NB 4
+#define GRP_PREFETCH_MIN_NB 1
 #endif
 /* Scratch larger than this is not worth having: the row kernels take over. */
 #define SCRATCH_MAX ((size_t)256 << 20)
@@ -233,8 +235,8 @@ static void grp_pack_rows(const mm_task_t *t, int64_t r, int nr, int64_t r2, uin
 /* Group g (nr <= 16 valid rows, output rows from r) against every
  * activation row, grp_na at a time; next (or NULL): the copy's next group,
  * a slice of it prefetched by each call's kernel (it comes from DRAM while
- * this one computes; with few rows the hardware keeps up and the
- * instructions would not pay, so callers pass NULL then). */
+ * this one computes; NULL below GRP_PREFETCH_MIN_NB rows and for a
+ * chunk's last group). */
 static void grp_call(const mm_task_t *t, const mm_view_t *v, const uint8_t *g, int nr, int64_t r,
                      const uint8_t *next, size_t group)
 {

@@ -8,7 +8,9 @@
 # usage: tests/bench/ab_model.sh OLD_ECS_RUN NEW_ECS_RUN MODEL [PAIRS] [-- ECS_RUN_ARGS...]
 #   PAIRS defaults to 6; the arguments after -- replace the default
 #   `--pp 512 --tg 0 --threads 2 --ctx 4096`; the figure compared is the
-#   first ppN / tgN speed ecs-run --bench prints (pp512 by default).
+#   first ppN / tgN speed ecs-run --bench prints (pp512 by default), or the
+#   first line matching the awk regex AB_FIGURE (e.g. AB_FIGURE='^tg[0-9]+x[0-9]+ '
+#   with --tg-batch: the batched decode's aggregate tok/s).
 # Timed runs hold /tmp/ecs-bench.lock, as bench_model.sh's do.
 set -euo pipefail
 old=${1:?usage: ab_model.sh OLD NEW MODEL [PAIRS] [-- ARGS...]}
@@ -25,9 +27,11 @@ done
 [ -r "$model" ] || { echo "ab_model: cannot read $model" >&2; exit 1; }
 case $pairs in ''|*[!0-9]*|0) echo "ab_model: PAIRS must be a positive number" >&2; exit 1;; esac
 
+figure=${AB_FIGURE:-'^(pp|tg)[0-9]+ '}
 speed() {
-    flock /tmp/ecs-bench.lock "$1" -m "$model" --bench "${args[@]}" 2>&1 |
-        awk '/^(pp|tg)[0-9]+ / && $2 ~ /^[0-9.]+$/ { print $2; exit }'
+    flock /tmp/ecs-bench.lock setsid bash -c 'echo -20 > /proc/self/autogroup 2>/dev/null; exec "$@"' \
+        _ "$1" -m "$model" --bench "${args[@]}" 2>&1 |
+        awk -v re="$figure" '$0 ~ re && $2 ~ /^[0-9.]+$/ { print $2; exit }'
 }
 
 echo "ab_model: old $old, new $new, $model, ${args[*]}, load $(cut -d' ' -f1 /proc/loadavg)"

@@ -202,7 +202,7 @@ static void print_speed(const char *what, int n, const stopwatch_t *sw, double g
            busy_note(sw, nth, busy, sizeof busy));
 }
 
-/* The phase table of the last timed run, per token. */
+/* The phase table of the last timed run, per token (per step of a batch). */
 static void print_profile(model_t *m, const char *what, int n_tok, int nth)
 {
     model_prof_t p[MODEL_PH_COUNT];
@@ -222,6 +222,62 @@ static void print_profile(model_t *m, const char *what, int n_tok, int nth)
     model_profile_reset(m);
 }
 
+/* --tg-batch: n sequences from empty contexts, each starting from its own
+ * token of toks, decoded greedily together for steps steps of n rows: what
+ * a server's decode step costs with n running streams. */
+static int bench_batch(model_t *m, const args_t *a, const int32_t *toks, int n_tok, int nth)
+{
+    const int n = a->tg_batch, steps = a->tg, V = model_n_vocab(m);
+    model_ctx_t **cs = calloc((size_t)n, sizeof *cs);
+    model_row_t *rows = calloc((size_t)n, sizeof *rows);
+    float *logits = malloc((size_t)n * (size_t)V * sizeof *logits);
+    int rc = 0;
+    if (!cs || !rows || !logits)
+        rc = run_fail("out of memory");
+    for (int i = 0; rc == 0 && i < n; i++) {
+        if (model_ctx_new(m, steps, run_ctx_flags(a), &cs[i]) != ECS_OK)
+            rc = run_fail("%s", ecs_errmsg());
+        rows[i] = (model_row_t){.ctx = cs[i], .token = toks[i % n_tok], .want_logits = true};
+    }
+    /* an untimed step first, as the one-sequence runs warm up */
+    for (int warm = 1; warm >= 0 && rc == 0; warm--) {
+        stopwatch_t sw;
+        model_profile_reset(m);
+        sw_start(&sw);
+        for (int s = 0; s < (warm ? 1 : steps) && rc == 0; s++) {
+            if (model_eval_batch(m, rows, n, logits) != ECS_OK) {
+                rc = run_fail("eval: %s", ecs_errmsg());
+                break;
+            }
+            for (int i = 0; i < n; i++)
+                rows[i].token = sampler_argmax(logits + (size_t)i * V, V);
+        }
+        sw_stop(&sw);
+        if (warm) {
+            for (int i = 0; i < n; i++) {
+                model_ctx_reset(cs[i]);
+                rows[i].token = toks[i % n_tok];
+            }
+            continue;
+        }
+        if (rc)
+            break;
+        char what[64];
+        snprintf(what, sizeof what, "tg%dx%d", steps, n);
+        print_speed(what, steps * n, &sw, 0, 0, nth);
+        printf("%-22s %8.2f ms per step of %d rows (%d sequences, aggregate tok/s above)\n", "",
+               1e3 * sw.wall / steps, n, n);
+        if (a->profile)
+            print_profile(m, what, steps, nth);
+    }
+    for (int i = 0; cs && i < n; i++)
+        model_ctx_free(cs[i]);
+    free(cs);
+    free(rows);
+    free(logits);
+    return rc;
+}
+
 int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
 {
     const arch_hparams_t *hp = model_hparams(m);
@@ -230,7 +286,9 @@ int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
         return run_fail("--pp %d + --tg %d do not fit in the context of %d (raise --ctx)", a->pp, a->tg,
                     n_ctx);
     const int n_tok = a->pp > 0 ? a->pp : 1;
-    int32_t *toks = malloc((size_t)n_tok * sizeof *toks);
+    /* --tg-batch's sequences each start from their own token */
+    const int n_rand = n_tok > a->tg_batch ? n_tok : a->tg_batch;
+    int32_t *toks = malloc((size_t)n_rand * sizeof *toks);
     float *logits = malloc((size_t)V * sizeof *logits);
     if (!toks || !logits) {
         free(toks);
@@ -239,7 +297,7 @@ int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
     }
     /* xorshift64: the same random prompt for a seed on every machine */
     uint64_t s = (a->seed_given ? a->sp.seed : 1234) * 0x9E3779B97F4A7C15ull + 1;
-    for (int i = 0; i < n_tok; i++) {
+    for (int i = 0; i < n_rand; i++) {
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
@@ -302,6 +360,8 @@ int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
             if (a->profile)
                 print_profile(m, what, a->tg, nth);
         }
+        if (a->tg_batch > 1 && (rc = bench_batch(m, a, toks, n_rand, nth)))
+            break;
         fflush(stdout);
     }
     mem_kb_t mk;

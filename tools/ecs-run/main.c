@@ -22,7 +22,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: ecs-run -m MODEL.gguf (-p PROMPT | -f FILE | --tokens ID,ID,...) [options]\n"
-            "       ecs-run -m MODEL.gguf --bench [--pp N] [--tg N] [--reps R] [options]\n"
+            "       ecs-run -m MODEL.gguf --bench [--pp N] [--tg N] [--tg-batch N] [--reps R] [options]\n"
             "  -f FILE            read the prompt from FILE (- : standard input)\n"
             "  -n N               tokens to generate (default 64)\n"
             "  --chat             wrap the prompt in the model's chat template\n"
@@ -57,6 +57,9 @@ static void usage(FILE *f)
             "                     the prompt; --reps R runs (default 1);\n"
             "                     prints tok/s, GB/s of weights per decoded token against\n"
             "                     the measured read bandwidth of the mapping, and RSS\n"
+            "  --tg-batch N       with --bench: also decode --tg tokens in each of N\n"
+            "                     sequences together, one step of N rows per token (as the\n"
+            "                     server batches N streams): aggregate tok/s\n"
             "  --profile          with --bench: time per phase of the forward pass\n"
             "experts on workers (the results are the same bits):\n" DISPATCH_USAGE
             "  --print-placement  print which worker holds which experts\n"
@@ -117,7 +120,7 @@ static bool takes_value(const char *o)
 {
     static const char *const opts[] = {"-m", "-p", "-f", "-n", "--tokens", "--dump-logits",
                                        "--logits-of", "--threads", "--ctx", "--top", "--top-k",
-                                       "--seed", "--temp", "--top-p", "--min-p", "--pp", "--tg",
+                                       "--seed", "--temp", "--top-p", "--min-p", "--pp", "--tg", "--tg-batch",
                                        "--reps", "--repack", "--step", "--attn-split"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (!strcmp(o, opts[i]))
@@ -182,6 +185,10 @@ static int parse_args(int argc, char **argv, args_t *a)
         } else if (!strcmp(o, "--pp") || !strcmp(o, "--tg")) {
             if (!ecs_parse_long(v, 0, MODEL_MAX_CTX, &l)) return run_fail("%s: bad count '%s'", o, v);
             *(o[3] == 'p' ? &a->pp : &a->tg) = (int)l;
+        } else if (!strcmp(o, "--tg-batch")) {
+            if (!ecs_parse_long(v, 1, MODEL_MAX_BATCH, &l))
+                return run_fail("--tg-batch: bad count '%s' (1..%d)", v, MODEL_MAX_BATCH);
+            a->tg_batch = (int)l;
         } else if (!strcmp(o, "--step")) {
             if (!ecs_parse_long(v, 1, MODEL_MAX_BATCH, &l)) return run_fail("--step: bad count '%s'", v);
             a->step = (int)l;
@@ -220,7 +227,11 @@ static int parse_args(int argc, char **argv, args_t *a)
     }
     if (!a->model)
         return run_fail("no model given (-m FILE)");
+    if (a->tg_batch > 1 && !a->bench)
+        return run_fail("--tg-batch needs --bench");
     if (a->bench) {
+        if (a->tg_batch > 1 && a->tg == 0)
+            return run_fail("--tg-batch needs --tg above 0");
         if (a->prompt || a->prompt_file || a->tokens || a->dump || a->tokenize)
             return run_fail("--bench makes its own random tokens: no -p, -f, --tokens, --dump-logits");
         if (a->pp + a->tg == 0)

@@ -19,6 +19,7 @@
 typedef struct {
     const char *model, *prompt, *prompt_file, *tokens, *dump, *logits_of, *repack_dir;
     int n_predict, threads, ctx, top, pp, tg, reps, step;
+    int tg_batch; /* --bench: sequences decoded together (0, 1: none) */
     bool chat, tokenize, ignore_eos, expanded, absorbed, kv_f32, bench, seed_given, profile;
     bool no_repack, print_placement;
     int attn_split; /* model_opts_t.attn_split_min */
