@@ -270,7 +270,13 @@ static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows,
     const double per = 1.0 / samples;
     o->n_workers = N;
     o->coord_s = C;
-    o->expert_s = phases * per;
+    o->model_expert_s = phases * per;
+    /* the layout's phase measured with its own workers, for these rows */
+    const double measured = !N                                ? 0
+                            : rows == 1                       ? l->phase_dec_s
+                            : rows == l->phase_pp_rows        ? l->phase_pp_s
+                                                              : 0;
+    o->expert_s = measured > 0 ? L * measured : o->model_expert_s;
     o->link_s = links * per;
     o->imbalance = N && L ? imb * per / L : 1;
     for (int i = 0; i < N; i++) {
@@ -312,6 +318,7 @@ ecs_err_t plan_prompt(const plan_inputs_t *in, const plan_layout_t *l, plan_pred
         out->step_s += part.step_s;
         out->coord_s += part.coord_s;
         out->expert_s += part.expert_s;
+        out->model_expert_s += part.model_expert_s;
         out->link_s += part.link_s;
         out->imbalance += part.imbalance * r / l->pp;
         out->n_workers = part.n_workers;
