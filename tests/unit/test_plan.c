@@ -181,9 +181,10 @@ Test(plan, a_measured_phase_replaces_the_modelled_one_for_its_rows)
     cr_assert(NEAR(p.step_s, 14e-3), "%g", p.step_s);
     cr_assert(NEAR(p.model_expert_s, 2 * 2.22e-3), "%g", p.model_expert_s);
     /* a prompt of 512 rows: 512 x 2 ms (no shared experts per row here) +
-     * 2 x 50 ms */
+     * 50 ms for the first layer's 512 rows + 3 ms for the last layer's one
+     * row (the one whose logits the step returns) */
     cr_assert_eq(plan_prompt(&in, &l, &p), ECS_OK);
-    cr_assert(NEAR(p.step_s, 512 * 2e-3 + 2 * 50e-3), "%g", p.step_s);
+    cr_assert(NEAR(p.step_s, 512 * 2e-3 + 50e-3 + 3e-3), "%g", p.step_s);
     cr_assert(NEAR(p.tok_s, 512 / p.step_s));
     /* other rows than those measured, and one process: modelled */
     l.pp = 256;
@@ -251,9 +252,10 @@ Test(plan, prompt_in_steps_of_512)
     plan_layout_t l = {.n_workers = 0, .coord_threads = 2, .cores = 2, .pp = 1024};
     plan_pred_t p;
     cr_assert_eq(plan_prompt(&in, &l, &p), ECS_OK);
-    /* two steps of 512 rows: 512 x 2 ms + 2 layers x (0.4 + 2048 x 0.01)
-     * ms each */
-    const double step = 512 * 2e-3 + 2 * (4e-4 + 2048 * 1e-5);
+    /* two steps of 512 rows: 512 x 2 ms + (0.4 + 2048 x 0.01) ms for the
+     * first layer, and the last layer for the one row whose logits the
+     * step returns: 0.4 + 4 x 0.01 ms */
+    const double step = 512 * 2e-3 + (4e-4 + 2048 * 1e-5) + (4e-4 + 4 * 1e-5);
     cr_assert(NEAR(p.step_s, 2 * step), "%g", p.step_s);
     cr_assert(NEAR(p.tok_s, 1024 / (2 * step)));
 }
