@@ -5,12 +5,22 @@
 #define ECS_PLAN_MEASURE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "coordinator/model/model.h"
 #include "coordinator/plan/plan.h"
 
 double meas_now(void);
+/* The q-quantile of v[0..n) (sorts v). */
+double meas_quantile(double *v, int n, double q);
+/* xorshift64 */
+uint64_t meas_rnd(uint64_t *s);
+/* k distinct random experts for each of n rows, those >= limit dropped:
+ * returns the pair count; ids[p], row[p] for the kept pairs, *touched the
+ * distinct experts. */
+int meas_routing(uint64_t *s, int n, int k, int n_expert, int limit, int32_t *row,
+                 int32_t *ids, int *touched);
 
 /* A mux server with empty compute in a child process (fork before any
  * ZeroMQ context or thread exists). */
