@@ -450,12 +450,12 @@ int meas_experts(model_t *m, int threads, const meas_trace_t *tr, bool quick, me
     /* (rows, expert limit, calls): one decode row through 1 or k experts,
      * a full prompt step through all experts or through a third of them
      * (a worker's share) */
-    const int kinds[4][3] = {{1, 0, 24}, {1, X, 24}, {R, X, 5}, {R, (X + 2) / 3, 5}};
+    const int kinds[4][3] = {{1, 0, 96}, {1, X, 96}, {R, X, 5}, {R, (X + 2) / 3, 5}};
     double cpu = 0, wall = 0;
     int li = 0, ti = 0;
     for (int kind = 0; kind < 4; kind++) {
         const int calls = quick ? (kinds[kind][2] + 2) / 3 : kinds[kind][2];
-        double t[24];
+        double t[96];
         int ne = 0, np = 0;
         for (int c = -1; c < calls; c++) { /* the first call warms up */
             int layer = moe[li++ % n_moe];
