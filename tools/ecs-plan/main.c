@@ -383,15 +383,26 @@ int main(int argc, char **argv)
     const double gap_dec = (in_remote.dec_s - in_remote.shexp_dec_s) / in.n_layer_moe;
     const double gap_pp = (in_remote.pp_row_s - in_remote.shexp_pp_row_s) * PLAN_STEP_ROWS /
                           in.n_layer_moe;
-    printf("  expert phase per MoE layer call with the layout's own workers (real ecs-worker "
-           "processes, the dispatcher's transport, the coordinator computing the shared experts "
-           "meanwhile and busy %.3f ms | %.1f ms between calls; median):\n", gap_dec * 1e3,
-           gap_pp * 1e3);
+    /* only a layout this machine runs as asked can be timed: spawned
+     * workers on its own cores, over ipc as --spawn-workers connects them */
+    const bool spawnable = a.cores == (int)sysconf(_SC_NPROCESSORS_ONLN) &&
+                           !strcmp(a.transport, "ipc");
+    if (!spawnable)
+        printf("  expert phase: modelled (--cores or --transport describe another machine than "
+               "the one --spawn-workers would use here)\n");
+    else
+        printf("  expert phase per MoE layer call with the layout's own workers (real ecs-worker "
+               "processes, the dispatcher's transport, the coordinator computing the shared "
+               "experts meanwhile and busy %.3f ms | %.1f ms between calls; median):\n",
+               gap_dec * 1e3, gap_pp * 1e3);
     for (int i = 0; i < a.n_layouts; i++) {
         const int n = a.workers[i];
         if (!n)
             continue;
-        if (meas_phase(m, n, wthreads(&a, n), a.no_repack ? "" : mo.repack_dir, gap_dec,
+        if (!spawnable) /* the layout asked for is not this machine's: modelled */
+            continue;
+        if (meas_phase(m, n, wthreads(&a, n), a.replication < n ? a.replication : n,
+                       a.no_repack ? "" : mo.repack_dir, gap_dec,
                        gap_pp, have_trace ? &tr : NULL, a.quick, &ph[i]))
             goto out;
         const meas_phase_t *q = &ph[i];

@@ -112,7 +112,7 @@ typedef struct {
     double pp_phase_s, pp_rtt_s, pp_compute_s, pp_shexp_s;
     double dec_handoff_s, pp_handoff_s; /* median of round trip - compute per call */
 } meas_phase_t;
-int meas_phase(model_t *m, int n_workers, int threads, const char *worker_repack,
+int meas_phase(model_t *m, int n_workers, int threads, int replication, const char *worker_repack,
                double gap_dec_s, double gap_pp_s, const meas_trace_t *tr, bool quick,
                meas_phase_t *out);
 

@@ -190,7 +190,7 @@ static void spin_until(void *arg, int ith, int nth)
         ;
 }
 
-int meas_phase(model_t *m, int n_workers, int threads, const char *worker_repack,
+int meas_phase(model_t *m, int n_workers, int threads, int replication, const char *worker_repack,
                double gap_dec_s, double gap_pp_s, const meas_trace_t *tr, bool quick,
                meas_phase_t *o)
 {
@@ -218,7 +218,8 @@ int meas_phase(model_t *m, int n_workers, int threads, const char *worker_repack
         shexp_new(m, &sh))
         goto done;
     dispatch_opts_t dopt = {.spawn_workers = n_workers, .worker_threads = threads,
-                            .worker_repack = worker_repack, .quiet = true};
+                            .replication = replication, .worker_repack = worker_repack,
+                            .quiet = true};
     if (dispatch_start(m, &dopt, &d) != ECS_OK)
         goto done;
     uint64_t s = 0xF00Dull * 0x9E3779B97F4A7C15ull + (uint64_t)n_workers;
