@@ -18,6 +18,7 @@
 #include "kernels/repack/repack.h"
 #include "proto/wire.h"
 #include "tools/ecs-plan/measure.h"
+#include "common/mem.h"
 
 #define MAX_LAYOUTS 16
 
@@ -210,6 +211,7 @@ static void print_layout_name(char *buf, size_t cap, const plan_layout_t *l)
 
 int main(int argc, char **argv)
 {
+    ecs_mem_keep_large(); /* multi-MB messages every layer (mem.h) */
     args_t a;
     int prc = parse(argc, argv, &a);
     if (prc)
