@@ -1,4 +1,5 @@
-/* mem.c - huge-page allocations (mem.h). */
+/* mem.c - huge-page allocations and malloc settings (mem.h). */
+#include <malloc.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -11,4 +12,11 @@ void *ecs_alloc_huge(size_t bytes)
     if (p)
         madvise(p, n ? n : huge, MADV_HUGEPAGE);
     return p;
+}
+
+void ecs_mem_keep_large(void)
+{
+    /* fixed values also stop glibc's dynamic threshold from moving */
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }

@@ -18,4 +18,15 @@
  * pages advised; NULL when out of memory. free() releases it. */
 void *ecs_alloc_huge(size_t bytes);
 
+/* Keeps large freed blocks in the process (glibc: mmap threshold 64 MB,
+ * trim threshold 512 MB). The daemons move multi-MB messages every layer
+ * (a 512-row call's f32 results: ~8 MB per worker with 3 workers); with
+ * glibc's defaults such a block may come from mmap, or the heap top be
+ * given back, and every message is then faulted in again page by page.
+ * Measured (docs/benchmarks.md, "Capacity planner against the measured
+ * runs"): 3 workers' pp512 ran in one of two states per process, 92k
+ * page faults and ~600 tok/s or 51k and ~1000; with this, 28k and
+ * 830-1050 in 3 of 3. Call once at the start of main, before threads. */
+void ecs_mem_keep_large(void);
+
 #endif

@@ -647,6 +647,10 @@ void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s)
     s->layer_calls = d->layer_calls;
     s->overlapped = d->overlapped;
     s->imbalance = d->layer_calls ? d->imbalance_sum / (double)d->layer_calls : 0;
+    s->ns_overlap = d->ns_overlap;
+    s->ns_blocked = d->ns_blocked;
+    s->ns_rtt_max = d->ns_rtt_max;
+    s->ns_compute_of_max = d->ns_compute_of_max;
     pthread_mutex_unlock((pthread_mutex_t *)&d->lock);
 }
 

@@ -151,6 +151,12 @@ const void *model_repack_map(const model_t *m);
 /* Whether the tensor whose data starts at data is read from the copy alone
  * (its GGUF bytes never read). */
 bool model_repack_has(const model_t *m, const void *data);
+/* Touches every page the model reads (every tensor not read from the
+ * decode copy, and the copy; the routed experts left out when
+ * skip_routed: the workers read those), so that timed runs measure the
+ * engine, not the page faults of a freshly mapped file (ecs-run --bench,
+ * ecs-plan). Returns the seconds it took. */
+double model_prefault(const model_t *m, bool skip_routed);
 /* Phases of a forward step, as model_profile reports them. */
 typedef enum {
     MODEL_PH_EMBED,     /* embedding rows, rope tables */

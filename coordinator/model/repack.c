@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "coordinator/model/model_int.h"
@@ -144,6 +145,32 @@ bool model_repack_has(const model_t *m, const void *data)
 }
 
 const void *model_repack_map(const model_t *m) { return krepack_map(m->r16); }
+
+double model_prefault(const model_t *m, bool skip_routed)
+{
+    const gguf_file_t *f = model_gguf(m);
+    volatile unsigned char sink = 0;
+    unsigned char acc = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor_t *t = gguf_tensor_at(f, i);
+        const unsigned char *p = t->data;
+        if (model_repack_has(m, t->data)) /* read from the copy instead */
+            continue;
+        if (skip_routed && model_is_routed_expert(m, t->data)) /* the workers' */
+            continue;
+        for (size_t o = 0; o < t->nbytes; o += 4096)
+            acc ^= p[o];
+    }
+    const unsigned char *r = model_repack_map(m); /* the decode copy */
+    for (size_t o = 0, n = model_repack_bytes(m, NULL, NULL); r && o < n; o += 4096)
+        acc ^= r[o];
+    sink = acc;
+    (void)sink;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+}
 
 const char *model_repack_note(const model_t *m) { return m->r16_note[0] ? m->r16_note : NULL; }
 

@@ -187,8 +187,20 @@ static double speed(const plan_inputs_t *in, int cores, double n)
 
 /* One step of `rows` rows: coordinator time C (shared experts S of it)
  * plus the expert phases of every MoE layer, averaged over the draws. */
-static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows, double C,
-                      double S, plan_pred_t *o)
+/* The layout's expert phase measured with its workers for a layer of r
+ * rows (0: not measured). */
+static double measured_phase(const plan_layout_t *l, int r)
+{
+    if (!l->n_workers)
+        return 0;
+    return r == 1 ? l->phase_dec_s : r == l->phase_pp_rows ? l->phase_pp_s : 0;
+}
+
+/* rows_all rows through every MoE layer but the last, which takes
+ * rows_last (a prompt step computes its last layer only for the rows whose
+ * logits it returns: forward.c) */
+static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows_all,
+                      int rows_last, double C, double S, plan_pred_t *o)
 {
     ecs_err_t rc = check(in, l);
     if (rc != ECS_OK)
@@ -203,7 +215,7 @@ static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows,
     const double act_bytes = in->act_row_bytes > 0 ? in->act_row_bytes : row_bytes;
     const int samples = l->samples > 0 ? l->samples : 64;
     sim_t *s = calloc(1, sizeof *s);
-    int32_t *ids = malloc((size_t)rows * (size_t)k * sizeof *ids);
+    int32_t *ids = malloc((size_t)rows_all * (size_t)k * sizeof *ids);
     if (!s || !ids) {
         free(s);
         free(ids);
@@ -214,8 +226,13 @@ static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows,
     s->R = N ? l->replication : 1;
     uint64_t seed = l->seed ? l->seed : 1;
     const double S_l = L > 0 ? S / L : 0;
-    double phases = 0, links = 0, imb = 0;
+    double phases = 0, links = 0, imb = 0, meas = 0;
+    bool all_measured = true;
     for (int layer = 0; layer < L; layer++) {
+        const int rows = layer == L - 1 ? rows_last : rows_all;
+        const double mp = measured_phase(l, rows);
+        all_measured &= mp > 0;
+        meas += mp;
         for (int d = 0; d < samples; d++) {
             draw(s, &seed, rows, ids);
             if (!N) { /* local experts: their jobs join the shared experts'
@@ -270,7 +287,9 @@ static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows,
     const double per = 1.0 / samples;
     o->n_workers = N;
     o->coord_s = C;
-    o->expert_s = phases * per;
+    o->model_expert_s = phases * per;
+    /* the layout's phase measured with its own workers, for these rows */
+    o->expert_s = N && L > 0 && all_measured ? meas : o->model_expert_s;
     o->link_s = links * per;
     o->imbalance = N && L ? imb * per / L : 1;
     for (int i = 0; i < N; i++) {
@@ -282,7 +301,7 @@ static ecs_err_t step(const plan_inputs_t *in, const plan_layout_t *l, int rows,
     /* one process: C then the experts; workers: C less the shared experts,
      * which ran inside each layer's expert phase */
     o->step_s = N ? C - S + o->expert_s : C + o->expert_s;
-    o->tok_s = o->step_s > 0 ? rows / o->step_s : 0;
+    o->tok_s = o->step_s > 0 ? rows_all / o->step_s : 0;
     return ECS_OK;
 }
 
@@ -295,7 +314,7 @@ ecs_err_t plan_decode(const plan_inputs_t *in, const plan_layout_t *l, plan_pred
     const double C = in->dec_s + (b - 1) * in->dec_row_s + (double)b * l->depth * in->dec_ctx_s;
     double S = b * in->shexp_pp_row_s;
     S = S > in->shexp_dec_s ? S : in->shexp_dec_s;
-    return step(in, l, b, C, S, out);
+    return step(in, l, b, b, C, S, out);
 }
 
 ecs_err_t plan_prompt(const plan_inputs_t *in, const plan_layout_t *l, plan_pred_t *out)
@@ -306,12 +325,13 @@ ecs_err_t plan_prompt(const plan_inputs_t *in, const plan_layout_t *l, plan_pred
     memset(out, 0, sizeof *out);
     for (int done = 0; done < l->pp;) {
         const int r = l->pp - done < PLAN_STEP_ROWS ? l->pp - done : PLAN_STEP_ROWS;
-        ecs_err_t rc = step(in, l, r, r * in->pp_row_s, r * in->shexp_pp_row_s, &part);
+        ecs_err_t rc = step(in, l, r, 1, r * in->pp_row_s, r * in->shexp_pp_row_s, &part);
         if (rc != ECS_OK)
             return rc;
         out->step_s += part.step_s;
         out->coord_s += part.coord_s;
         out->expert_s += part.expert_s;
+        out->model_expert_s += part.model_expert_s;
         out->link_s += part.link_s;
         out->imbalance += part.imbalance * r / l->pp;
         out->n_workers = part.n_workers;

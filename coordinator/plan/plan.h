@@ -27,6 +27,9 @@
  *                 a thread gets v(n) = min(1, cores / (ext + n)) of a core
  *                 when n of ours run: a time measured with n threads is
  *                 n v(n) core-seconds per second).
+ *   measured      a layout whose expert phase was timed with its own
+ *                 workers (plan_layout_t.phase_*): step = C - S + layers x
+ *                 that phase, for a step of the rows it was timed with.
  * Routings are drawn at random (k distinct experts per row, uniform), each
  * expert's rows go to one holder the way the dispatcher picks (fewest rows
  * so far in this call, ties by rotation), and the times are averaged over
@@ -104,6 +107,17 @@ typedef struct {
      * r-th holder of expert e in MoE layer l; NULL: expert e's holders are
      * (e + r) % n_workers (a uniform placement) */
     const int16_t *holders;
+    /* The expert phase of one MoE layer as measured with this layout's own
+     * workers (ecs-plan: real ecs-worker processes with their threads,
+     * the dispatcher's transport, the coordinator computing the shared
+     * experts meanwhile; median per layer call), for a one-row step
+     * (phase_dec_s) and a step of phase_pp_rows rows (phase_pp_s). It holds
+     * what the model above leaves out: the hand-offs' wake-ups when the
+     * cores are busy, a worker's own memory bandwidth with its thread
+     * count, and the time-sharing as the scheduler does it. A step of
+     * those rows charges it in place of the modelled phase (0: modelled). */
+    double phase_dec_s, phase_pp_s;
+    int phase_pp_rows;
     int samples;        /* routings drawn per layer (0: 64) */
     uint64_t seed;      /* of the draws (0: 1) */
 } plan_layout_t;
@@ -113,6 +127,8 @@ typedef struct {
     double tok_s;         /* rows per second */
     double coord_s;       /* the coordinator's own compute per step (shared experts included) */
     double expert_s;      /* routed-expert phase per step, all MoE layers */
+    double model_expert_s;/* the same from the model alone (== expert_s unless the layout's
+                           * phase was measured for this step's rows) */
     double link_s;        /* round trips of the busiest worker per step */
     double imbalance;     /* mean over layers of busiest / mean pairs per worker */
     int n_workers;

@@ -12,6 +12,9 @@
 #   ECS_PLAN_WORKERS  layouts (default 0,1,2,3; 0 = one process)
 #   ECS_PLAN_ROUNDS   rounds of runs (default 2; --quick: 1)
 #   ECS_PLAN_REPS     ecs-run --reps per round (default 3)
+#   ECS_PLAN_BASE     another build folder whose ecs-plan runs beside this
+#                     one's at every plan point (the same load), for a
+#                     before/after table of the planner itself
 # --quick: a smoke run (tiny model, pp 64, tg 8, one round).
 set -euo pipefail
 build=${1:?usage: tests/bench/bench_plan.sh BUILD_DIR [--quick]}
@@ -48,9 +51,19 @@ lock() {
 echo "== bench_plan: ecs-plan's predictions against ecs-run --bench (model $model) =="
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')  cores: $(nproc)  load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 # plan_R.txt: ecs-plan's output before round R (and after round R-1)
+base=${ECS_PLAN_BASE:-}
+if [ -n "$base" ] && [ ! -x "$base/bin/ecs-plan" ]; then
+    echo "bench_plan: $base/bin/ecs-plan is not built" >&2
+    exit 1
+fi
 do_plan() {
     lock "$plan" -m "$model" --workers "$workers" --pp $pp --tg $tg "${pflags[@]}" \
         >"$tmp/plan_$1.txt" 2>"$tmp/plan_$1.err" || { cat "$tmp/plan_$1.err" >&2; exit 1; }
+    if [ -n "$base" ]; then
+        lock "$base/bin/ecs-plan" -m "$model" --workers "$workers" --pp $pp --tg $tg \
+            "${pflags[@]}" >"$tmp/base_$1.txt" 2>"$tmp/base_$1.err" ||
+            { cat "$tmp/base_$1.err" >&2; exit 1; }
+    fi
 }
 do_plan 0
 cat "$tmp/plan_0.txt"
@@ -68,8 +81,9 @@ done
 # ecs-plan builds its inputs from medians of its repetitions, ecs-run runs
 # --reps times per round; the medians are the comparison, the best figures
 # (the moments a run had the cores) say how far the load moved them.
+table() { # $1: plan file prefix
 echo
-echo "predicted ($((rounds + 1)) plans) vs measured ($rounds x $reps runs), tok/s, best and median:"
+echo "predicted by $1 ($((rounds + 1)) plans) vs measured ($rounds x $reps runs), tok/s, best and median:"
 printf '%-8s %-12s %10s %10s %7s | %10s %10s %7s\n' layout figure "pred best" "meas best" ratio \
     "pred med" "meas med" ratio
 # best and median of the numbers on stdin
@@ -84,7 +98,7 @@ for n in ${workers//,/ }; do
         esac
         meas=$(cat "$tmp"/run_*_"$n".txt | grep -E "$pat" | awk '
             {for (i = 1; i < NF; i++) if ($(i+1) == "tok/s") print $i}' | stats)
-        pred=$(cat "$tmp"/plan_*.txt | awk -v n="$n" -v fig="$fig" '$1 == "PLAN" && $3 == n {
+        pred=$(cat "$tmp"/"$1"_*.txt | awk -v n="$n" -v fig="$fig" '$1 == "PLAN" && $3 == n {
                    for (i = 2; i < NF; i++) if ($i == fig) print $(i+1)}' | stats)
         name=$([ "$n" -eq 0 ] && echo "1-proc" || echo "$n wrk")
         awk -v name="$name" -v lab="$label" -v p="$pred" -v m="$meas" 'BEGIN {
@@ -93,4 +107,7 @@ for n in ${workers//,/ }; do
                    (M[1] > 0 ? P[1] / M[1] : 0), P[2], M[2], (M[2] > 0 ? P[2] / M[2] : 0)}'
     done
 done
+}
+table plan
+[ -n "$base" ] && table base
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

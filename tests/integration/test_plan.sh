@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_plan.sh - ecs-plan runs end to end on a tiny model (deepseek2 and
 # qwen3moe): it prints each measured input (link, both coordinator
-# timings, kmoe per thread count, other processes' threads) and one PLAN
+# timings, the recorded routings, kmoe per thread count, other processes'
+# threads, each worker layout's phase with its real workers) and one PLAN
 # line per layout asked for, with positive speeds; bad options are refused
 # with a message. No timing is judged (the numbers depend on the load).
 # usage: tests/integration/test_plan.sh BUILD_DIR   (from the repo root)
@@ -23,7 +24,9 @@ for model in ../shared/models/tiny-ds2-q8_0.gguf ../shared/models/tiny-qwen3moe-
     fi
     missing=""
     for pat in "link (ipc" "=> alpha" "returning at once" "whose wait sleeps" "1 thread:" \
-        "2 threads:" "other processes' runnable threads" "micro-batch overlap"; do
+        "2 threads:" "other processes' runnable threads" "routings replayed" \
+        "expert phase per MoE layer call" "1 worker x 2 thr: decode" "hand-offs" \
+        "micro-batch overlap"; do
         grep -qF "$pat" "$tmp/out" || missing="$missing [$pat]"
     done
     [ -z "$missing" ] && ok "$name: inputs printed" || bad "$name: no line with$missing"

@@ -8,6 +8,7 @@
  * bad calls are refused. Links only
  * kernels/ and common/. */
 #include <criterion/criterion.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,4 +284,20 @@ Test(moe, bad_calls_are_refused)
     kmoe_free(moe);
     free(x);
     free_weights(&w);
+}
+
+Test(mem, keep_large_keeps_big_blocks_in_the_heap)
+{
+    /* glibc's defaults would map a 16 MB block (and unmap it on free):
+     * after ecs_mem_keep_large it comes from the heap, which keeps it */
+    ecs_mem_keep_large();
+    const struct mallinfo2 a = mallinfo2();
+    char *volatile p = malloc((size_t)16 << 20); /* volatile: not elided */
+    cr_assert_not_null(p);
+    p[0] = 1;
+    const struct mallinfo2 b = mallinfo2();
+    cr_assert_eq(b.hblks, a.hblks, "%zu mapped blocks, was %zu", b.hblks, a.hblks);
+    free(p);
+    const struct mallinfo2 c = mallinfo2();
+    cr_assert_geq(c.arena, (size_t)16 << 20, "heap %zu bytes after free", c.arena);
 }

@@ -22,6 +22,7 @@
 #include "coordinator/sched/sched.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "kernels/repack/repack.h"
+#include "common/mem.h"
 
 #define MAX_KEYS 256
 
@@ -360,6 +361,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
 
 int main(int argc, char **argv)
 {
+    ecs_mem_keep_large(); /* multi-MB messages every layer (mem.h) */
     args_t a;
     if (parse_args(argc, argv, &a))
         return 2;

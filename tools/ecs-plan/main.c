@@ -18,6 +18,7 @@
 #include "kernels/repack/repack.h"
 #include "proto/wire.h"
 #include "tools/ecs-plan/measure.h"
+#include "common/mem.h"
 
 #define MAX_LAYOUTS 16
 
@@ -57,7 +58,7 @@ static int usage(FILE *f)
             "  --tg N              decode tokens timed per run (default 32)\n"
             "  --batch B           also predict decode steps of B sequences (default 1)\n"
             "  --transport T       ipc (default, what --spawn-workers uses) or tcp\n"
-            "  --reps R            repetitions of the coordinator's timing (default 3)\n"
+            "  --reps R            repetitions of the coordinator's timing (default 5)\n"
             "  --ext-threads N     other processes' runnable threads to assume (default:\n"
             "                      estimated from the share of the cores the timings got;\n"
             "                      0: a quiet machine)\n"
@@ -70,7 +71,7 @@ static int parse(int argc, char **argv, args_t *a)
 {
     memset(a, 0, sizeof *a);
     a->transport = "ipc";
-    a->replication = 1, a->pp = 512, a->tg = 32, a->batch = 1, a->reps = 3;
+    a->replication = 1, a->pp = 512, a->tg = 32, a->batch = 1, a->reps = 5;
     a->n_layouts = 4;
     a->ext_threads = -1;
     for (int i = 0; i < 4; i++)
@@ -210,6 +211,7 @@ static void print_layout_name(char *buf, size_t cap, const plan_layout_t *l)
 
 int main(int argc, char **argv)
 {
+    ecs_mem_keep_large(); /* multi-MB messages every layer (mem.h) */
     args_t a;
     int prc = parse(argc, argv, &a);
     if (prc)
@@ -236,6 +238,9 @@ int main(int argc, char **argv)
         meas_server_stop(&srv);
         return 1;
     }
+    /* the pages ecs-run --bench touches before it times (the experts'
+     * timings below would otherwise count first-touch page faults) */
+    const double pf_s = model_prefault(m, false);
     const arch_hparams_t *hp = model_hparams(m);
     double load[3] = {0};
     FILE *la = fopen("/proc/loadavg", "r");
@@ -253,9 +258,12 @@ int main(int argc, char **argv)
     plan_inputs_t in = {.n_layer_moe = hp->n_layer - hp->n_layer_dense,
                         .n_expert = hp->n_expert, .k = hp->n_expert_used, .n_embd = hp->n_embd};
     int rc = 1;
+    meas_trace_t tr = {0};
+    bool have_trace = false;
     in.act_row_bytes = wire_act_bytes(m);
     printf("activations on the wire: %.0f bytes per row (f32: %d)\n", in.act_row_bytes,
            4 * hp->n_embd);
+    printf("prefault: %.2f s (every page the one process reads, as ecs-run --bench)\n", pf_s);
     /* 1. the link */
     meas_link_t lk;
     if (meas_link(srv.endpoint, hp->n_embd, hp->n_expert_used, a.quick, &lk)) {
@@ -310,6 +318,17 @@ int main(int argc, char **argv)
                100 * mc.sh_cpu_ratio / a.threads, a.threads);
     }
     const double d0 = (a.tg - 1) / 2.0;
+    /* the routings the measured run computes, replayed to kmoe and the workers */
+    have_trace = meas_trace(m, a.pp, a.tg, &tr) == 0;
+    if (have_trace) {
+        int dec = 0, pp = 0;
+        for (int j = 0; j < tr.n; j++)
+            dec += tr.rows[j] == 1, pp += tr.rows[j] == PLAN_STEP_ROWS;
+        printf("  routings replayed (ecs-run --bench's prompt, greedy decode; the model's own "
+               "router): %d one-row calls, %d calls of %d rows\n", dec, pp, PLAN_STEP_ROWS);
+    } else {
+        printf("  routings: uniform draws (recording the model's failed: %s)\n", ecs_errmsg());
+    }
     /* 3. the experts, for every thread count a layout uses */
     bool need[PLAN_MAX_THREADS + 1] = {false};
     for (int i = 0; i < a.n_layouts; i++) {
@@ -322,12 +341,13 @@ int main(int argc, char **argv)
     }
     int ext_from = -1;
     double ext = 0;
-    printf("  routed experts (kmoe, random routings, median call over the MoE layers):\n");
+    printf("  routed experts (kmoe, the routings above for the calls through all k slots, "
+           "uniform draws for the others; median call):\n");
     for (int t = 1; t <= PLAN_MAX_THREADS; t++) {
         if (!need[t])
             continue;
         meas_expert_t me;
-        if (meas_experts(m, t, a.quick, &me)) {
+        if (meas_experts(m, t, have_trace ? &tr : NULL, a.quick, &me)) {
             fprintf(stderr, "ecs-plan: timing kmoe with %d threads: %s\n", t, ecs_errmsg());
             goto out;
         }
@@ -356,7 +376,48 @@ int main(int argc, char **argv)
                               : "from the share of a core the kmoe threads got: cores / share - "
                                 "threads");
 
-    /* 4. the predictions */
+    /* 4. the expert phase of each layout with workers, as it runs: real
+     * ecs-worker processes, the shared experts computed meanwhile */
+    meas_phase_t ph[MAX_LAYOUTS];
+    memset(ph, 0, sizeof ph);
+    /* the coordinator's own work per MoE layer outside the expert phase,
+     * run between the calls (the workers sleep meanwhile, as in a step) */
+    const double gap_dec = (in_remote.dec_s - in_remote.shexp_dec_s) / in.n_layer_moe;
+    const double gap_pp = (in_remote.pp_row_s - in_remote.shexp_pp_row_s) * PLAN_STEP_ROWS /
+                          in.n_layer_moe;
+    /* only a layout this machine runs as asked can be timed: spawned
+     * workers on its own cores, over ipc as --spawn-workers connects them */
+    const bool spawnable = a.cores == (int)sysconf(_SC_NPROCESSORS_ONLN) &&
+                           !strcmp(a.transport, "ipc");
+    if (!spawnable)
+        printf("  expert phase: modelled (--cores or --transport describe another machine than "
+               "the one --spawn-workers would use here)\n");
+    else
+        printf("  expert phase per MoE layer call with the layout's own workers (real ecs-worker "
+               "processes, the dispatcher's transport, the coordinator computing the shared "
+               "experts meanwhile and busy %.3f ms | %.1f ms between calls; median):\n",
+               gap_dec * 1e3, gap_pp * 1e3);
+    for (int i = 0; i < a.n_layouts; i++) {
+        const int n = a.workers[i];
+        if (!n)
+            continue;
+        if (!spawnable) /* the layout asked for is not this machine's: modelled */
+            continue;
+        if (meas_phase(m, n, wthreads(&a, n), a.replication < n ? a.replication : n,
+                       a.no_repack ? "" : mo.repack_dir, gap_dec,
+                       gap_pp, have_trace ? &tr : NULL, a.quick, &ph[i]))
+            goto out;
+        const meas_phase_t *q = &ph[i];
+        printf("    %d worker%s x %d thr: decode %.3f ms (slowest call %.3f ms round trip = "
+               "%.3f compute + %.3f hand-offs; shared experts %.3f) | %d rows %.2f ms (%.2f = "
+               "%.2f + %.2f; %.2f) [%d, %d calls]\n", n, n > 1 ? "s" : "", q->threads,
+               q->dec_phase_s * 1e3, q->dec_rtt_s * 1e3, q->dec_compute_s * 1e3,
+               q->dec_handoff_s * 1e3, q->dec_shexp_s * 1e3, PLAN_STEP_ROWS, q->pp_phase_s * 1e3,
+               q->pp_rtt_s * 1e3, q->pp_compute_s * 1e3, q->pp_handoff_s * 1e3,
+               q->pp_shexp_s * 1e3, q->calls_dec, q->calls_pp);
+    }
+
+    /* 5. the predictions */
     printf("\npredictions (decode: tg%d from an empty context and after the %d-token prompt; "
            "prompt: pp%d):\n", a.tg, a.pp, a.pp);
     printf("  %-28s %10s %12s %10s %9s %10s\n", "layout", "decode", "decode@pp", "prompt",
@@ -373,7 +434,9 @@ int main(int argc, char **argv)
         lay[i] = (plan_layout_t){.n_workers = n, .worker_threads = n ? wthreads(&a, n) : 0,
                                  .coord_threads = a.threads, .replication = r, .cores = a.cores,
                                  .batch = 1, .depth = (int)d0, .pp = a.pp, .holders = hold[i],
-                                 .samples = 64, .seed = 7};
+                                 .samples = 64, .seed = 7, .phase_dec_s = ph[i].dec_phase_s,
+                                 .phase_pp_s = ph[i].pp_phase_s,
+                                 .phase_pp_rows = PLAN_STEP_ROWS};
         plan_layout_t ld = lay[i];
         ld.depth = a.pp + (int)d0;
         const plan_inputs_t *pi = n ? &in_remote : &in;
@@ -402,11 +465,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < a.n_layouts; i++) {
         char name[64];
         print_layout_name(name, sizeof name, &lay[i]);
-        printf("  %s: step %.2f ms = coordinator %.2f + expert phases %.2f%s | %.0f ms = %.0f + "
-               "%.0f\n", name, dec[i].step_s * 1e3, dec[i].coord_s * 1e3,
-               dec[i].expert_s * 1e3,
-               lay[i].n_workers ? " (shared experts overlapped inside)" : "", pr[i].step_s * 1e3,
-               pr[i].coord_s * 1e3, pr[i].expert_s * 1e3);
+        printf("  %s: step %.2f ms = coordinator %.2f + expert phases %.2f%s (modelled "
+               "%.2f) | %.0f ms = %.0f + %.0f (modelled %.0f)\n", name, dec[i].step_s * 1e3,
+               dec[i].coord_s * 1e3, dec[i].expert_s * 1e3,
+               lay[i].n_workers ? " (shared experts overlapped inside)" : "",
+               dec[i].model_expert_s * 1e3, pr[i].step_s * 1e3, pr[i].coord_s * 1e3,
+               pr[i].expert_s * 1e3, pr[i].model_expert_s * 1e3);
         for (int w = 0; w < dec[i].n_workers; w++)
             printf("    w%d: decode %.2f pairs %.2f ms busy (%.0f %% of the step), %.1f KB out "
                    "%.1f KB back | prompt %.0f pairs %.0f ms busy (%.0f %%), %.1f MB out %.1f MB "
@@ -416,7 +480,7 @@ int main(int argc, char **argv)
                    100 * pr[i].busy_s[w] / pr[i].step_s, pr[i].bytes_out[w] / 1e6,
                    pr[i].bytes_in[w] / 1e6);
     }
-    /* 5. micro-batch overlap: the prompt step cut in two halves, the
+    /* 6. micro-batch overlap: the prompt step cut in two halves, the
      * coordinator's half a against the experts' half f; f from the
      * planner's own prompt of half the rows (each expert's weights read
      * once per half, a call per half: what cutting costs) */
@@ -453,6 +517,8 @@ int main(int argc, char **argv)
     }
     rc = 0;
 out:
+    if (have_trace)
+        meas_trace_free(&tr);
     meas_server_stop(&srv);
     for (int i = 0; i < a.n_layouts; i++)
         free(hold[i]);

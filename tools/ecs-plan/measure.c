@@ -1,7 +1,7 @@
 /* measure.c - ecs-plan's measurements: every input of the planner's
  * arithmetic is timed here, on this machine, under its present load (the
  * figures it predicts are taken under the same load). Medians: other
- * sessions share the cores (see quantile()). */
+ * sessions share the cores (see meas_quantile()). */
 #include "tools/ecs-plan/measure.h"
 
 #include <signal.h>
@@ -40,13 +40,13 @@ static int cmp_d(const void *a, const void *b)
  * typical figure under the machine's present load, which it estimates
  * alongside (meas_expert_t.cpu_share) and which bench_plan.sh's measured
  * runs see too. */
-static double quantile(double *v, int n, double q)
+double meas_quantile(double *v, int n, double q)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     return v[(int)(q * (n - 1))];
 }
 
-static uint64_t rnd(uint64_t *s)
+uint64_t meas_rnd(uint64_t *s)
 {
     *s ^= *s << 13;
     *s ^= *s >> 7;
@@ -179,7 +179,7 @@ int meas_link(const char *endpoint, int n_embd, int k, bool quick, meas_link_t *
         o->rows[p] = rows[p];
         o->entries[p] = ent;
         o->bytes[p] = (double)(rows[p] + ent) * n_embd * sizeof(float);
-        o->med_s[p] = quantile(t, n, 0.5);
+        o->med_s[p] = meas_quantile(t, n, 0.5);
     }
     o->n = MEAS_LINK_POINTS;
     /* beta from a line through all points; alpha from the smallest call,
@@ -271,7 +271,7 @@ int meas_coord(model_t *m, int pp, int tg, int reps, long sleep_ns, meas_coord_t
             goto done;
     uint64_t s = 1234 * 0x9E3779B97F4A7C15ull + 1;
     for (int i = 0; i < pp + tg; i++)
-        toks[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+        toks[i] = (int32_t)(meas_rnd(&s) % (uint64_t)V);
     model_set_experts(m, &null_ops, &nc);
     /* warm-up, untimed, as ecs-run --bench does */
     if (model_eval(c, toks, pp, logits, false) != ECS_OK || decode(c, toks, 4, logits))
@@ -323,12 +323,12 @@ int meas_coord(model_t *m, int pp, int tg, int reps, long sleep_ns, meas_coord_t
             col[j][r] = v[r * 6 + j];
     }
     const int n = reps < 64 ? reps : 64;
-    o->pp_s = quantile(col[0], n, 0.5);
-    o->tg0_s = quantile(col[1], n, 0.5);
-    o->tgd_s = quantile(col[2], n, 0.5);
-    o->sh_pp_s = quantile(col[3], n, 0.5);
-    o->sh_tg_s = quantile(col[4], n, 0.5);
-    o->batch_s = quantile(col[5], n, 0.5);
+    o->pp_s = meas_quantile(col[0], n, 0.5);
+    o->tg0_s = meas_quantile(col[1], n, 0.5);
+    o->tgd_s = meas_quantile(col[2], n, 0.5);
+    o->sh_pp_s = meas_quantile(col[3], n, 0.5);
+    o->sh_tg_s = meas_quantile(col[4], n, 0.5);
+    o->batch_s = meas_quantile(col[5], n, 0.5);
     o->sh_cpu_ratio = cpu_w + sh_w > 0 ? (cpu_c + sh_c) / (cpu_w + sh_w) : 0;
     rc = 0;
 done:
@@ -346,7 +346,7 @@ done:
 
 /* k distinct random experts for each of n rows, those >= limit dropped:
  * returns the pair count; ids[p], row[p] for the kept pairs. */
-static int routing(uint64_t *s, int n, int k, int n_expert, int limit, int32_t *row,
+int meas_routing(uint64_t *s, int n, int k, int n_expert, int limit, int32_t *row,
                    int32_t *ids, int *touched)
 {
     int p = 0;
@@ -357,7 +357,7 @@ static int routing(uint64_t *s, int n, int k, int n_expert, int limit, int32_t *
         for (int j = 0; j < k; j++) {
             int e, dup;
             do {
-                e = (int)(rnd(s) % (uint64_t)n_expert);
+                e = (int)(meas_rnd(s) % (uint64_t)n_expert);
                 dup = 0;
                 for (int q = 0; q < j; q++)
                     dup |= pick[q] == e;
@@ -411,7 +411,7 @@ static int fit_nonneg(const meas_expert_t *o, double c[3])
     return -1;
 }
 
-int meas_experts(model_t *m, int threads, bool quick, meas_expert_t *o)
+int meas_experts(model_t *m, int threads, const meas_trace_t *tr, bool quick, meas_expert_t *o)
 {
     const arch_hparams_t *hp = model_hparams(m);
     const model_weights_t *w = model_weights(m);
@@ -446,26 +446,38 @@ int meas_experts(model_t *m, int threads, bool quick, meas_expert_t *o)
         goto done;
     uint64_t s = 0x5EEDull * 0x9E3779B97F4A7C15ull + (uint64_t)threads;
     for (size_t i = 0; i < (size_t)R * (size_t)E; i++)
-        x[i] = (float)((int)(rnd(&s) % 2001) - 1000) * 1e-3f;
+        x[i] = (float)((int)(meas_rnd(&s) % 2001) - 1000) * 1e-3f;
     /* (rows, expert limit, calls): one decode row through 1 or k experts,
      * a full prompt step through all experts or through a third of them
      * (a worker's share) */
-    const int kinds[4][3] = {{1, 0, 24}, {1, X, 24}, {R, X, 3}, {R, (X + 2) / 3, 3}};
+    const int kinds[4][3] = {{1, 0, 96}, {1, X, 96}, {R, X, 5}, {R, (X + 2) / 3, 5}};
     double cpu = 0, wall = 0;
-    int li = 0;
+    int li = 0, ti = 0;
     for (int kind = 0; kind < 4; kind++) {
         const int calls = quick ? (kinds[kind][2] + 2) / 3 : kinds[kind][2];
-        double t[24];
+        double t[96];
         int ne = 0, np = 0;
         for (int c = -1; c < calls; c++) { /* the first call warms up */
-            const int layer = moe[li++ % n_moe];
+            int layer = moe[li++ % n_moe];
             int touched, p;
+            const int j = kinds[kind][1] == X ? meas_trace_next(tr, kinds[kind][0], &ti) : -1;
             if (kind == 0) { /* one expert */
                 row[0] = 0;
-                ids[0] = (int32_t)(rnd(&s) % (uint64_t)X);
+                ids[0] = (int32_t)(meas_rnd(&s) % (uint64_t)X);
                 p = touched = 1;
+            } else if (j >= 0) { /* all k slots of the rows: the model's routing */
+                char seen[4096] = {0};
+                layer = tr->layer[j];
+                p = kinds[kind][0] * k;
+                touched = 0;
+                for (int q = 0; q < p; q++) {
+                    row[q] = q / k;
+                    ids[q] = tr->ids[tr->off[j] + (size_t)q];
+                    touched += !seen[ids[q]];
+                    seen[ids[q]] = 1;
+                }
             } else {
-                p = routing(&s, kinds[kind][0], k, X, kinds[kind][1], row, ids, &touched);
+                p = meas_routing(&s, kinds[kind][0], k, X, kinds[kind][1], row, ids, &touched);
             }
             const double w0 = meas_now(), c0 = cpu_now();
             if (kmoe_prepare(km, layer, kinds[kind][0], x, p, row, ids) != ECS_OK)
@@ -480,7 +492,7 @@ int meas_experts(model_t *m, int threads, bool quick, meas_expert_t *o)
         }
         o->experts[o->n] = (ne + calls / 2) / calls;
         o->pairs[o->n] = (np + calls / 2) / calls;
-        o->wall_s[o->n] = quantile(t, calls, 0.5);
+        o->wall_s[o->n] = meas_quantile(t, calls, 0.5);
         o->n++;
     }
     /* x0 + xe e + xp p through the four points, each weighted by 1/time

@@ -5,12 +5,22 @@
 #define ECS_PLAN_MEASURE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "coordinator/model/model.h"
 #include "coordinator/plan/plan.h"
 
 double meas_now(void);
+/* The q-quantile of v[0..n) (sorts v). */
+double meas_quantile(double *v, int n, double q);
+/* xorshift64 */
+uint64_t meas_rnd(uint64_t *s);
+/* k distinct random experts for each of n rows, those >= limit dropped:
+ * returns the pair count; ids[p], row[p] for the kept pairs, *touched the
+ * distinct experts. */
+int meas_routing(uint64_t *s, int n, int k, int n_expert, int limit, int32_t *row,
+                 int32_t *ids, int *touched);
 
 /* A mux server with empty compute in a child process (fork before any
  * ZeroMQ context or thread exists). */
@@ -45,6 +55,7 @@ typedef struct {
  * and then gets its turn on the cores sooner than one that never does. */
 int meas_coord(model_t *m, int pp, int tg, int reps, long sleep_ns, meas_coord_t *out);
 
+typedef struct meas_trace meas_trace_t;
 #define MEAS_EXPERT_CALLS 64
 typedef struct {
     int n;
@@ -54,7 +65,55 @@ typedef struct {
     double cpu_share;        /* CPU time / (wall x threads): the share of the cores got */
 } meas_expert_t;
 /* kmoe over m's experts with `threads` threads on random routings: one-row
- * calls of 1 and k experts, full-step calls of all and a third of them. */
-int meas_experts(model_t *m, int threads, bool quick, meas_expert_t *out);
+ * calls of 1 and k experts, full-step calls of all and a third of them;
+ * the calls through all k slots replay tr's routings where it has calls
+ * of those rows (tr NULL: uniform draws). */
+int meas_experts(model_t *m, int threads, const meas_trace_t *tr, bool quick,
+                 meas_expert_t *out);
+
+/* The routings ecs-run --bench computes: the same random prompt (seed
+ * 1234), pp tokens, then tg greedy tokens after it and tg greedy tokens
+ * from an empty context, recorded per expert call (the local experts
+ * compute meanwhile, so the routings are those of the real run, bit for
+ * bit). A model's routing is not uniform: consecutive decode steps reuse
+ * experts (whose weights may still be in the caches), a prompt touches
+ * some experts more; the timings below replay these instead of uniform
+ * draws. */
+struct meas_trace {
+    int n, cap, k;
+    int *layer, *rows;
+    size_t *off;  /* into ids: the call's rows x k expert ids */
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+};
+int meas_trace(model_t *m, int pp, int tg, meas_trace_t *out);
+void meas_trace_free(meas_trace_t *t);
+/* The trace's next call of `rows` rows from *cursor on, cyclic (advances
+ * the cursor past it): its index, -1 if none (t may be NULL). */
+int meas_trace_next(const meas_trace_t *t, int rows, int *cursor);
+
+/* The expert phase of one MoE layer as a layout with workers runs it:
+ * n_workers real ecs-worker processes spawned through the dispatcher (its
+ * transport, its placement, each worker with `threads` threads and its own
+ * prefaulted shard), and, between submit and wait, the coordinator
+ * computing the layer's real shared experts on its own threads, as
+ * forward.c does. Per call: submit to the end of wait (the phase), the
+ * slowest call's round trip and its worker's compute (as the worker
+ * reports it: the expert rate as a worker runs it, with the other
+ * processes competing as they do), the shared experts' time. Between two
+ * calls the coordinator's threads stay busy for gap_dec_s / gap_pp_s (its
+ * own work per MoE layer outside the phase: attention, router, norms), as
+ * in a step: the workers go to sleep meanwhile and must be woken, which is
+ * part of what a call costs. Medians over the MoE layers, for a one-row
+ * step (decode) and a 512-row step. */
+typedef struct {
+    int n_workers, threads, calls_dec, calls_pp;
+    double dec_phase_s, dec_rtt_s, dec_compute_s, dec_shexp_s;
+    double pp_phase_s, pp_rtt_s, pp_compute_s, pp_shexp_s;
+    double dec_handoff_s, pp_handoff_s; /* median of round trip - compute per call */
+} meas_phase_t;
+int meas_phase(model_t *m, int n_workers, int threads, int replication, const char *worker_repack,
+               double gap_dec_s, double gap_pp_s, const meas_trace_t *tr, bool quick,
+               meas_phase_t *out);
 
 #endif

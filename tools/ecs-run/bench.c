@@ -43,33 +43,6 @@ static void read_mem(mem_kb_t *m)
     }
 }
 
-/* Touches every page of every tensor, so that timed runs measure the
- * engine, not page faults of a freshly mapped file (llama-bench's warm-up
- * run does the same for the pages it uses). */
-static double prefault(const model_t *m, bool remote)
-{
-    const gguf_file_t *f = model_gguf(m);
-    volatile unsigned char sink = 0;
-    unsigned char acc = 0;
-    double t0 = run_now_s();
-    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
-        const gguf_tensor_t *t = gguf_tensor_at(f, i);
-        const unsigned char *p = t->data;
-        if (model_repack_has(m, t->data)) /* read from the copy instead */
-            continue;
-        if (remote && model_is_routed_expert(m, t->data)) /* the workers' */
-            continue;
-        for (size_t o = 0; o < t->nbytes; o += 4096)
-            acc ^= p[o];
-    }
-    const unsigned char *r = model_repack_map(m); /* the decode copy */
-    for (size_t o = 0, n = model_repack_bytes(m, NULL, NULL); r && o < n; o += 4096)
-        acc ^= r[o];
-    sink = acc;
-    (void)sink;
-    return run_now_s() - t0;
-}
-
 /* ---- read bandwidth of the mapped weights: the decode roofline ---- */
 
 #define BW_BYTES ((size_t)2 << 30) /* streamed per pass, split over the threads */
@@ -314,7 +287,7 @@ int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
                                            : "mla-latent (expanded prompts)");
     printf("weights read per decoded token: %.4f GB (attention, dense, router, shared, %d of %d "
            "routed experts per MoE layer, output head)\n", gb_tok, hp->n_expert_used, hp->n_expert);
-    printf("prefault: %.2f s\n", prefault(m, dispatch_wanted(&a->dispatch)));
+    printf("prefault: %.2f s\n", model_prefault(m, dispatch_wanted(&a->dispatch)));
     const double bw = read_bandwidth(m, nth);
     printf("read bandwidth of the mapped weights, %d threads: %.2f GB/s = decode roofline %.2f "
            "tok/s\n", nth, bw, bw / gb_tok);

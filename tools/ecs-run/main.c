@@ -17,6 +17,7 @@
 #include "coordinator/tokenizer/tokenizer.h"
 #include "kernels/repack/repack.h"
 #include "tools/ecs-run/run.h"
+#include "common/mem.h"
 
 static void usage(FILE *f)
 {
@@ -621,6 +622,7 @@ static int run_args(const args_t *ap)
 
 int main(int argc, char **argv)
 {
+    ecs_mem_keep_large(); /* multi-MB messages every layer (mem.h) */
     args_t a;
     if (parse_args(argc, argv, &a))
         return 1;

@@ -12,6 +12,7 @@
 #include "common/cli.h"
 #include "kernels/repack/repack.h"
 #include "worker/worker.h"
+#include "common/mem.h"
 
 static worker_t *g_worker;
 
@@ -65,6 +66,7 @@ static int fail(const char *fmt, ...)
 
 int main(int argc, char **argv)
 {
+    ecs_mem_keep_large(); /* multi-MB messages every layer (mem.h) */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     worker_opts_t o = {.threads = ncpu > 0 ? (int)ncpu : 1};
     const char *coords[WORKER_MAX_COORDINATORS];
