@@ -3,7 +3,9 @@
  * product of deepseek2's packed W_kT, whose layout this file defines) in
  * plain C, and the choice between them and the AVX-512 versions
  * (simd_avx512.c) by the ISA in use. The plain versions define the results; the SIMD ones may differ
- * only by float summation order and a last-place exp rounding. */
+ * only by float summation order and a last-place exp rounding, except over
+ * a BF16 cache, whose products the plain loops sum in vdpbf16ps's order
+ * (model_kvt_t) so that attn_bf16_avx512.c's kernels equal them exactly. */
 #include <cpuid.h>
 #include <math.h>
 #include <stdatomic.h>

@@ -2,7 +2,9 @@
  * for what each computes): a vector exp for softmax, and
  * register-blocked attention products over an F16 or F32 KV cache: Q.K on
  * blocks of 16 keys transposed once (8 queries x 16 keys per kernel), P.V
- * with 6 (or 4) queries x 64 values of accumulators. Every output element
+ * with 6 (or 4) queries x 64 values of accumulators. A BF16 cache goes to
+ * attn_bf16_avx512.c where the CPU has AVX-512 BF16, else to the plain
+ * loops. Every output element
  * is a sequential sum whatever the blocking, so results do not depend on
  * how many queries or rows a call holds. */
 #include <immintrin.h>

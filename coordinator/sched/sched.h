@@ -61,6 +61,7 @@ typedef struct {
     int max_queue;    /* requests waiting for a slot before submit refuses */
     int chunk;        /* prompt rows per chunk (>= 2 * MODEL_MLA_EXPAND_ROWS) */
     bool prefix_cache; /* full KV blocks stay cached for later requests' prefixes */
+    unsigned kv_flag;  /* the cache type: 0 (F16), MODEL_CTX_KV_BF16 or _F32 */
     void (*notify)(void *arg); /* called (any thread) when sched_drain has work */
     void *notify_arg;
 } sched_opts_t;
@@ -120,6 +121,7 @@ typedef struct {
     int kv_blocks_used;         /* referenced by requests */
     int kv_blocks_cached;       /* unreferenced, kept for the prefix cache */
     size_t kv_bytes, kv_block_bytes;
+    const char *kv_type;        /* "f16", "bf16", "f32" */
     uint64_t kv_evictions;      /* cached blocks reused for others */
     uint64_t steps, prompt_tokens, gen_tokens, preemptions;
     /* after preemptions: generated tokens re-fed, and the (request, step)
