@@ -90,13 +90,14 @@ json_t *admin_status_obj(admin_src_t *src)
         }
     }
     return json_pack(
-        "{s:s,s:f,s:b,s:s,s:{s:i,s:i},s:s,s:{s:i,s:i},s:{s:i,s:i,s:I,s:I},s:{s:I,s:I},"
+        "{s:s,s:f,s:b,s:s,s:{s:i,s:i},s:s,s:{s:i,s:i},s:{s:i,s:i,s:I,s:I,s:s},s:{s:I,s:I},"
         "s:{s:I,s:I},s:I,s:I}",
         "model", src->model_id, "uptime_s", admin_now() - src->started, "shutting_down",
         (int)atomic_load(&src->shutting_down), "experts", d ? "workers" : "local", "workers",
         "total", n, "live", live, "operation", op, "requests", "running", st.running, "waiting",
         st.waiting, "kv", "blocks", st.kv_blocks, "used", st.kv_blocks_used, "bytes",
-        (json_int_t)st.kv_bytes, "block_bytes", (json_int_t)st.kv_block_bytes, "prefix_cache",
+        (json_int_t)st.kv_bytes, "block_bytes", (json_int_t)st.kv_block_bytes, "type", st.kv_type,
+        "prefix_cache",
         "hit_tokens",
         (json_int_t)st.prefix_hit_tokens, "lookup_tokens", (json_int_t)st.prefix_lookup_tokens,
         "tokens", "prompt", (json_int_t)st.prompt_tokens, "generated",

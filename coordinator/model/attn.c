@@ -21,7 +21,8 @@
  * instead (attn_exp.c), through model_attend_kv here.
  * Numerics as llama.cpp's F16 cache: the query is rounded to F16 before
  * Q.K and the probabilities before P.V (ggml converts the F32 operand of an
- * F16 product); with an F32 cache nothing is rounded. */
+ * F16 product); likewise to BF16 for a BF16 cache (whose products sum in
+ * pairs, model_kvt_t); with an F32 cache nothing is rounded. */
 #include <string.h>
 
 #include "coordinator/model/model_int.h"
@@ -48,13 +49,17 @@ typedef struct {
 
 static float *thr(model_t *m, int ith) { return m->ws.thr + (size_t)ith * m->ws.thr_stride; }
 
-/* dst = src, rounded to F16 unless the cache is exact. */
-static void put_query(const model_simd_t *sd, float *dst, const float *src, int n, bool round)
+/* Values [off, off + n) of a query row q = src: rounded to F16 for an F16
+ * cache, BF16 values (the row's elements) for a BF16 one, F32 otherwise. */
+static void put_query(const model_simd_t *sd, float *q, int off, const float *src, int n,
+                      model_kvt_t kt)
 {
-    if (round)
-        sd->round_f16(dst, src, n);
+    if (kt == MODEL_KV_BF16)
+        sd->to_bf16((ecs_bf16_t *)q + off, src, n);
+    else if (kt == MODEL_KV_F16)
+        sd->round_f16(q + off, src, n);
     else
-        memcpy(dst, src, (size_t)n * sizeof *dst);
+        memcpy(q + off, src, (size_t)n * sizeof *q);
 }
 
 /* The cached rows of one layer of c: the pool's rows of that layer,
@@ -64,7 +69,7 @@ static model_kv_t ctx_kv(const model_ctx_t *c, int layer)
     const model_kv_geom_t *g = &c->pool->g;
     const char *base = c->pool->mem + (size_t)layer * g->lay_stride;
     return (model_kv_t){.k = base, .v = base + g->v_base, .k_row = c->k_row, .v_row = c->v_row,
-                        .f16 = !c->f32, .tab = c->tab};
+                        .kvt = c->kvt, .tab = c->tab};
 }
 
 /* Contiguous runs of the cached rows: [t0, t0 + *run) of kv start at
@@ -111,9 +116,10 @@ static void run_len(const int *len, int nq, int t0, int run, int *out)
     }
 }
 
-/* Query j of tile tl x heads [h0, h0 + hg) into q (dk values, rounded to
- * F16 when f16); returns the keys it sees. */
-static int get_query(const attn_run_t *a, const tile_t *tl, int h0, int j, bool f16, float *q)
+/* Query j of tile tl x heads [h0, h0 + hg) into q (dk values, as
+ * put_query stores them for kt); returns the keys it sees. */
+static int get_query(const attn_run_t *a, const tile_t *tl, int h0, int j, model_kvt_t kt,
+                     float *q)
 {
     const arch_hparams_t *hp = &a->m->hp;
     const model_simd_t *sd = model_simd();
@@ -121,10 +127,10 @@ static int get_query(const attn_run_t *a, const tile_t *tl, int h0, int j, bool 
     const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
     const float *src = a->q + (size_t)r * nh * hk + (size_t)h * hk;
     if (a->latent) {
-        put_query(sd, q, a->m->ws.att + ((size_t)r * nh + h) * kvl, kvl, f16);
-        put_query(sd, q + kvl, src + hp->qk_nope, hp->rope.n_rot, f16);
+        put_query(sd, q, 0, a->m->ws.att + ((size_t)r * nh + h) * kvl, kvl, kt);
+        put_query(sd, q, kvl, src + hp->qk_nope, hp->rope.n_rot, kt);
     } else {
-        put_query(sd, q, src, hk, f16);
+        put_query(sd, q, 0, src, hk, kt);
     }
     return a->rows[r].pos + 1;
 }
@@ -136,8 +142,8 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     const arch_hparams_t *hp = &m->hp;
     const model_ws_t *ws = &m->ws;
     const model_kv_t kv = a->kv ? *a->kv : ctx_kv(a->rows[tl->row0].ctx, a->layer);
-    const bool f16 = kv.f16;
-    const size_t elt = f16 ? sizeof(ecs_fp16_t) : sizeof(float);
+    const model_kvt_t kt = kv.kvt;
+    const size_t elt = model_kvt_size(kt);
     /* this run's keys padded, not the widest (ds2's expanded rows are a
      * third of the latent ones) */
     const int dkp = (a->dk + 15) & ~15;
@@ -151,7 +157,7 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     for (int j = 0; j < nqp; j++) {
         float *q = Q + (size_t)j * dkp;
         memset(q, 0, (size_t)dkp * sizeof *q);
-        len[j] = j < nq ? get_query(a, tl, h0, j, f16, q) : 0;
+        len[j] = j < nq ? get_query(a, tl, h0, j, kt, q) : 0;
     }
     const int nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1;
     const int kvh = h0 / a->group;
@@ -166,14 +172,14 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
         kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
         run_len(len, nqp, t0, run, rl);
         prefetch_next_run(&kv, K, V, elt, t0 + run, nt, a->dk);
-        sd->scores(Q, nqp, dkp, kr, kv.k_row, f16, a->dk, dkp, rl, run, hp->kq_scale, S + t0,
+        sd->scores(Q, nqp, dkp, kr, kv.k_row, kt, a->dk, dkp, rl, run, hp->kq_scale, S + t0,
                    ws->t_pad, kbuf);
     }
-    sd->softmax(S, nqp, ws->t_pad, len, nt, f16);
+    sd->softmax(S, nqp, ws->t_pad, len, nt, kt);
     for (int t0 = 0; t0 < nt; t0 += run) {
         kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
         run_len(len, nqp, t0, run, rl);
-        sd->pv(S + t0, nqp, ws->t_pad, vr, kv.v_row, f16, a->dv, rl, O, ws->dvp, t0 > 0);
+        sd->pv(S + t0, nqp, ws->t_pad, vr, kv.v_row, kt, a->dv, rl, O, ws->dvp, t0 > 0);
     }
     for (int j = 0; j < nq; j++) {
         const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
@@ -376,7 +382,7 @@ static void split_scores(void *arg, int item, int ith)
     const split_t *sp = arg;
     const attn_run_t *a = sp->a;
     const model_ws_t *ws = &a->m->ws;
-    const size_t elt = sp->kv.f16 ? sizeof(ecs_fp16_t) : sizeof(float);
+    const size_t elt = model_kvt_size(sp->kv.kvt);
     const int t0 = item * SPLIT_KEYS, nt = sp->nt - t0 < SPLIT_KEYS ? sp->nt - t0 : SPLIT_KEYS;
     float *kbuf = thr(a->m, ith) + (size_t)ws->att_qmax * (ws->dkp + ws->t_pad);
     /* per contiguous run of KV blocks inside the item: a score is one
@@ -386,7 +392,7 @@ static void split_scores(void *arg, int item, int ith)
     for (int t = t0; t < t0 + nt; t += run) {
         kv_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t, t0 + nt, &kr, &vr, &run);
         prefetch_next_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t + run, t0 + nt, a->dk);
-        model_simd()->scores_t(sp->QT, sp->nq, kr, sp->kv.k_row, sp->kv.f16, a->dk, run,
+        model_simd()->scores_t(sp->QT, sp->nq, kr, sp->kv.k_row, sp->kv.kvt, a->dk, run,
                                a->m->hp.kq_scale, sp->S + t, ws->t_pad, kbuf);
     }
 }
@@ -396,7 +402,7 @@ static void split_softmax(void *arg, int item, int ith)
     const split_t *sp = arg;
     (void)ith;
     model_simd()->softmax(sp->S + (size_t)item * 4 * sp->a->m->ws.t_pad, 4, sp->a->m->ws.t_pad,
-                          sp->len + item * 4, sp->nt, sp->kv.f16);
+                          sp->len + item * 4, sp->nt, sp->kv.kvt);
 }
 
 static void split_pv(void *arg, int item, int ith)
@@ -405,7 +411,7 @@ static void split_pv(void *arg, int item, int ith)
     const attn_run_t *a = sp->a;
     const model_ws_t *ws = &a->m->ws;
     (void)ith;
-    const size_t elt = sp->kv.f16 ? sizeof(ecs_fp16_t) : sizeof(float);
+    const size_t elt = model_kvt_size(sp->kv.kvt);
     const int d0 = item * SPLIT_COLS, nd = a->dv - d0 < SPLIT_COLS ? a->dv - d0 : SPLIT_COLS;
     /* P.V continues its sums run after run (KV blocks): the same bits as
      * one run over all keys */
@@ -414,7 +420,7 @@ static void split_pv(void *arg, int item, int ith)
     for (int t = 0; t < sp->nt; t += run) {
         kv_run(&sp->kv, sp->kv.k, V, elt, t, sp->nt, &kr, &vr, &run);
         run_len(sp->len, sp->nqp, t, run, rl);
-        model_simd()->pv(sp->S + t, sp->nqp, ws->t_pad, vr, sp->kv.v_row, sp->kv.f16, nd, rl,
+        model_simd()->pv(sp->S + t, sp->nqp, ws->t_pad, vr, sp->kv.v_row, sp->kv.kvt, nd, rl,
                          sp->O + d0, ws->dvp, t > 0);
     }
     /* a tile holds all heads: its output rows are consecutive */
@@ -443,7 +449,11 @@ static void split_attend(const attn_run_t *a, const tile_t *tl)
         sp.len[j] = 0;
         if (j >= sp.nq)
             continue;
-        sp.len[j] = get_query(a, tl, 0, j, sp.kv.f16, tmp);
+        sp.len[j] = get_query(a, tl, 0, j, sp.kv.kvt, tmp);
+        if (sp.kv.kvt == MODEL_KV_BF16) {
+            model_qt_bf16(sp.QT, j, a->dk, (const ecs_bf16_t *)tmp);
+            continue;
+        }
         float *qt = sp.QT + (size_t)(j / 16) * a->dk * 16 + j % 16;
         for (int d = 0; d < a->dk; d++)
             qt[(size_t)d * 16] = tmp[d];
@@ -585,13 +595,19 @@ void model_cache_put(const model_step_row_t *r, int layer, const float *k, const
 {
     model_ctx_t *c = r->ctx;
     void *kd = model_kv_krow(c, layer, r->pos), *vd = v ? model_kv_vrow(c, layer, r->pos) : NULL;
-    if (c->f32) {
+    if (c->kvt == MODEL_KV_F32) {
         memcpy(kd, k, c->k_row * sizeof(float));
         if (v)
             memcpy(vd, v, c->v_row * sizeof(float));
         return;
     }
     const model_simd_t *sd = model_simd();
+    if (c->kvt == MODEL_KV_BF16) {
+        sd->to_bf16(kd, k, (int64_t)c->k_row);
+        if (v)
+            sd->to_bf16(vd, v, (int64_t)c->v_row);
+        return;
+    }
     sd->to_f16(kd, k, (int64_t)c->k_row);
     if (v)
         sd->to_f16(vd, v, (int64_t)c->v_row);

@@ -76,18 +76,21 @@ static void load_rows(const block_t *b, int r0, int r1)
     const int kvl = b->m->hp.kv_lora_rank;
     for (int r = r0; r < r1; r++) {
         float *dst = b->m->ws.exc + (size_t)r * kvl;
-        if (b->c->f32)
+        if (b->c->kvt == MODEL_KV_F32)
             memcpy(dst, latent_row(b, b->t0 + r), (size_t)kvl * sizeof *dst);
         else
-            ecs_dequantize_row(ECS_TYPE_F16, latent_row(b, b->t0 + r), dst, kvl);
+            ecs_dequantize_row(b->c->kvt == MODEL_KV_BF16 ? ECS_TYPE_BF16 : ECS_TYPE_F16,
+                               latent_row(b, b->t0 + r), dst, kvl);
     }
 }
 
-/* dst (F16 or F32) = src. */
-static void put(const model_simd_t *sd, char *dst, const float *src, int n, bool f16)
+/* dst (of the cache's type) = src. */
+static void put(const model_simd_t *sd, char *dst, const float *src, int n, model_kvt_t kt)
 {
-    if (f16)
+    if (kt == MODEL_KV_F16)
         sd->to_f16((ecs_fp16_t *)dst, src, n);
+    else if (kt == MODEL_KV_BF16)
+        sd->to_bf16((ecs_bf16_t *)dst, src, n);
     else
         memcpy(dst, src, (size_t)n * sizeof *src);
 }
@@ -101,7 +104,7 @@ static void store_rows(const block_t *b, int r0, int r1)
     const model_simd_t *sd = model_simd();
     const int nh = hp->n_head, nope = hp->qk_nope, hv = hp->head_v, hk = hp->head_k;
     const size_t elt = b->c->elt;
-    const bool f16 = !b->c->f32;
+    const model_kvt_t kt = b->c->kvt;
     for (int r = r0; r < r1; r++) {
         const int t = b->t0 + r;
         const float *e = ws->kvb + (size_t)r * nh * (nope + hv);
@@ -111,9 +114,9 @@ static void store_rows(const block_t *b, int r0, int r1)
         for (int h = 0; h < nh; h++) {
             const float *eh = e + (size_t)h * (nope + hv);
             char *kh = K + (size_t)h * hk * elt;
-            put(sd, kh, eh, nope, f16);
+            put(sd, kh, eh, nope, kt);
             memcpy(kh + (size_t)nope * elt, kpe, (size_t)hp->rope.n_rot * elt);
-            put(sd, V + (size_t)h * hv * elt, eh + nope, hv, f16);
+            put(sd, V + (size_t)h * hv * elt, eh + nope, hv, kt);
         }
     }
 }
@@ -237,7 +240,7 @@ void model_attn_mla(model_t *m, const model_layer_t *ly, const model_layer_ext_t
         expand(m, ly, c, layer, seq_end(rows, n, c));
         const model_kv_t kv = {.k = ws->exk, .v = ws->exv,
                                .k_row = (size_t)hp->n_head * hp->head_k,
-                               .v_row = (size_t)hp->n_head * hp->head_v, .f16 = !c->f32};
+                               .v_row = (size_t)hp->n_head * hp->head_v, .kvt = c->kvt};
         model_attend_kv(m, rows, n, c, &kv, hp->head_k, hp->head_v);
     }
 }

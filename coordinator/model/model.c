@@ -444,8 +444,10 @@ static void kv_geometry(const model_t *m, unsigned flags, model_kv_geom_t *g)
 {
     const arch_hparams_t *hp = &m->hp;
     g->flags = flags;
-    g->f32 = (flags & MODEL_CTX_KV_F32) != 0;
-    g->elt = g->f32 ? sizeof(float) : sizeof(ecs_fp16_t);
+    g->kvt = flags & MODEL_CTX_KV_F32    ? MODEL_KV_F32
+             : flags & MODEL_CTX_KV_BF16 ? MODEL_KV_BF16
+                                         : MODEL_KV_F16;
+    g->elt = model_kvt_size(g->kvt);
     if (hp->arch == ARCH_DEEPSEEK2 && !(flags & MODEL_CTX_MLA_EXPANDED)) {
         g->latent = true;
         g->n_kv_head = 1;
@@ -466,7 +468,22 @@ static void kv_geometry(const model_t *m, unsigned flags, model_kv_geom_t *g)
 
 static bool flags_ok(unsigned flags)
 {
-    return !(flags & ~(unsigned)(MODEL_CTX_MLA_EXPANDED | MODEL_CTX_KV_F32 | MODEL_CTX_MLA_ABSORBED));
+    const unsigned types = MODEL_CTX_KV_F32 | MODEL_CTX_KV_BF16;
+    return !(flags & ~(unsigned)(MODEL_CTX_MLA_EXPANDED | MODEL_CTX_MLA_ABSORBED | types)) &&
+           (flags & types) != types;
+}
+
+int model_kv_type_flag(const char *name)
+{
+    return !strcmp(name, "f16")    ? 0
+           : !strcmp(name, "bf16") ? (int)MODEL_CTX_KV_BF16
+           : !strcmp(name, "f32")  ? (int)MODEL_CTX_KV_F32
+                                   : -1;
+}
+
+const char *model_kv_type_name(unsigned flags)
+{
+    return flags & MODEL_CTX_KV_F32 ? "f32" : flags & MODEL_CTX_KV_BF16 ? "bf16" : "f16";
 }
 
 static int blocks_for(int n_tok) { return (n_tok + MODEL_KV_BLOCK - 1) / MODEL_KV_BLOCK; }
@@ -560,7 +577,7 @@ ecs_err_t model_ctx_new_paged(model_kvpool_t *p, int n_ctx, model_ctx_t **out)
     }
     const model_kv_geom_t *g = &p->g;
     *c = (model_ctx_t){.m = m, .flags = g->flags, .n_ctx = n_ctx, .latent = g->latent,
-                       .f32 = g->f32, .n_kv_head = g->n_kv_head, .dk = g->dk, .dv = g->dv,
+                       .kvt = g->kvt, .n_kv_head = g->n_kv_head, .dk = g->dk, .dv = g->dv,
                        .k_row = g->k_row, .v_row = g->v_row, .elt = g->elt, .pool = p,
                        .tab = c->tab};
     *out = c;

@@ -258,7 +258,19 @@ enum {
      * however the rows were batched (tests compare batched and one-by-one
      * runs). */
     MODEL_CTX_MLA_ABSORBED = 1u << 2,
+    /* Keep K and V in BF16 (round to nearest even, as ggml's fp32->bf16)
+     * and attend as ggml does over a BF16 cache: the query and the
+     * probabilities rounded to BF16, products of BF16 pairs summed in F32
+     * (AVX-512 BF16's vdpbf16ps where the CPU has it: twice the products
+     * per instruction of an F32 FMA). Same KV memory as F16; not with
+     * MODEL_CTX_KV_F32. */
+    MODEL_CTX_KV_BF16 = 1u << 3,
 };
+
+/* The KV flag of a cache type's name ("f16": 0, "bf16", "f32"), or -1 for
+ * an unknown name; and the name of flags' cache type. */
+int model_kv_type_flag(const char *name);
+const char *model_kv_type_name(unsigned flags);
 
 /* deepseek2 latent cache: a sequence's rows in a step attend in the expanded
  * form from this many rows on. Expanding costs about as much per cached

@@ -20,39 +20,64 @@ const void *model_act(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x,
 /* ------------------------------------------------------------ simd
  * Hot loops with an AVX-512 version (simd_avx512.c) and a plain one
  * (simd.c); model_simd() picks by the ISA in use (kcpu_isa()). */
+
+/* Element type of a KV cache. The attention kernels take it as kt: F16 and
+ * F32 caches are read as F32 (queries and probabilities F32, rounded to F16
+ * for an F16 cache), every product added in order of the dimension. A BF16
+ * cache takes BF16 queries and sums pairs of BF16 products the way
+ * vdpbf16ps does: s = (s + a[2i+1] b[2i+1]) + a[2i] b[2i], pair after pair,
+ * each step rounded to F32 (the products are exact). The plain loops are
+ * the reference; the instruction also reads subnormal inputs as zero and
+ * flushes subnormal sums, which the plain loops do for inputs too
+ * (bf16_daz in simd.c): results agree bit for bit unless a partial sum
+ * falls below FLT_MIN. Without AVX-512 BF16 a BF16 cache runs the plain
+ * loops (the same bits, slower). */
+typedef enum { MODEL_KV_F16, MODEL_KV_BF16, MODEL_KV_F32 } model_kvt_t;
+
+/* Bytes of one element of a cache of type t. */
+static inline size_t model_kvt_size(model_kvt_t t) { return t == MODEL_KV_F32 ? 4 : 2; }
+
 typedef struct {
     /* S[j][t] = scale * Q[j] . K[t] for j < nq (multiple of 4), t < len[j]
      * <= nt (what lies past len[j] is left unspecified: causal masking
      * never reads it); Q rows ldq floats apart, zero-padded to dkp
-     * (multiple of 16); K rows ks elements apart, F16 when kf16 else F32,
-     * dk long; S rows hold nt rounded up to 16; kbuf holds 16 * dkp
+     * (multiple of 16), F32 or for a BF16 cache dkp BF16 values (the
+     * row's first half); K rows ks elements apart of type kt, dk long (even
+     * for BF16); S rows hold nt rounded up to 16; kbuf holds 16 * dkp
      * floats. */
-    void (*scores)(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16, int dk,
-                   int dkp, const int *len, int nt, float scale, float *S, int lds, float *kbuf);
+    void (*scores)(const float *Q, int nq, int ldq, const void *K, size_t ks, model_kvt_t kt,
+                   int dk, int dkp, const int *len, int nt, float scale, float *S, int lds,
+                   float *kbuf);
     /* The same scores with the queries transposed: QT holds (nq + 15) / 16
-     * groups of dk x 16 floats (QT[g][d][i] = Q[16 g + i][d], F16-rounded
-     * as for scores, zero for padding queries), and every query sees every
-     * key t < nt. S[j][t] for j < nq, t < nt (rows written up to nt
-     * rounded up to 16); kbuf holds 16 * dk floats. Bit for bit the
-     * scores of the same queries (each score is the same sequential sum
-     * over d), but no transposition of the keys: the decode split of
-     * latent attention (attn.c) hands each thread all queries and a
-     * fixed run of the keys. */
-    void (*scores_t)(const float *QT, int nq, const void *K, size_t ks, bool kf16, int dk,
+     * groups of dk x 16 floats (QT[g][d][i] = Q[16 g + i][d], rounded as
+     * for scores, zero for padding queries; for a BF16 cache, groups of
+     * dk / 2 x 16 pairs of BF16 values: QT[g][p][i] = Q[16 g + i][2p, 2p+1],
+     * model_qt_bf16), and every query sees every key t < nt. S[j][t] for
+     * j < nq, t < nt (rows written up to nt rounded up to 16); kbuf holds
+     * 16 * dk floats. Bit for bit the scores of the same queries (each
+     * score is the same sum), but no transposition of the keys: the decode
+     * split of latent attention (attn.c) hands each thread all queries and
+     * a fixed run of the keys. */
+    void (*scores_t)(const float *QT, int nq, const void *K, size_t ks, model_kvt_t kt, int dk,
                      int nt, float scale, float *S, int lds, float *kbuf);
     /* Row j of S (nt_j = len[j] valid values, row padded to nt): softmax
-     * in place, probabilities rounded to F16 when f16, zero past len[j]. */
-    void (*softmax)(float *S, int nq, int lds, const int *len, int nt, bool f16);
+     * in place, probabilities rounded to F16 / BF16 for such a cache, zero
+     * past len[j]. */
+    void (*softmax)(float *S, int nq, int lds, const int *len, int nt, model_kvt_t kt);
     /* O[j][d] = sum_t P[j][t] V[t][d] over t < len[j] (P is zero past it,
      * and adding 0 * V changes no sum), j < nq (multiple of 4), d < dv; V
-     * rows vs elements apart (F16 when vf16). acc: the sums start from O's
-     * values instead of zero (each a sequential sum: P.V over blocks of
-     * keys, one call each, equals one call over all of them bit for bit). */
-    void (*pv)(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
+     * rows vs elements apart of type kt. acc: the sums start from O's
+     * values instead of zero (P.V over blocks of keys, one call each,
+     * equals one call over all of them bit for bit; for BF16 when every
+     * block but the last has an even number of keys: pairs are (t, t+1),
+     * t even, a missing t+1 is zero). */
+    void (*pv)(const float *P, int nq, int ldp, const void *V, size_t vs, model_kvt_t kt, int dv,
                const int *len, float *O, int ldo, bool acc);
-    /* dst = src rounded to F16 and back / converted to F16 */
+    /* dst = src rounded to F16 and back / converted to F16 / to BF16
+     * (nearest even, as ecs_f32_to_bf16) */
     void (*round_f16)(float *dst, const float *src, int64_t n);
     void (*to_f16)(ecs_fp16_t *dst, const float *src, int64_t n);
+    void (*to_bf16)(ecs_bf16_t *dst, const float *src, int64_t n);
     /* y[j * ldy + i] = W row i . activation row j, i < nrows (a multiple of
      * MODEL_Q8P_ROWS), j < na: W Q8_0 rows of nblk blocks in the packed
      * layout (model_q8p_put), a Q8_0 rows as bytes apart. Per row, each
@@ -61,6 +86,21 @@ typedef struct {
     void (*dot_q8p)(const void *w, int nrows, int nblk, const void *a, size_t as, int na, float *y,
                     int64_t ldy);
 } model_simd_t;
+
+/* Query j (dk BF16 values at q) into the transposed BF16 groups at QT
+ * (model_simd_t.scores_t). */
+void model_qt_bf16(float *QT, int j, int dk, const ecs_bf16_t *q);
+/* Whether this CPU runs AVX-512 BF16 (vdpbf16ps) and the ISA in use is
+ * AVX-512. */
+bool model_cpu_bf16(void);
+/* attn_bf16_avx512.c: scores, scores_t and pv of model_simd_t for a BF16
+ * cache with vdpbf16ps (only where model_cpu_bf16()). */
+void model_bf16_scores(const float *Q, int nq, int ldq, const void *K, size_t ks, int dk, int dkp,
+                       const int *len, int nt, float scale, float *S, int lds, float *kbuf);
+void model_bf16_scores_t(const float *QT, int nq, const void *K, size_t ks, int dk, int nt,
+                         float scale, float *S, int lds, float *kbuf);
+void model_bf16_pv(const float *P, int nq, int ldp, const void *V, size_t vs, int dv,
+                   const int *len, float *O, int ldo, bool acc);
 
 /* The packed Q8_0 layout of W_kT (short rows: 128 values in ds2): groups of
  * MODEL_Q8P_ROWS rows; per group and block, the rows' F16 scales, then the
@@ -203,12 +243,13 @@ void prof_end(model_t *m, model_phase_t ph, prof_mark_t *mk);
  * + v_base. So token i of block b is K row b * MODEL_KV_BLOCK + i of the
  * layer, and blocks with consecutive ids are one contiguous run of rows
  * (the identity table of model_ctx_new is the whole context's run, the
- * layout of one contiguous cache). Rows are F16 or (MODEL_CTX_KV_F32)
- * F32; in the ds2 latent layout V aliases K (the first kv_lora values). */
+ * layout of one contiguous cache). Rows are F16, BF16 (MODEL_CTX_KV_BF16)
+ * or F32 (MODEL_CTX_KV_F32); in the ds2 latent layout V aliases K (the first
+ * kv_lora values). */
 typedef struct {
     unsigned flags;
     bool latent;
-    bool f32;
+    model_kvt_t kvt;
     int n_kv_head;      /* heads stored; the latent has one shared by all */
     int dk, dv;         /* per head */
     size_t k_row, v_row;      /* elements per token */
@@ -233,7 +274,7 @@ struct model_ctx {
     int n_ctx;
     int n_past;
     bool latent;
-    bool f32;
+    model_kvt_t kvt;
     int n_kv_head;
     int dk, dv;
     size_t k_row, v_row;
@@ -318,19 +359,19 @@ ecs_err_t model_forward_layers(model_t *m, const model_step_row_t *rows, int n, 
 void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                      const model_step_row_t *rows, int n, int layer);
 /* One layer's K and V rows: token t, head h at t * k_row + h * dk (V
- * likewise), F16 or F32; contiguous (tab NULL) or paged: token t is row
+ * likewise), of type kvt; contiguous (tab NULL) or paged: token t is row
  * tab[t / MODEL_KV_BLOCK] * MODEL_KV_BLOCK + t % MODEL_KV_BLOCK from k
  * (attn.c reads each run of consecutive block ids as one contiguous run). */
 typedef struct {
     const void *k, *v;
     size_t k_row, v_row; /* elements between tokens */
-    bool f16;
+    model_kvt_t kvt;
     const int32_t *tab;  /* paged: the block table; NULL: contiguous */
 } model_kv_t;
 
 /* Ordinary multi-head attention (one K/V head per query head, dk / dv per
  * head) of the rows of only in ws->q against kv, output in ws->attv, with
- * the rounding rules of an F16 cache when kv is F16. */
+ * the rounding rules of kv's type. */
 void model_attend_kv(model_t *m, const model_step_row_t *rows, int n, const model_ctx_t *only,
                      const model_kv_t *kv, int dk, int dv);
 /* Absorbed latent attention of n rows: queries q (n rows as ws->q), output

@@ -3,56 +3,98 @@
  * product of deepseek2's packed W_kT, whose layout this file defines) in
  * plain C, and the choice between them and the AVX-512 versions
  * (simd_avx512.c) by the ISA in use. The plain versions define the results; the SIMD ones may differ
- * only by float summation order and a last-place exp rounding. */
+ * only by float summation order and a last-place exp rounding, except over
+ * a BF16 cache, whose products the plain loops sum in vdpbf16ps's order
+ * (model_kvt_t) so that attn_bf16_avx512.c's kernels equal them exactly. */
+#include <cpuid.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "coordinator/model/model_int.h"
 
-static float elt(const void *p, size_t i, bool f16)
+static float elt(const void *p, size_t i, model_kvt_t kt)
 {
-    return f16 ? ecs_fp16_to_f32(((const ecs_fp16_t *)p)[i]) : ((const float *)p)[i];
+    return kt == MODEL_KV_F16 ? ecs_fp16_to_f32(((const ecs_fp16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-static void scores_plain(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16,
+/* A BF16 value as vdpbf16ps reads it: subnormals as zero. */
+static float bf16_daz(ecs_bf16_t h)
+{
+    return (h & 0x7F80u) ? ecs_bf16_to_f32(h) : ((h & 0x8000u) ? -0.0f : 0.0f);
+}
+
+/* s plus the products of the BF16 vectors a and b (n even) pair by pair,
+ * as vdpbf16ps sums: the odd element's product first. */
+static float dot_bf16(float s, const ecs_bf16_t *a, const ecs_bf16_t *b, int n)
+{
+    for (int i = 0; i < n; i += 2) {
+        s = fmaf(bf16_daz(a[i + 1]), bf16_daz(b[i + 1]), s);
+        s = fmaf(bf16_daz(a[i]), bf16_daz(b[i]), s);
+    }
+    return s;
+}
+
+static void scores_plain(const float *Q, int nq, int ldq, const void *K, size_t ks, model_kvt_t kt,
                          int dk, int dkp, const int *len, int nt, float scale, float *S, int lds,
                          float *kbuf)
 {
     (void)dkp;
     for (int t = 0; t < nt; t++) {
-        for (int d = 0; d < dk; d++)
-            kbuf[d] = elt(K, (size_t)t * ks + (size_t)d, kf16);
+        if (kt != MODEL_KV_BF16)
+            for (int d = 0; d < dk; d++)
+                kbuf[d] = elt(K, (size_t)t * ks + (size_t)d, kt);
         for (int j = 0; j < nq; j++) {
             if (t >= len[j])
                 continue;
             const float *q = Q + (size_t)j * ldq;
             float s = 0.0f;
-            for (int d = 0; d < dk; d++)
-                s += q[d] * kbuf[d];
+            if (kt == MODEL_KV_BF16)
+                s = dot_bf16(s, (const ecs_bf16_t *)q, (const ecs_bf16_t *)K + (size_t)t * ks, dk);
+            else
+                for (int d = 0; d < dk; d++)
+                    s += q[d] * kbuf[d];
             S[(size_t)j * lds + t] = s * scale;
         }
     }
 }
 
+void model_qt_bf16(float *QT, int j, int dk, const ecs_bf16_t *q)
+{
+    ecs_bf16_t *g = (ecs_bf16_t *)(QT + (size_t)(j / 16) * dk * 16);
+    for (int d = 0; d < dk; d++)
+        g[(size_t)(d / 2) * 32 + (size_t)(j % 16) * 2 + (size_t)(d % 2)] = q[d];
+}
+
 /* scores_plain's sums, the queries read from their transposed groups. */
-static void scores_t_plain(const float *QT, int nq, const void *K, size_t ks, bool kf16, int dk,
-                           int nt, float scale, float *S, int lds, float *kbuf)
+static void scores_t_plain(const float *QT, int nq, const void *K, size_t ks, model_kvt_t kt,
+                           int dk, int nt, float scale, float *S, int lds, float *kbuf)
 {
     for (int t = 0; t < nt; t++) {
-        for (int d = 0; d < dk; d++)
-            kbuf[d] = elt(K, (size_t)t * ks + (size_t)d, kf16);
-        for (int j = 0; j < nq; j++) {
-            const float *q = QT + (size_t)(j / 16) * dk * 16 + j % 16;
-            float s = 0.0f;
+        if (kt != MODEL_KV_BF16)
             for (int d = 0; d < dk; d++)
-                s += q[(size_t)d * 16] * kbuf[d];
+                kbuf[d] = elt(K, (size_t)t * ks + (size_t)d, kt);
+        for (int j = 0; j < nq; j++) {
+            float s = 0.0f;
+            if (kt == MODEL_KV_BF16) {
+                const ecs_bf16_t *g = (const ecs_bf16_t *)(QT + (size_t)(j / 16) * dk * 16);
+                const ecs_bf16_t *k = (const ecs_bf16_t *)K + (size_t)t * ks;
+                for (int d = 0; d < dk; d += 2) {
+                    const ecs_bf16_t *q = g + (size_t)(d / 2) * 32 + (size_t)(j % 16) * 2;
+                    s = dot_bf16(s, q, k + d, 2);
+                }
+            } else {
+                const float *q = QT + (size_t)(j / 16) * dk * 16 + j % 16;
+                for (int d = 0; d < dk; d++)
+                    s += q[(size_t)d * 16] * kbuf[d];
+            }
             S[(size_t)j * lds + t] = s * scale;
         }
     }
 }
 
 /* ggml's soft_max: subtract the max, exponentiate, sum in double, scale. */
-static void softmax_plain(float *S, int nq, int lds, const int *len, int nt, bool f16)
+static void softmax_plain(float *S, int nq, int lds, const int *len, int nt, model_kvt_t kt)
 {
     for (int j = 0; j < nq; j++) {
         float *s = S + (size_t)j * lds;
@@ -68,25 +110,38 @@ static void softmax_plain(float *S, int nq, int lds, const int *len, int nt, boo
         const float inv = n > 0 ? (float)(1.0 / sum) : 0.0f;
         for (int t = 0; t < n; t++) {
             s[t] *= inv;
-            if (f16)
+            if (kt == MODEL_KV_F16)
                 s[t] = ecs_fp16_to_f32(ecs_f32_to_fp16(s[t]));
+            else if (kt == MODEL_KV_BF16)
+                s[t] = ecs_bf16_to_f32(ecs_f32_to_bf16(s[t]));
         }
         for (int t = n; t < nt; t++)
             s[t] = 0.0f;
     }
 }
 
-static void pv_plain(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
-                     const int *len, float *O, int ldo, bool acc)
+static void pv_plain(const float *P, int nq, int ldp, const void *V, size_t vs, model_kvt_t kt,
+                     int dv, const int *len, float *O, int ldo, bool acc)
 {
     for (int j = 0; j < nq; j++) {
         float *o = O + (size_t)j * ldo;
+        const float *p = P + (size_t)j * ldp;
         if (!acc)
             memset(o, 0, (size_t)dv * sizeof *o);
-        for (int t = 0; t < len[j]; t++) {
-            const float p = P[(size_t)j * ldp + t];
-            for (int d = 0; d < dv; d++)
-                o[d] += p * elt(V, (size_t)t * vs + (size_t)d, vf16);
+        if (kt != MODEL_KV_BF16) {
+            for (int t = 0; t < len[j]; t++)
+                for (int d = 0; d < dv; d++)
+                    o[d] += p[t] * elt(V, (size_t)t * vs + (size_t)d, kt);
+            continue;
+        }
+        const ecs_bf16_t *v = V;
+        for (int t = 0; t < len[j]; t += 2) {
+            const bool two = t + 1 < len[j];
+            const ecs_bf16_t pp[2] = {ecs_f32_to_bf16(p[t]), two ? ecs_f32_to_bf16(p[t + 1]) : 0};
+            for (int d = 0; d < dv; d++) {
+                const ecs_bf16_t vv[2] = {v[(size_t)t * vs + d], two ? v[(size_t)(t + 1) * vs + d] : 0};
+                o[d] = dot_bf16(o[d], pp, vv, 2);
+            }
         }
     }
 }
@@ -101,6 +156,12 @@ static void to_f16_plain(ecs_fp16_t *dst, const float *src, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         dst[i] = ecs_f32_to_fp16(src[i]);
+}
+
+static void to_bf16_plain(ecs_bf16_t *dst, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = ecs_f32_to_bf16(src[i]);
 }
 
 /* Bytes of one block of a packed group: scales, then levels. */
@@ -150,10 +211,24 @@ static void dot_q8p_plain(const void *w, int nrows, int nblk, const void *a, siz
     }
 }
 
-static const model_simd_t plain = {scores_plain, scores_t_plain, softmax_plain, pv_plain,
-                                   round_f16_plain, to_f16_plain, dot_q8p_plain};
+static const model_simd_t plain = {scores_plain,    scores_t_plain, softmax_plain,
+                                   pv_plain,        round_f16_plain, to_f16_plain,
+                                   to_bf16_plain,   dot_q8p_plain};
 
 const model_simd_t *model_simd_plain(void) { return &plain; }
+
+bool model_cpu_bf16(void)
+{
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        unsigned a = 0, b, c, d;
+        /* leaf 7, sub-leaf 1: EAX bit 5 is AVX512_BF16 */
+        v = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v && kcpu_isa() >= KCPU_ISA_AVX512;
+}
 
 const model_simd_t *model_simd(void)
 {

@@ -2,7 +2,9 @@
  * for what each computes): a vector exp for softmax, and
  * register-blocked attention products over an F16 or F32 KV cache: Q.K on
  * blocks of 16 keys transposed once (8 queries x 16 keys per kernel), P.V
- * with 6 (or 4) queries x 64 values of accumulators. Every output element
+ * with 6 (or 4) queries x 64 values of accumulators. A BF16 cache goes to
+ * attn_bf16_avx512.c where the CPU has AVX-512 BF16, else to the plain
+ * loops. Every output element
  * is a sequential sum whatever the blocking, so results do not depend on
  * how many queries or rows a call holds. */
 #include <immintrin.h>
@@ -33,7 +35,8 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
  * and past nt. The next 16 keys are prefetched meanwhile: read 64 bytes at
  * a time across 16 rows, they are 16 streams too short for the hardware
  * prefetcher (the latent attention at depth 512 took ~25 % longer). */
-static void load_kt(float *kt, const void *K, size_t ks, bool f16, int dk, int dkp, int t0, int nt)
+static void load_kt(float *kt, const void *K, size_t ks, bool f16, int dk, int dkp, int t0,
+                    int nt)
 {
     const int tb = nt - t0 < 16 ? nt - t0 : 16;
     const int tn = nt - t0 - 16 < 16 ? nt - t0 - 16 : 16;
@@ -108,10 +111,19 @@ static int max_len(const int *len, int j0, int j1)
 
 /* A block of queries skips the keys that none of them sees (a prompt's
  * causal mask spares an item's first rows most of its last keys). */
-static void scores_avx512(const float *Q, int nq, int ldq, const void *K, size_t ks, bool kf16,
-                          int dk, int dkp, const int *len, int nt, float scale, float *S, int lds,
-                          float *kbuf)
+static void scores_avx512(const float *Q, int nq, int ldq, const void *K, size_t ks,
+                          model_kvt_t kt, int dk, int dkp, const int *len, int nt, float scale,
+                          float *S, int lds, float *kbuf)
 {
+    if (kt == MODEL_KV_BF16) {
+        if (model_cpu_bf16())
+            model_bf16_scores(Q, nq, ldq, K, ks, dk, dkp, len, nt, scale, S, lds, kbuf);
+        else
+            model_simd_plain()->scores(Q, nq, ldq, K, ks, kt, dk, dkp, len, nt, scale, S, lds,
+                                       kbuf);
+        return;
+    }
+    const bool kf16 = kt == MODEL_KV_F16;
     int seen[MODEL_ATT_QMAX / 4]; /* keys each block of (up to) 8 queries sees */
     for (int j = 0, b = 0; j < nq; j += 8, b++)
         seen[b] = max_len(len, j, j + 8 <= nq ? j + 8 : nq);
@@ -158,9 +170,17 @@ static void load_k_rows(float *kbuf, const void *K, size_t ks, bool f16, int dk,
  * holds the 16 queries, so each FMA is q_j[d] * k_t[d] added to score
  * (j, t) in order of d, as qk_block's; a transposition of the sums turns
  * them into the queries' rows. */
-static void scores_t_avx512(const float *QT, int nq, const void *K, size_t ks, bool kf16, int dk,
-                            int nt, float scale, float *S, int lds, float *kbuf)
+static void scores_t_avx512(const float *QT, int nq, const void *K, size_t ks, model_kvt_t kt,
+                            int dk, int nt, float scale, float *S, int lds, float *kbuf)
 {
+    if (kt == MODEL_KV_BF16) {
+        if (model_cpu_bf16())
+            model_bf16_scores_t(QT, nq, K, ks, dk, nt, scale, S, lds, kbuf);
+        else
+            model_simd_plain()->scores_t(QT, nq, K, ks, kt, dk, nt, scale, S, lds, kbuf);
+        return;
+    }
+    const bool kf16 = kt == MODEL_KV_F16;
     const __m512 sc = _mm512_set1_ps(scale);
     for (int t0 = 0; t0 < nt; t0 += 16) {
         load_k_rows(kbuf, K, ks, kf16, dk, t0, nt);
@@ -184,7 +204,16 @@ static void scores_t_avx512(const float *QT, int nq, const void *K, size_t ks, b
     }
 }
 
-static void softmax_avx512(float *S, int nq, int lds, const int *len, int nt, bool f16)
+/* x rounded to the nearest BF16 value, ties to even (x finite) */
+static inline __m512 round_bf16(__m512 x)
+{
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+static void softmax_avx512(float *S, int nq, int lds, const int *len, int nt, model_kvt_t kt)
 {
     for (int j = 0; j < nq; j++) {
         float *s = S + (size_t)j * lds;
@@ -208,8 +237,10 @@ static void softmax_avx512(float *S, int nq, int lds, const int *len, int nt, bo
         for (int t = 0; t < nt; t += 16) {
             const __mmask16 k = ecs_tail_mask16(nt - t);
             __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(ecs_tail_mask16(n - t), s + t), inv);
-            if (f16)
+            if (kt == MODEL_KV_F16)
                 p = _mm512_cvtph_ps(_mm512_cvtps_ph(p, RNE));
+            else if (kt == MODEL_KV_BF16)
+                p = round_bf16(p);
             _mm512_mask_storeu_ps(s + t, k, p);
         }
     }
@@ -309,9 +340,17 @@ PV_VARIANT(pv6_f16, true, true)
 PV_VARIANT(pv4_f32, false, false)
 PV_VARIANT(pv6_f32, false, true)
 
-static void pv_avx512(const float *P, int nq, int ldp, const void *V, size_t vs, bool vf16, int dv,
-                      const int *len, float *O, int ldo, bool acc)
+static void pv_avx512(const float *P, int nq, int ldp, const void *V, size_t vs, model_kvt_t kt,
+                      int dv, const int *len, float *O, int ldo, bool acc)
 {
+    if (kt == MODEL_KV_BF16) {
+        if (model_cpu_bf16())
+            model_bf16_pv(P, nq, ldp, V, vs, dv, len, O, ldo, acc);
+        else
+            model_simd_plain()->pv(P, nq, ldp, V, vs, kt, dv, len, O, ldo, acc);
+        return;
+    }
+    const bool vf16 = kt == MODEL_KV_F16;
     /* blocks of six rows where what is left still splits into sixes and
      * fours (nq is a multiple of 4); each over the keys its rows see */
     for (int j = 0; j < nq;) {
@@ -339,6 +378,20 @@ static void to_f16_avx512(ecs_fp16_t *dst, const float *src, int64_t n)
         const __mmask16 k = ecs_tail_mask16(n - i);
         const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i), RNE);
         _mm256_mask_storeu_epi16(dst + i, k, h);
+    }
+}
+
+/* ecs_f32_to_bf16 on 16 lanes: nearest even, a NaN kept quiet */
+static void to_bf16_avx512(ecs_bf16_t *dst, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = ecs_tail_mask16(n - i);
+        const __m512 x = _mm512_maskz_loadu_ps(k, src + i);
+        const __m512i b = _mm512_castps_si512(x);
+        const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        __m512i r = _mm512_srli_epi32(_mm512_castps_si512(round_bf16(x)), 16);
+        r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+        _mm256_mask_storeu_epi16(dst + i, k, _mm512_cvtepi32_epi16(r));
     }
 }
 
@@ -403,7 +456,8 @@ static void dot_q8p_avx512(const void *w, int nrows, int nblk, const void *a, si
     }
 }
 
-static const model_simd_t avx512 = {scores_avx512, scores_t_avx512, softmax_avx512, pv_avx512,
-                                    round_f16_avx512, to_f16_avx512, dot_q8p_avx512};
+static const model_simd_t avx512 = {scores_avx512,    scores_t_avx512, softmax_avx512,
+                                    pv_avx512,        round_f16_avx512, to_f16_avx512,
+                                    to_bf16_avx512,   dot_q8p_avx512};
 
 const model_simd_t *model_simd_avx512(void) { return &avx512; }

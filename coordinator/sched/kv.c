@@ -37,19 +37,20 @@ int32_t sched_req_token(const sched_req_t *r, int p)
     return p < r->p.n_prompt ? r->p.prompt[p] : r->gen[p - r->p.n_prompt];
 }
 
-/* The chain's root: the model fingerprint and the rows' layout. */
+/* The chain's root: the model fingerprint and the rows' layout (their
+ * type too: F16 and BF16 blocks have the same size). */
 static uint64_t identity(const sched_t *s)
 {
     uint8_t fp[GGUF_FINGERPRINT_BYTES];
     gguf_fingerprint(model_gguf(s->m), fp);
-    uint64_t geo[2] = {s->block_bytes, MODEL_KV_BLOCK};
+    uint64_t geo[3] = {s->block_bytes, MODEL_KV_BLOCK, s->o.kv_flag};
     return ecs_hash64(geo, sizeof geo, ecs_hash64(fp, sizeof fp, 0x6b76));
 }
 
 ecs_err_t sched_kv_init(sched_t *s)
 {
     s->mla = model_hparams(s->m)->arch == ARCH_DEEPSEEK2;
-    s->block_bytes = model_kv_block_bytes(s->m, 0);
+    s->block_bytes = model_kv_block_bytes(s->m, s->o.kv_flag);
     s->seed = identity(s);
     const size_t nb = (size_t)s->n_blocks;
     s->blk_toks = malloc(nb * MODEL_KV_BLOCK * sizeof *s->blk_toks);
@@ -58,7 +59,7 @@ ecs_err_t sched_kv_init(sched_t *s)
     s->ctx_free = malloc((size_t)s->o.max_running * sizeof *s->ctx_free);
     if (!s->blk_toks || !s->blk_parent || !s->ctxs || !s->ctx_free)
         return ecs_error(ECS_ERR_NOMEM, "sched: out of memory");
-    TRY(model_kvpool_new(s->m, s->n_blocks, 0, &s->pool));
+    TRY(model_kvpool_new(s->m, s->n_blocks, s->o.kv_flag, &s->pool));
     TRY(kvc_new(s->n_blocks, &s->kvc));
     for (int i = s->o.max_running - 1; i >= 0; i--) {
         TRY(model_ctx_new_paged(s->pool, s->o.n_ctx, &s->ctxs[i]));

@@ -2,8 +2,11 @@
  * apart from the scheduler so that any bytes can be read through it
  * (tests/fuzz/fuzz_kvblocks.c) without a model:
  *
- *   header: "ECSKVB1\0", u64 identity seed, u64 block bytes,
- *           u32 tokens per block (MODEL_KV_BLOCK), u32 records
+ *   header: "ECSKVB2\0", u64 identity seed, u64 block bytes,
+ *           u32 tokens per block (MODEL_KV_BLOCK), u32 records,
+ *           u32 KV element type (sched_opts_t.kv_flag: F16 and BF16 rows
+ *           have the same size, and a BF16 block read as F16 would be
+ *           garbage), u32 zero
  *   record: u64 key, u64 parent key, u64 checksum (xxHash64 of the rows,
  *           seeded with the key), i32 tokens[MODEL_KV_BLOCK], the rows
  *
@@ -19,12 +22,13 @@
 #include "common/hash.h"
 #include "sched_int.h"
 
-#define MAGIC "ECSKVB1"
+#define MAGIC "ECSKVB2"
 
 typedef struct {
     char magic[8];
     uint64_t seed, block_bytes;
     uint32_t block_tokens, n_blocks;
+    uint32_t kv_type, pad;
 } file_hdr_t;
 
 typedef struct {
@@ -36,7 +40,8 @@ bool sched_kvfile_write(FILE *f, const sched_kvfile_id_t *id, int n, sched_kvfil
                         void *arg, void *data)
 {
     file_hdr_t h = {.seed = id->seed, .block_bytes = id->block_bytes,
-                    .block_tokens = MODEL_KV_BLOCK, .n_blocks = (uint32_t)n};
+                    .block_tokens = MODEL_KV_BLOCK, .n_blocks = (uint32_t)n,
+                    .kv_type = id->kv_type};
     memcpy(h.magic, MAGIC, sizeof h.magic);
     if (fwrite(&h, sizeof h, 1, f) != 1)
         return false;
@@ -72,7 +77,8 @@ ecs_err_t sched_kvfile_read(FILE *f, const sched_kvfile_id_t *id, sched_kvfile_p
         return ecs_error(ECS_ERR_NOMEM, "prefix cache: out of memory");
     file_hdr_t h;
     if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, MAGIC, sizeof h.magic) != 0 ||
-        h.seed != id->seed || h.block_bytes != id->block_bytes || h.block_tokens != MODEL_KV_BLOCK) {
+        h.seed != id->seed || h.block_bytes != id->block_bytes || h.block_tokens != MODEL_KV_BLOCK ||
+        h.kv_type != id->kv_type) {
         *n_skipped = 1; /* another model's (or layout's) file, or not ours */
         h.n_blocks = 0;
     }

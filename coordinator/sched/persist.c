@@ -26,7 +26,8 @@ static void file_path(char *out, size_t cap, const char *dir, const char *suffix
 
 static sched_kvfile_id_t file_id(const sched_t *s)
 {
-    return (sched_kvfile_id_t){.seed = s->seed, .block_bytes = s->block_bytes, .n_vocab = s->n_vocab};
+    return (sched_kvfile_id_t){.seed = s->seed, .block_bytes = s->block_bytes,
+                               .kv_type = s->o.kv_flag, .n_vocab = s->n_vocab};
 }
 
 typedef struct {

@@ -73,7 +73,9 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     s->m = m;
     s->tok = tok;
     s->o = *o;
-    const size_t bb = model_kv_block_bytes(m, 0);
+    if (o->kv_flag & ~(unsigned)(MODEL_CTX_KV_BF16 | MODEL_CTX_KV_F32))
+        return ecs_error(ECS_ERR_INVAL, "sched: KV flag 0x%x is not a cache type", o->kv_flag);
+    const size_t bb = model_kv_block_bytes(m, o->kv_flag);
     const int per_ctx = sched_blocks_for(o->n_ctx);
     size_t fit = o->kv_mem ? o->kv_mem / bb : sched_default_blocks(bb, per_ctx, o->max_running);
     if (fit < (size_t)per_ctx) {
@@ -282,6 +284,7 @@ void sched_stats(sched_t *s, sched_stats_t *out)
     out->kv_blocks = s->n_blocks;
     out->kv_block_bytes = s->block_bytes;
     out->kv_bytes = s->block_bytes * (size_t)s->n_blocks;
+    out->kv_type = model_kv_type_name(s->o.kv_flag);
     pthread_mutex_unlock(&s->mu);
 }
 

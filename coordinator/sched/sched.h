@@ -77,6 +77,7 @@ typedef struct {
     /* > 0: exactly this many units per slice, and slices even when nothing
      * decodes (tests, to cut prompts the same way every run) */
     int slice_units;
+    unsigned kv_flag;  /* the cache type: 0 (F16), MODEL_CTX_KV_BF16 or _F32 */
     void (*notify)(void *arg); /* called (any thread) when sched_drain has work */
     void *notify_arg;
 } sched_opts_t;
@@ -136,6 +137,7 @@ typedef struct {
     int kv_blocks_used;         /* referenced by requests */
     int kv_blocks_cached;       /* unreferenced, kept for the prefix cache */
     size_t kv_bytes, kv_block_bytes;
+    const char *kv_type;        /* "f16", "bf16", "f32" */
     uint64_t kv_evictions;      /* cached blocks reused for others */
     uint64_t steps, prompt_tokens, gen_tokens, preemptions;
     uint64_t prefill_slices;    /* model calls that ran part of a chunk's layers */

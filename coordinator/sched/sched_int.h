@@ -134,6 +134,7 @@ void *sched_main(void *arg);
 typedef struct {
     uint64_t seed;        /* the model identity every key chains from */
     size_t block_bytes;   /* one block's rows */
+    uint32_t kv_type;     /* their element type (sched_opts_t.kv_flag) */
     int n_vocab;          /* token ids are below it */
 } sched_kvfile_id_t;
 typedef struct {

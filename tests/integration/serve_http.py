@@ -435,6 +435,15 @@ for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
             assert "0 blocks" in wrong.read_log() and "skipped" in wrong.read_log(), wrong.read_log()
         finally:
             assert wrong.stop() == 0
+        bf16 = Server(binary, path, "--ctx", "1024", "--max-running", "2", "--kv-type", "bf16",
+                      "--prefix-cache-dir", cache_dir)
+        try:  # F16 blocks are never read into a BF16 cache (same size, other type)
+            log = bf16.read_log()
+            assert "0 blocks" in log and "skipped" in log and "bf16" in log, log
+            st, r3 = post_json(bf16.port, "/v1/completions", turns()[1])
+            assert st == 200 and r3["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, r3
+        finally:
+            assert bf16.stop() == 0
 
     check("%s: --prefix-cache-dir keeps the prefix warm across a restart" % name, after_restart)
     shutil.rmtree(cache_dir, ignore_errors=True)

@@ -28,12 +28,13 @@ static float frand(void)
  * scores (row-major queries) and scores_t (transposed groups) of sd and of
  * the plain loops; all must agree (the plain and SIMD ones up to float
  * summation order). */
-static void check_scores_t(const model_simd_t *sd, int nq, int nt, int dk, bool f16)
+static void check_scores_t(const model_simd_t *sd, int nq, int nt, int dk, model_kvt_t kt)
 {
     const model_simd_t *pl = model_simd_plain();
     const int dkp = (dk + 15) & ~15, nqp = (nq + 3) & ~3, ng = (nq + 15) / 16;
     const int lds = (nt + 15) & ~15;
-    const size_t elt = f16 ? sizeof(ecs_fp16_t) : sizeof(float);
+    const size_t elt = model_kvt_size(kt);
+    const int f16 = kt; /* in the messages: 0 F16, 1 BF16, 2 F32 */
     const size_t ks = (size_t)dk + 3; /* rows wider than the keys */
     void *K = malloc((size_t)nt * ks * elt);
     float *Q = aligned_alloc(64, (size_t)nqp * dkp * sizeof(float));
@@ -47,8 +48,10 @@ static void check_scores_t(const model_simd_t *sd, int nq, int nt, int dk, bool 
     }
     for (size_t i = 0; i < (size_t)nt * ks; i++) {
         const float v = frand();
-        if (f16)
+        if (kt == MODEL_KV_F16)
             ((ecs_fp16_t *)K)[i] = ecs_f32_to_fp16(v);
+        else if (kt == MODEL_KV_BF16)
+            ((ecs_bf16_t *)K)[i] = ecs_f32_to_bf16(v);
         else
             ((float *)K)[i] = v;
     }
@@ -59,25 +62,33 @@ static void check_scores_t(const model_simd_t *sd, int nq, int nt, int dk, bool 
         len[j] = j < nq ? nt : 0;
         for (int d = 0; j < nq && d < dk; d++) {
             const float v = ecs_fp16_to_f32(ecs_f32_to_fp16(frand()));
+            if (kt == MODEL_KV_BF16) {
+                ((ecs_bf16_t *)(Q + (size_t)j * dkp))[d] = ecs_f32_to_bf16(v);
+                continue;
+            }
             Q[(size_t)j * dkp + d] = v;
             QT[(size_t)(j / 16) * dk * 16 + (size_t)d * 16 + j % 16] = v;
         }
+        if (kt == MODEL_KV_BF16 && j < nq)
+            model_qt_bf16(QT, j, dk, (const ecs_bf16_t *)(Q + (size_t)j * dkp));
     }
     const float scale = 0.125f;
-    sd->scores(Q, nqp, dkp, K, ks, f16, dk, dkp, len, nt, scale, S[0], lds, kbuf);
-    sd->scores_t(QT, nq, K, ks, f16, dk, nt, scale, S[1], lds, kbuf);
-    pl->scores_t(QT, nq, K, ks, f16, dk, nt, scale, S[2], lds, kbuf);
+    sd->scores(Q, nqp, dkp, K, ks, kt, dk, dkp, len, nt, scale, S[0], lds, kbuf);
+    sd->scores_t(QT, nq, K, ks, kt, dk, nt, scale, S[1], lds, kbuf);
+    pl->scores_t(QT, nq, K, ks, kt, dk, nt, scale, S[2], lds, kbuf);
     for (int j = 0; j < nq; j++)
         for (int t = 0; t < nt; t++) {
             const size_t i = (size_t)j * lds + t;
             cr_assert(S[0][i] == S[1][i], "nq %d nt %d dk %d f16 %d: (%d, %d) %a vs %a", nq, nt,
                       dk, f16, j, t, S[0][i], S[1][i]);
-            cr_assert(fabsf(S[2][i] - S[1][i]) <= 1e-5f * (1.0f + fabsf(S[2][i])),
+            /* BF16: the kernel sums in the plain loops' order, exactly */
+            cr_assert(kt == MODEL_KV_BF16 ? S[2][i] == S[1][i]
+                                          : fabsf(S[2][i] - S[1][i]) <= 1e-5f * (1.0f + fabsf(S[2][i])),
                       "plain vs %s: (%d, %d) %g vs %g", sd == pl ? "plain" : "simd", j, t, S[2][i],
                       S[1][i]);
         }
     /* the plain kernels define the results: the two plain forms agree exactly */
-    pl->scores(Q, nqp, dkp, K, ks, f16, dk, dkp, len, nt, scale, S[0], lds, kbuf);
+    pl->scores(Q, nqp, dkp, K, ks, kt, dk, dkp, len, nt, scale, S[0], lds, kbuf);
     for (int j = 0; j < nq; j++)
         for (int t = 0; t < nt; t++)
             cr_assert(S[0][(size_t)j * lds + t] == S[2][(size_t)j * lds + t]);
@@ -100,8 +111,8 @@ Test(scores_t, equals_scores_bit_for_bit)
         for (size_t a = 0; a < sizeof nqs / sizeof *nqs; a++)
             for (size_t b = 0; b < sizeof nts / sizeof *nts; b++)
                 for (size_t c = 0; c < sizeof dks / sizeof *dks; c++)
-                    for (int f = 0; f < 2; f++)
-                        check_scores_t(isas[s], nqs[a], nts[b], dks[c], f);
+                    for (int f = 0; f < 3; f++)
+                        check_scores_t(isas[s], nqs[a], nts[b], dks[c], (model_kvt_t)f);
     }
 }
 
@@ -158,11 +169,14 @@ Test(split, same_bits_as_head_split_short)
 {
     check_split(0, 24, 1, 64);
     check_split(MODEL_CTX_KV_F32, 24, 1, 64);
+    check_split(MODEL_CTX_KV_BF16, 24, 1, 64);
     check_split(MODEL_CTX_MLA_ABSORBED, 24, 3, 64);
+    check_split(MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_BF16, 24, 3, 64);
 }
 
 /* Past one run of keys (512): several scores items, a partial last one. */
 Test(split, same_bits_as_head_split_deep, .timeout = 120)
 {
     check_split(MODEL_CTX_MLA_ABSORBED, 600, 4, 640);
+    check_split(MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_BF16, 600, 4, 640);
 }

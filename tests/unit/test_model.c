@@ -1270,7 +1270,10 @@ static void check_isa_paths(const spec_t *s, unsigned flags)
     const size_t cnt = (size_t)37 * s->n_vocab;
     /* F32 caches: summation order only. F16: a query or probability that
      * lands on the other side of an F16 rounding boundary moves by 5e-4
-     * relative, so the bound is that of the F16 tests above. */
+     * relative, so the bound is that of the F16 tests above. BF16: the
+     * attention products are the same bits on both ISAs; what differs
+     * elsewhere may cross a BF16 rounding (4e-3 relative of one value),
+     * and stays within the same bound on these models. */
     const double tol = flags & MODEL_CTX_KV_F32 ? 1e-5 : 2e-3;
     cr_assert(max_diff(a, b, cnt) <= tol * fmax(1.0, max_abs(b, cnt)),
               "%s flags %u: detected ISA vs scalar: %g", s->arch, flags, max_diff(a, b, cnt));
@@ -1289,9 +1292,15 @@ Test(simd, detected_isa_equals_plain_loops)
     check_isa_paths(&s, MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_F32);
     check_isa_paths(&s, MODEL_CTX_MLA_EXPANDED);
     check_isa_paths(&s, MODEL_CTX_MLA_EXPANDED | MODEL_CTX_KV_F32);
+    /* BF16: AVX-512 BF16 kernels against the plain loops a CPU without
+     * them runs (the attention the same bits, test_kv_bf16.c) */
+    check_isa_paths(&s, MODEL_CTX_KV_BF16);
+    check_isa_paths(&s, MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_BF16);
+    check_isa_paths(&s, MODEL_CTX_MLA_EXPANDED | MODEL_CTX_KV_BF16);
     s = qwen_spec();
     check_isa_paths(&s, 0);
     check_isa_paths(&s, MODEL_CTX_KV_F32);
+    check_isa_paths(&s, MODEL_CTX_KV_BF16);
 }
 
 Test(threads, logits_do_not_depend_on_the_thread_count)

@@ -32,6 +32,7 @@ typedef struct {
     double grace;
     int threads, ctx, max_running, max_queue, chunk, slice_units;
     double slice_budget;
+    unsigned kv_flag;
     size_t kv_mem, max_body, max_header;
     double read_timeout, idle_timeout;
     bool no_repack, no_prefix_cache, print_placement;
@@ -46,6 +47,8 @@ static void usage(FILE *f)
             "                       unless you name another address)\n"
             "  --threads N          compute threads (default: all CPUs)\n"
             "  --ctx N              tokens per request context (default: min(trained, 4096))\n"
+            "  --kv-type T          KV cache type: f16 (default), bf16 (AVX-512 BF16\n"
+            "                       attention where the CPU has it), f32; --kv-f32: f32\n"
             "  --kv-mem SIZE        bytes of the KV block pool, e.g. 512M, 4G (default: one\n"
             "                       context per --max-running, at most half the free memory)\n"
             "  --max-running N      requests generating at once (default 8)\n"
@@ -126,6 +129,10 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->no_repack = true;
             continue;
         }
+        if (!strcmp(o, "--kv-f32")) {
+            a->kv_flag = MODEL_CTX_KV_F32;
+            continue;
+        }
         if (!strcmp(o, "--no-prefix-cache")) {
             a->no_prefix_cache = true;
             continue;
@@ -143,6 +150,13 @@ static int parse_args(int argc, char **argv, args_t *a)
         if (dr > 0)
             continue;
         bool ok = true;
+        if (!strcmp(o, "--kv-type")) {
+            const int kvf = model_kv_type_flag(v);
+            if (kvf < 0)
+                return fail("--kv-type '%s': expected f16, bf16 or f32", v);
+            a->kv_flag = (unsigned)kvf;
+            continue;
+        }
         if (!strcmp(o, "-m")) a->model = v;
         else if (!strcmp(o, "--http")) a->http = v;
         else if (!strcmp(o, "--api-key-file")) a->key_file = v;
@@ -278,7 +292,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
     sched_opts_t so = {.n_ctx = model_n_ctx_max(m), .kv_mem = a->kv_mem,
                        .max_running = a->max_running, .max_queue = a->max_queue, .chunk = a->chunk,
                        .prefix_cache = !a->no_prefix_cache, .slice_budget = a->slice_budget,
-                       .slice_units = a->slice_units};
+                       .slice_units = a->slice_units, .kv_flag = a->kv_flag};
     sched_t *s = NULL;
     if (sched_new(m, tok, &so, &s) != ECS_OK)
         return fail("%s", ecs_errmsg());
@@ -321,9 +335,9 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
     const int per_ctx = (so.n_ctx + MODEL_KV_BLOCK - 1) / MODEL_KV_BLOCK;
     fprintf(stderr,
             "memory: weights %.1f MB mapped, workspace %.1f MB, KV pool %d blocks x %d tokens = "
-            "%.1f MB (%.1f KB/token, %s; %.1f contexts of %d tokens)%s\n",
+            "%.1f MB (%s, %.1f KB/token, %s; %.1f contexts of %d tokens)%s\n",
             wbytes / 1e6, model_workspace_bytes(m) / 1e6, st.kv_blocks, MODEL_KV_BLOCK,
-            st.kv_bytes / 1e6, st.kv_block_bytes / 1e3 / MODEL_KV_BLOCK,
+            st.kv_bytes / 1e6, st.kv_type, st.kv_block_bytes / 1e3 / MODEL_KV_BLOCK,
             a->kv_mem ? "--kv-mem" : "from free memory", (double)st.kv_blocks / per_ctx, so.n_ctx,
             st.kv_blocks < per_ctx * a->max_running
                 ? " - less than --max-running whole contexts: long requests may wait or be preempted"

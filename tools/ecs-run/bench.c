@@ -280,7 +280,7 @@ int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
     const int nth = ecs_threadpool_size(model_threadpool(m));
     printf("bench: %s  arch %s  layers %d  threads %d  ctx %d  kv %s  attention %s\n", a->model,
            hp->arch == ARCH_DEEPSEEK2 ? "deepseek2" : "qwen3moe", hp->n_layer,
-           nth, n_ctx, a->kv_f32 ? "f32" : "f16",
+           nth, n_ctx, model_kv_type_name(a->kv_flag),
            hp->arch != ARCH_DEEPSEEK2 ? "gqa"
            : a->expanded                   ? "mla-expanded"
            : a->absorbed                   ? "mla-latent (absorbed)"

@@ -43,7 +43,9 @@ static void usage(FILE *f)
             "                     many as a step takes; 1: every token a decode step)\n"
             "  --mla-expanded     deepseek2: cache expanded K/V (reference path)\n"
             "  --mla-absorbed     deepseek2: absorbed attention for prompt steps too\n"
-            "  --kv-f32           keep the KV cache in F32 (exact attention, for references)\n"
+            "  --kv-type T        KV cache type: f16 (default, llama.cpp's), bf16 (attention\n"
+            "                     with AVX-512 BF16 where the CPU has it), f32 (exact)\n"
+            "  --kv-f32           --kv-type f32 (exact attention, for references)\n"
             "  --attn-split N     deepseek2 decode: split attention by keys from depth N\n"
             "                     on (default 512; -1: never; same results either way)\n"
             "  --repack DIR       where the decode copy of the weights is cached (default:\n"
@@ -122,7 +124,7 @@ static bool takes_value(const char *o)
     static const char *const opts[] = {"-m", "-p", "-f", "-n", "--tokens", "--dump-logits",
                                        "--logits-of", "--threads", "--ctx", "--top", "--top-k",
                                        "--seed", "--temp", "--top-p", "--min-p", "--pp", "--tg", "--tg-batch",
-                                       "--reps", "--repack", "--step", "--attn-split"};
+                                       "--reps", "--repack", "--step", "--attn-split", "--kv-type"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (!strcmp(o, opts[i]))
             return true;
@@ -149,7 +151,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         if (!strcmp(o, "--ignore-eos")) { a->ignore_eos = true; continue; }
         if (!strcmp(o, "--mla-expanded")) { a->expanded = true; continue; }
         if (!strcmp(o, "--mla-absorbed")) { a->absorbed = true; continue; }
-        if (!strcmp(o, "--kv-f32")) { a->kv_f32 = true; continue; }
+        if (!strcmp(o, "--kv-f32")) { a->kv_flag = MODEL_CTX_KV_F32; continue; }
         if (!strcmp(o, "--bench")) { a->bench = true; continue; }
         if (!strcmp(o, "--profile")) { a->profile = true; continue; }
         if (!strcmp(o, "--print-placement")) { a->print_placement = true; continue; }
@@ -173,6 +175,12 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--dump-logits")) a->dump = v;
         else if (!strcmp(o, "--logits-of")) a->logits_of = v;
         else if (!strcmp(o, "--repack")) a->repack_dir = v;
+        else if (!strcmp(o, "--kv-type")) {
+            const int fl = model_kv_type_flag(v);
+            if (fl < 0)
+                return run_fail("--kv-type: '%s' is not f16, bf16 or f32", v);
+            a->kv_flag = (unsigned)fl;
+        }
         else if (!strcmp(o, "-n")) {
             if (!ecs_parse_long(v, 0, MODEL_MAX_CTX, &l)) return run_fail("-n: bad count '%s'", v);
             a->n_predict = (int)l;
@@ -506,7 +514,7 @@ static int cmd_generate(model_t *m, model_ctx_t *c, const args_t *a, const tok_t
 unsigned run_ctx_flags(const args_t *a)
 {
     return (a->expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a->absorbed ? MODEL_CTX_MLA_ABSORBED : 0) |
-           (a->kv_f32 ? MODEL_CTX_KV_F32 : 0);
+           a->kv_flag;
 }
 
 static const char *repack_dir(const args_t *a, char *buf, size_t cap)
