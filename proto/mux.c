@@ -401,20 +401,27 @@ static void data_msg(mux_t *m, int id, zmq_msg_t *parts, int n)
     const uint64_t rid = w.kind == WIRE_ERROR ? w.error.request_id : w.result.request_id;
     mux_call_t *c = rid ? table_take(m, rid, id) : NULL;
     if (!c) {
-        if (w.kind == WIRE_ERROR) {
-            ADD(p->errors_received, 1);
-            mux_set_last_error(m, p, w.error.message);
-        } else {
-            bool dup = false;
-            for (int i = 0; i < MUX_RECENT && !dup; i++)
-                dup = m->recent[i].id == rid && m->recent[i].peer == id;
-            ADD(*(dup ? &p->duplicate_replies : &p->unknown_ids), 1);
-        }
-        wire_msg_clear(&w);
+        bool dup = false;
+        for (int i = 0; i < MUX_RECENT && !dup; i++)
+            dup = m->recent[i].id == rid && m->recent[i].peer == id;
+        mux_reply_unmatched(m, p, &w, dup);
         return;
     }
     mux_reply_apply(m, p, c, &w, n == 2 ? &parts[1] : NULL);
     call_finish(m, c);
+}
+
+/* A reply whose call is not in flight: an Error is noted, a Result counted
+ * as a duplicate (dup: its id completed lately) or an unknown id; w freed. */
+void mux_reply_unmatched(mux_t *m, peer_t *p, wire_msg_t *w, bool dup)
+{
+    if (w->kind == WIRE_ERROR) {
+        ADD(p->errors_received, 1);
+        mux_set_last_error(m, p, w->error.message);
+    } else {
+        ADD(*(dup ? &p->duplicate_replies : &p->unknown_ids), 1);
+    }
+    wire_msg_clear(w);
 }
 
 /* Fills c's outcome from its decoded reply w (a Result or an Error: moved

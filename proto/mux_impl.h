@@ -147,6 +147,7 @@ void mux_call_abort(mux_t *m, mux_call_t *c, ecs_err_t err, const char *why);
 /* Fills c's outcome from its decoded reply (see mux.c). */
 void mux_reply_apply(mux_t *m, peer_t *p, mux_call_t *c, wire_msg_t *w, zmq_msg_t *payload);
 void mux_set_last_error(mux_t *m, peer_t *p, const char *msg);
+void mux_reply_unmatched(mux_t *m, peer_t *p, wire_msg_t *w, bool dup);
 
 /* mux_shm.c: the same-host plane of a peer. */
 /* Sends c through p's plane if it has one and c fits (the I/O thread's

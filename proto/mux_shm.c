@@ -68,6 +68,8 @@ ecs_err_t mux_peer_set_shm(mux_t *m, int peer, struct dplane_shm *seg)
     pthread_mutex_init(&s->tx, NULL);
     pthread_mutex_init(&s->rx, NULL);
     dplane_shm_unlink(seg); /* attached: the name is needed no more */
+    const char *sw = getenv("ECS_SHM_SHORT_WAKE");
+    dplane_shm_short_wake(seg, sw && !strcmp(sw, "1"));
     pthread_mutex_lock(&m->lock);
     mux_shm_t *old = p->shm;
     p->shm = s;
@@ -192,20 +194,9 @@ bool mux_shm_cancel(mux_t *m, mux_call_t *c)
  * call. rx held. */
 static void result_in(mux_t *m, mux_shm_t *s, peer_t *p, const dplane_entry_t *e)
 {
-    if (e->frame_len > s->frame_cap) {
-        uint8_t *f = realloc(s->frame, e->frame_len);
-        if (!f) {
-            ADD(p->bad_messages, 1);
-            return;
-        }
-        s->frame = f;
-        s->frame_cap = e->frame_len;
-    }
-    /* the worker could rewrite the ring under us: decode a private copy */
-    memcpy(s->frame, e->frame, e->frame_len);
     wire_msg_t w;
     ADD(p->bytes_in, e->frame_len + e->payload_len);
-    ecs_err_t rc = wire_decode(s->frame, e->frame_len, e->payload, e->payload_len, true, &w);
+    ecs_err_t rc = dplane_entry_decode(e, &s->frame, &s->frame_cap, &w);
     if (rc == ECS_OK && w.kind != WIRE_RESULT && w.kind != WIRE_ERROR)
         rc = ecs_error(ECS_ERR_FORMAT, "unexpected %s on the shared-memory plane",
                        wire_kind_name(w.kind));
@@ -224,16 +215,10 @@ static void result_in(mux_t *m, mux_shm_t *s, peer_t *p, const dplane_entry_t *e
         return;
     }
     if (!c) {
-        if (w.kind == WIRE_ERROR) {
-            ADD(p->errors_received, 1);
-            mux_set_last_error(m, p, w.error.message);
-        } else {
-            bool dup = false;
-            for (int i = 0; i < SHM_RECENT && !dup; i++)
-                dup = s->recent[i] == id;
-            ADD(*(dup ? &p->duplicate_replies : &p->unknown_ids), 1);
-        }
-        wire_msg_clear(&w);
+        bool dup = false;
+        for (int i = 0; i < SHM_RECENT && !dup; i++)
+            dup = s->recent[i] == id;
+        mux_reply_unmatched(m, p, &w, dup);
         return;
     }
     /* the rows leave the ring now: the caller keeps them until release */

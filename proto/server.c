@@ -342,18 +342,8 @@ static void plane_call(plane_t *pl, const dplane_entry_t *ce)
 {
     mux_server_t *s = pl->s;
     ADD(s->bytes_in, ce->frame_len + ce->payload_len);
-    if (ce->frame_len > pl->frame_cap) {
-        uint8_t *f = realloc(pl->frame, ce->frame_len);
-        if (!f) {
-            ADD(s->dropped, 1);
-            return;
-        }
-        pl->frame = f;
-        pl->frame_cap = ce->frame_len;
-    }
-    memcpy(pl->frame, ce->frame, ce->frame_len);
     wire_msg_t w;
-    ecs_err_t e = wire_decode(pl->frame, ce->frame_len, ce->payload, ce->payload_len, true, &w);
+    ecs_err_t e = dplane_entry_decode(ce, &pl->frame, &pl->frame_cap, &w);
     if (!e && w.kind != WIRE_CALL)
         e = ecs_error(ECS_ERR_FORMAT, "%s on the shared-memory plane (only ExpertCall)",
                       wire_kind_name(w.kind));
@@ -445,6 +435,8 @@ ecs_err_t mux_server_attach_shm(mux_server_t *s, int conn, const char *name)
         free(pl);
         return e;
     }
+    const char *sw = getenv("ECS_SHM_SHORT_WAKE");
+    dplane_shm_short_wake(pl->seg, sw && !strcmp(sw, "1"));
     if (pthread_create(&pl->th, NULL, plane_main, pl) != 0) {
         dplane_shm_abort(pl->seg);
         dplane_shm_free(pl->seg);

@@ -229,6 +229,10 @@ void dplane_shm_unlink(dplane_shm_t *s);
 size_t dplane_shm_ring_bytes(const dplane_shm_t *s);
 /* Bytes an entry with room for frame_cap frame bytes and payload takes. */
 size_t dplane_shm_entry_bytes(size_t frame_cap, size_t payload);
+/* Sleep in dplane_ring_wait with a 0.1 ms EEVDF slice, restored on waking,
+ * so that the wake-up preempts a computing thread at once (off by default;
+ * ECS_SHM_SHORT_WAKE=1 turns it on where the planes are made). */
+void dplane_shm_short_wake(dplane_shm_t *s, bool on);
 void dplane_shm_abort(dplane_shm_t *s);
 bool dplane_shm_aborted(const dplane_shm_t *s);
 /* Unlinks (if still named) and unmaps; no thread may use s any more. */
@@ -246,6 +250,10 @@ void dplane_ring_commit(dplane_shm_t *s, dplane_ring_t r, dplane_entry_t *e, siz
  * frame is in shared memory: copy it before decoding. */
 ecs_err_t dplane_ring_peek(dplane_shm_t *s, dplane_ring_t r, dplane_entry_t *e);
 void dplane_ring_release(dplane_shm_t *s, dplane_ring_t r, const dplane_entry_t *e);
+/* wire_decode of a peeked entry: its frame copied into *buf (grown as
+ * needed, *cap its size; free it when done), its payload in place. */
+ecs_err_t dplane_entry_decode(const dplane_entry_t *e, uint8_t **buf, size_t *cap,
+                              wire_msg_t *out);
 /* Waiting: read the sequence (room = false: entries published; true:
  * entries released), check the condition, then wait until the sequence
  * moves, the plane is aborted or timeout_ms passes (< 0: no limit).

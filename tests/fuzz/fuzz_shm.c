@@ -3,7 +3,8 @@
  * peer leaves in a ring, dplane_ring_peek hands out only entries that lie
  * inside what was published and inside the ring, and each frame is then
  * decoded as mux_shm.c / server.c do (a private copy, wire_decode). The
- * first 2 bytes pick how much of the ring counts as published. */
+ * first 2 bytes pick how much of the ring counts as published. The frame
+ * goes through dplane_entry_decode, the decoder both sides use. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (dplane_shm_create(4096, &s) != ECS_OK)
         return 0;
     dplane_entry_t e;
+    uint8_t *buf = NULL;
+    size_t cap = 0;
     const size_t want = ((size_t)data[0] | (size_t)data[1] << 8) % 3900;
     if (dplane_ring_reserve(s, DPLANE_RESULTS, 0, want, &e) == ECS_OK) {
         uint8_t *start = e.frame - 16;
@@ -31,17 +34,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             dplane_entry_t r;
             if (dplane_ring_peek(s, DPLANE_RESULTS, &r) != ECS_OK)
                 break;
-            uint8_t *copy = malloc(r.frame_len ? r.frame_len : 1);
-            if (!copy)
-                break;
-            memcpy(copy, r.frame, r.frame_len);
             wire_msg_t w;
-            wire_decode(copy, r.frame_len, r.payload, r.payload_len, true, &w);
+            dplane_entry_decode(&r, &buf, &cap, &w);
             wire_msg_clear(&w);
-            free(copy);
             dplane_ring_release(s, DPLANE_RESULTS, &r);
         }
     }
+    free(buf);
     dplane_shm_free(s);
     return 0;
 }
