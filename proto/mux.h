@@ -225,6 +225,7 @@ typedef struct {
     char endpoint[256];
     uint64_t calls_in_flight, rows_in_flight;
     uint64_t calls_sent, calls_ok, calls_failed;  /* failed: any outcome but err OK + status OK */
+    uint64_t calls_shm;                            /* of calls_sent, those on the shared-memory plane */
     uint64_t bytes_out, bytes_in;                  /* all frames, headers included */
     uint64_t unknown_ids, duplicate_replies, bad_messages, errors_received;
     uint64_t latency_us[MUX_LAT_BUCKETS];          /* round trips of completed calls */

@@ -363,6 +363,7 @@ ecs_err_t mux_peer_stats(mux_t *m, int peer, mux_peer_stats_t *o)
     o->calls_sent = LOAD(p->calls_sent);
     o->calls_ok = LOAD(p->calls_ok);
     o->calls_failed = LOAD(p->calls_failed);
+    o->calls_shm = LOAD(p->calls_shm);
     o->bytes_out = LOAD(p->bytes_out);
     o->bytes_in = LOAD(p->bytes_in);
     o->unknown_ids = LOAD(p->unknown_ids);

@@ -65,7 +65,7 @@ typedef struct {
     void *sock;                /* I/O thread only */
     char endpoint[256];
     atomic_bool connected;
-    _Atomic uint64_t calls_in_flight, rows_in_flight, calls_sent, calls_ok, calls_failed;
+    _Atomic uint64_t calls_in_flight, rows_in_flight, calls_sent, calls_ok, calls_failed, calls_shm;
     _Atomic uint64_t bytes_out, bytes_in, unknown_ids, duplicate_replies, bad_messages,
         errors_received;
     _Atomic uint64_t lat[MUX_LAT_BUCKETS];

@@ -159,6 +159,7 @@ bool mux_shm_send(mux_t *m, peer_t *p, mux_call_t *c)
     if (rc == ECS_OK) {
         ADD(p->bytes_out, hdr + pay);
         ADD(p->calls_sent, 1);
+        ADD(p->calls_shm, 1);
         return true;
     }
     /* full or gone: ZeroMQ takes it (the worker serves both) */
