@@ -51,7 +51,7 @@
 #define ENT_ALIGN 64u
 #define WRAP_MARK UINT32_MAX
 #define SPIN_NS 20000u /* busy-wait before sleeping: less than a wake-up costs, much less
-                        * than a core lent away */
+                        * than a core lent away (ECS_SHM_SPIN_US overrides, 0-1000) */
 
 typedef struct {
     _Alignas(64) _Atomic uint64_t tail; /* producer: bytes published */
@@ -390,8 +390,14 @@ void dplane_ring_wait(dplane_shm_t *s, dplane_ring_t r, bool room, uint32_t seen
     ring_ctl_t *c = &s->h->ring[r];
     _Atomic uint32_t *w = room ? &c->freed : &c->pub;
     _Atomic uint32_t *n = room ? &c->waiting : &c->sleepers;
-    const uint64_t t0 = now_ns();
-    while (now_ns() - t0 < SPIN_NS) {
+    static _Atomic int64_t spin_ns = -1;
+    if (atomic_load(&spin_ns) < 0) {
+        const char *e = getenv("ECS_SHM_SPIN_US");
+        const long us = e ? atol(e) : -1;
+        atomic_store(&spin_ns, us >= 0 && us <= 1000 ? us * 1000 : (int64_t)SPIN_NS);
+    }
+    const uint64_t t0 = now_ns(), spin = (uint64_t)atomic_load(&spin_ns);
+    while (now_ns() - t0 < spin) {
         if (atomic_load(w) != seen || atomic_load(&s->h->aborted))
             return;
 #if defined(__x86_64__) || defined(__i386__)
