@@ -23,6 +23,8 @@
 #define SHM_RECENT 256
 #define SHM_RESULT_FRAME 1024u /* room for a Result's header and body (a message < 256) */
 #define SHM_WAIT_SLICE_MS 100  /* a sleeper looks at the deadline and the plane this often */
+#define SHM_POOL 8             /* result buffers kept for reuse per plane */
+#define SHM_BUF_HDR 64         /* before a pooled buffer's bytes: its size and plane */
 
 struct mux_shm {
     dplane_shm_t *seg;
@@ -35,7 +37,19 @@ struct mux_shm {
     uint8_t *frame;                /* rx: the frame copied out of the ring to decode */
     size_t frame_cap;
     int peer;
+    /* Result rows leave the ring in buffers kept here between calls: a
+     * fresh allocation per result had glibc grow and trim the heap by the
+     * result's size on every call (4 ms a 512 KiB round trip). A buffer
+     * holds a reference to the plane while a caller has it. */
+    pthread_mutex_t pool_mu;
+    uint8_t *pool[SHM_POOL];
+    int n_pool;
 };
+
+typedef struct {
+    size_t cap;
+    mux_shm_t *s;
+} pool_hdr_t;
 
 static void close_plane(mux_t *m, mux_shm_t *s, const char *why);
 
@@ -46,8 +60,50 @@ void mux_shm_put(mux_shm_t *s)
     dplane_shm_free(s->seg);
     pthread_mutex_destroy(&s->tx);
     pthread_mutex_destroy(&s->rx);
+    for (int i = 0; i < s->n_pool; i++)
+        free(s->pool[i]);
+    pthread_mutex_destroy(&s->pool_mu);
     free(s->frame);
     free(s);
+}
+
+/* A buffer of at least n bytes (64-byte aligned) from the plane's pool, or
+ * a new one; NULL when out of memory. */
+static uint8_t *pool_get(mux_shm_t *s, size_t n)
+{
+    uint8_t *b = NULL;
+    pthread_mutex_lock(&s->pool_mu);
+    for (int i = 0; i < s->n_pool && !b; i++)
+        if (((pool_hdr_t *)s->pool[i])->cap >= n) {
+            b = s->pool[i];
+            s->pool[i] = s->pool[--s->n_pool];
+        }
+    pthread_mutex_unlock(&s->pool_mu);
+    if (!b) {
+        const size_t cap = (n + 65535) / 65536 * 65536; /* a few sizes, reused */
+        if (!(b = aligned_alloc(64, SHM_BUF_HDR + cap)))
+            return NULL;
+        *(pool_hdr_t *)b = (pool_hdr_t){.cap = cap, .s = s};
+    }
+    atomic_fetch_add(&s->refs, 1);
+    return b + SHM_BUF_HDR;
+}
+
+/* zmq_msg_t's free function of a pooled buffer: back to the pool (or
+ * freed when it is full), then the plane's reference goes. */
+static void pool_put(void *data, void *hint)
+{
+    (void)hint;
+    uint8_t *b = (uint8_t *)data - SHM_BUF_HDR;
+    mux_shm_t *s = ((pool_hdr_t *)b)->s;
+    pthread_mutex_lock(&s->pool_mu);
+    if (s->n_pool < SHM_POOL) {
+        s->pool[s->n_pool++] = b;
+        b = NULL;
+    }
+    pthread_mutex_unlock(&s->pool_mu);
+    free(b);
+    mux_shm_put(s);
 }
 
 ecs_err_t mux_peer_set_shm(mux_t *m, int peer, struct dplane_shm *seg)
@@ -67,6 +123,7 @@ ecs_err_t mux_peer_set_shm(mux_t *m, int peer, struct dplane_shm *seg)
     atomic_init(&s->refs, 1);
     pthread_mutex_init(&s->tx, NULL);
     pthread_mutex_init(&s->rx, NULL);
+    pthread_mutex_init(&s->pool_mu, NULL);
     dplane_shm_unlink(seg); /* attached: the name is needed no more */
     const char *sw = getenv("ECS_SHM_SHORT_WAKE");
     dplane_shm_short_wake(seg, sw && !strcmp(sw, "1"));
@@ -225,13 +282,18 @@ static void result_in(mux_t *m, mux_shm_t *s, peer_t *p, const dplane_entry_t *e
     /* the rows leave the ring now: the caller keeps them until release */
     zmq_msg_t rows;
     const size_t n = w.kind == WIRE_RESULT ? w.result.payload_bytes : 0;
-    if (zmq_msg_init_size(&rows, n)) {
+    uint8_t *buf = n ? pool_get(s, n) : NULL;
+    if (n && !buf) {
         wire_msg_clear(&w);
         mux_call_abort(m, c, ECS_ERR_NOMEM, "no memory for a result");
         return;
     }
-    if (n)
-        memcpy(zmq_msg_data(&rows), e->payload, n);
+    if (n) {
+        memcpy(buf, e->payload, n);
+        zmq_msg_init_data(&rows, buf, n, pool_put, NULL);
+    } else {
+        zmq_msg_init(&rows);
+    }
     mux_reply_apply(m, p, c, &w, &rows);
     zmq_msg_close(&rows);
     mux_call_complete(m, c);
