@@ -165,8 +165,8 @@ FUZZ_SRC = $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS = $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
 # A fuzz target links common/ and proto/ (with the generated protobuf-c code)
 # built from source with the fuzzer's instrumentation.
-FUZZ_LIB_SRC = $(COMMON_SRC) $(wildcard proto/*.c) build/gen/proto/ecs.pb-c.c
-build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC) $(wildcard common/*.h proto/*.h)
+FUZZ_LIB_SRC = $(COMMON_SRC) $(wildcard proto/*.c) proto/dplane/shm.c build/gen/proto/ecs.pb-c.c
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC) $(wildcard common/*.h proto/*.h proto/dplane/*.h)
 	@mkdir -p $(dir $@)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -Ibuild/gen -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB_SRC) -lprotobuf-c -lzmq -ljansson -lm -lpthread
 ifneq ($(BUILD),build)

@@ -14,8 +14,9 @@
 #include "zutil.h"
 
 /* Records the outcome (err/status/message already in c->res), wakes the
- * waiter, drops the I/O thread's reference. I/O thread only. */
-static void call_finish(mux_t *m, mux_call_t *c)
+ * waiter, drops the reference of whoever completed it (the I/O thread's,
+ * or the shared-memory plane's: mux_shm.c). Any thread. */
+void mux_call_complete(mux_t *m, mux_call_t *c)
 {
     peer_t *p = m->peers[c->peer];
     const uint64_t now = zu_now_ns();
@@ -32,9 +33,6 @@ static void call_finish(mux_t *m, mux_call_t *c)
     } else {
         ADD(p->calls_failed, 1);
     }
-    const unsigned slot = m->recent_pos++ % MUX_RECENT;
-    m->recent[slot].id = c->id;
-    m->recent[slot].peer = c->peer;
     pthread_mutex_lock(&m->lock);
     atomic_store_explicit(&c->done, true, memory_order_release);
     if (c->waiter) {
@@ -46,6 +44,26 @@ static void call_finish(mux_t *m, mux_call_t *c)
     mux_call_unref(c);
 }
 
+void mux_call_abort(mux_t *m, mux_call_t *c, ecs_err_t err, const char *why)
+{
+    if (why != c->msgbuf)
+        snprintf(c->msgbuf, sizeof c->msgbuf, "%s", why);
+    c->res.err = err;
+    c->res.status = WIRE_ST_INTERNAL;
+    c->res.message = c->msgbuf;
+    mux_call_complete(m, c);
+}
+
+/* The I/O thread's completion: remembers the id (a later reply is a
+ * duplicate, not an unknown id). */
+static void call_finish(mux_t *m, mux_call_t *c)
+{
+    const unsigned slot = m->recent_pos++ % MUX_RECENT;
+    m->recent[slot].id = c->id;
+    m->recent[slot].peer = c->peer;
+    mux_call_complete(m, c);
+}
+
 static void call_fail(mux_t *m, mux_call_t *c, ecs_err_t err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void call_fail(mux_t *m, mux_call_t *c, ecs_err_t err, const char *fmt, ...)
@@ -54,10 +72,10 @@ static void call_fail(mux_t *m, mux_call_t *c, ecs_err_t err, const char *fmt, .
     va_start(ap, fmt);
     vsnprintf(c->msgbuf, sizeof c->msgbuf, fmt, ap);
     va_end(ap);
-    c->res.err = err;
-    c->res.status = WIRE_ST_INTERNAL;
-    c->res.message = c->msgbuf;
-    call_finish(m, c);
+    const unsigned slot = m->recent_pos++ % MUX_RECENT;
+    m->recent[slot].id = c->id;
+    m->recent[slot].peer = c->peer;
+    mux_call_abort(m, c, err, c->msgbuf);
 }
 
 static void table_put(mux_t *m, mux_call_t *c)
@@ -97,7 +115,7 @@ static void table_fail(mux_t *m, int peer, const char *why)
     }
 }
 
-static void set_last_error(mux_t *m, peer_t *p, const char *msg)
+void mux_set_last_error(mux_t *m, peer_t *p, const char *msg)
 {
     pthread_mutex_lock(&m->lock);
     snprintf(p->last_error, sizeof p->last_error, "%s", msg);
@@ -259,6 +277,7 @@ static void peer_close(mux_t *m, int id, const char *why)
     atomic_store(&p->connected, false);
     p->pend_head = p->pend_tail = NULL; /* those calls are in the table too */
     table_fail(m, id, why);
+    mux_shm_close(m, p, why);
     zmq_socket_monitor(p->sock, NULL, 0);
     zmq_close(p->sock);
     p->sock = NULL;
@@ -363,7 +382,7 @@ static void data_msg(mux_t *m, int id, zmq_msg_t *parts, int n)
     }
     if (e) {
         ADD(p->bad_messages, 1);
-        set_last_error(m, p, ecs_errmsg());
+        mux_set_last_error(m, p, ecs_errmsg());
         mux_call_t *c = w.kind == WIRE_RESULT && w.result.request_id
                             ? table_take(m, w.result.request_id, id) : NULL;
         if (c)
@@ -371,39 +390,55 @@ static void data_msg(mux_t *m, int id, zmq_msg_t *parts, int n)
         wire_msg_clear(&w);
         return;
     }
-    if (w.kind == WIRE_ERROR) {
-        ADD(p->errors_received, 1);
-        set_last_error(m, p, w.error.message);
-        mux_call_t *c = w.error.request_id ? table_take(m, w.error.request_id, id) : NULL;
-        if (c) {
-            c->res.err = ECS_OK;
-            c->res.status = w.error.code;
-            c->reply = w;
-            c->res.message = w.error.message;
-            call_finish(m, c);
-        } else {
-            wire_msg_clear(&w);
-        }
-        return;
-    }
-    if (w.kind != WIRE_RESULT) {
+    if (w.kind != WIRE_ERROR && w.kind != WIRE_RESULT) {
         ADD(p->bad_messages, 1);
         char msg[128];
         snprintf(msg, sizeof msg, "unexpected %s on a data socket", wire_kind_name(w.kind));
-        set_last_error(m, p, msg);
+        mux_set_last_error(m, p, msg);
         wire_msg_clear(&w);
         return;
     }
-    const wire_result_t *r = &w.result;
-    mux_call_t *c = table_take(m, r->request_id, id);
+    const uint64_t rid = w.kind == WIRE_ERROR ? w.error.request_id : w.result.request_id;
+    mux_call_t *c = rid ? table_take(m, rid, id) : NULL;
     if (!c) {
         bool dup = false;
         for (int i = 0; i < MUX_RECENT && !dup; i++)
-            dup = m->recent[i].id == r->request_id && m->recent[i].peer == id;
-        ADD(*(dup ? &p->duplicate_replies : &p->unknown_ids), 1);
-        wire_msg_clear(&w);
+            dup = m->recent[i].id == rid && m->recent[i].peer == id;
+        mux_reply_unmatched(m, p, &w, dup);
         return;
     }
+    mux_reply_apply(m, p, c, &w, n == 2 ? &parts[1] : NULL);
+    call_finish(m, c);
+}
+
+/* A reply whose call is not in flight: an Error is noted, a Result counted
+ * as a duplicate (dup: its id completed lately) or an unknown id; w freed. */
+void mux_reply_unmatched(mux_t *m, peer_t *p, wire_msg_t *w, bool dup)
+{
+    if (w->kind == WIRE_ERROR) {
+        ADD(p->errors_received, 1);
+        mux_set_last_error(m, p, w->error.message);
+    } else {
+        ADD(*(dup ? &p->duplicate_replies : &p->unknown_ids), 1);
+    }
+    wire_msg_clear(w);
+}
+
+/* Fills c's outcome from its decoded reply w (a Result or an Error: moved
+ * into c) and the Result's payload frame (moved, aligned); the caller
+ * completes c. Shared by both planes. */
+void mux_reply_apply(mux_t *m, peer_t *p, mux_call_t *c, wire_msg_t *w, zmq_msg_t *payload)
+{
+    if (w->kind == WIRE_ERROR) {
+        ADD(p->errors_received, 1);
+        mux_set_last_error(m, p, w->error.message);
+        c->res.err = ECS_OK;
+        c->res.status = w->error.code;
+        c->reply = *w;
+        c->res.message = c->reply.error.message;
+        return;
+    }
+    const wire_result_t *r = &w->result;
     c->res.compute_ns = r->compute_ns;
     c->res.status = r->status;
     if (r->status == WIRE_ST_OK &&
@@ -412,11 +447,10 @@ static void data_msg(mux_t *m, int id, zmq_msg_t *parts, int n)
         snprintf(c->msgbuf, sizeof c->msgbuf,
                  "reply has %u rows of %u (type %u), the call wants %u rows of %u (type %u)",
                  r->n_entries, r->n_embd, r->dtype, c->n_entries, c->n_embd, c->result_dtype);
-        set_last_error(m, p, c->msgbuf);
+        mux_set_last_error(m, p, c->msgbuf);
         c->res.err = ECS_ERR_FORMAT;
         c->res.message = c->msgbuf;
-        wire_msg_clear(&w);
-        call_finish(m, c);
+        wire_msg_clear(w);
         return;
     }
     c->res.err = ECS_OK;
@@ -424,24 +458,22 @@ static void data_msg(mux_t *m, int id, zmq_msg_t *parts, int n)
     c->res.n_embd = r->n_embd;
     c->res.dtype = r->dtype;
     c->res.payload_bytes = r->payload_bytes;
-    if (r->payload_bytes) {
+    if (r->payload_bytes && payload) {
         /* a small frame lives inside zmq_msg_t: take its address after the move */
         zmq_msg_init(&c->rpayload);
-        zmq_msg_move(&c->rpayload, &parts[1]);
+        zmq_msg_move(&c->rpayload, payload);
         c->has_rpayload = true;
         if (zu_align(&c->rpayload)) {
             snprintf(c->msgbuf, sizeof c->msgbuf, "%s", ecs_errmsg());
             c->res.err = ECS_ERR_NOMEM;
             c->res.message = c->msgbuf;
-            wire_msg_clear(&w);
-            call_finish(m, c);
+            wire_msg_clear(w);
             return;
         }
         c->res.payload = zmq_msg_data(&c->rpayload);
     }
-    c->reply = w;
+    c->reply = *w;
     c->res.message = c->reply.result.message;
-    call_finish(m, c);
 }
 
 static void data_in(mux_t *m, int id)

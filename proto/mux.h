@@ -158,6 +158,17 @@ ecs_err_t mux_peer_connect(mux_t *m, const char *endpoint, int *peer);
  * public key (40 characters); ECS_ERR_INVAL if the mux has a key and
  * server_pub is missing. Without a key on the mux, server_pub is ignored. */
 ecs_err_t mux_peer_connect_key(mux_t *m, const char *endpoint, const char *server_pub, int *peer);
+/* Same host: from now on the calls to peer that fit go through seg's rings
+ * (proto/dplane/dplane.h: the worker attached it after a Welcome that
+ * named it); the rest, and everything while ECS_TEST_NET is on, stay on
+ * ZeroMQ. The mux owns seg from this call on (also when it fails); the
+ * caller of mux_wait reads the results off the ring itself. The plane dies
+ * with the peer (mux_peer_disconnect, mux_free): its calls in flight fail
+ * with ECS_ERR_IO like the socket's. A corrupt ring entry is counted
+ * (bad_messages), aborts the plane and fails its calls in flight; the peer
+ * stays on ZeroMQ. */
+struct dplane_shm;
+ecs_err_t mux_peer_set_shm(mux_t *m, int peer, struct dplane_shm *seg);
 /* Closes the peer's socket and fails its calls in flight (ECS_ERR_IO).
  * Replies that arrive later are lost with the socket. */
 ecs_err_t mux_peer_disconnect(mux_t *m, int peer);
@@ -214,6 +225,7 @@ typedef struct {
     char endpoint[256];
     uint64_t calls_in_flight, rows_in_flight;
     uint64_t calls_sent, calls_ok, calls_failed;  /* failed: any outcome but err OK + status OK */
+    uint64_t calls_shm;                            /* of calls_sent, those on the shared-memory plane */
     uint64_t bytes_out, bytes_in;                  /* all frames, headers included */
     uint64_t unknown_ids, duplicate_replies, bad_messages, errors_received;
     uint64_t latency_us[MUX_LAT_BUCKETS];          /* round trips of completed calls */
@@ -294,6 +306,16 @@ ecs_err_t mux_server_connect(mux_server_t *s, const char *endpoint, int *conn);
 ecs_err_t mux_server_send(mux_server_t *s, int conn, const wire_msg_t *msg);
 /* Serves until mux_server_stop(); ECS_ERR_IO if polling itself fails. */
 ecs_err_t mux_server_run(mux_server_t *s);
+/* Same host: serves coordinator conn's calls from the shared-memory segment
+ * its Welcome named (proto/dplane/dplane.h), on a thread of its own that
+ * calls on_call (every callback of the server runs under one lock, so
+ * on_call never overlaps on_ctrl / on_tick; and only the loop thread may
+ * touch a socket: mux_server_in_loop tells a callback where it runs). A
+ * later attach on conn (a new Welcome) retires the old plane; name NULL
+ * just retires it. ECS_ERR_IO: no such segment here (another host): the
+ * calls stay on ZeroMQ. Only from the loop thread (a callback). */
+ecs_err_t mux_server_attach_shm(mux_server_t *s, int conn, const char *name);
+bool mux_server_in_loop(const mux_server_t *s);
 /* Makes mux_server_run return soon; any thread, async-signal-safe. */
 void mux_server_stop(mux_server_t *s);
 /* Counters so far (calls, rows, bytes, bad messages, dropped replies). */

@@ -22,6 +22,8 @@ void mux_call_unref(mux_call_t *c)
     if (c->has_rpayload)
         zmq_msg_close(&c->rpayload);
     wire_msg_clear(&c->reply);
+    if (c->shm)
+        mux_shm_put(c->shm);
     free(c);
 }
 
@@ -248,6 +250,8 @@ ecs_err_t mux_call_send(mux_t *m, mux_call_t *c)
     ADD(p->calls_in_flight, 1);
     ADD(p->rows_in_flight, c->n_rows);
     c->t_submit = zu_now_ns();
+    if (mux_shm_send(m, p, c))
+        return ECS_OK;
     if (!mux_enqueue(m, &c->cmd)) {
         SUB(p->calls_in_flight, 1);
         SUB(p->rows_in_flight, c->n_rows);
@@ -274,6 +278,16 @@ ecs_err_t mux_submit(mux_t *m, int peer, wire_call_t *wc, mux_call_t **out)
 
 int mux_wait(mux_t *m, mux_call_t *const *calls, int n, int timeout_ms)
 {
+    /* calls on a shared-memory plane: this thread reads their results off
+     * the ring itself (no I/O thread in between), one plane at a time */
+    const uint64_t dl_ns = timeout_ms < 0 ? 0 : zu_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (int i = 0; i < n; i++)
+        if (calls[i]->shm && !atomic_load(&calls[i]->done))
+            mux_shm_wait(m, calls[i], dl_ns);
+    if (timeout_ms >= 0) {
+        const uint64_t now = zu_now_ns();
+        timeout_ms = now >= dl_ns ? 0 : (int)((dl_ns - now) / 1000000ull);
+    }
     waiter_t w = {.remaining = 0};
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -318,7 +332,7 @@ ecs_err_t mux_call_cancel(mux_t *m, mux_call_t *c)
     if (!c->t_submit)
         return ecs_error(ECS_ERR_INVAL, "mux_call_cancel: call %llu was not sent",
                          (unsigned long long)c->id);
-    if (mux_call_done(c) || atomic_exchange(&c->cancelling, true))
+    if (mux_call_done(c) || mux_shm_cancel(m, c) || atomic_exchange(&c->cancelling, true))
         return ECS_OK;
     atomic_fetch_add(&c->refs, 1); /* until the I/O thread has seen it */
     c->cancel.kind = CMD_CANCEL;
@@ -349,6 +363,7 @@ ecs_err_t mux_peer_stats(mux_t *m, int peer, mux_peer_stats_t *o)
     o->calls_sent = LOAD(p->calls_sent);
     o->calls_ok = LOAD(p->calls_ok);
     o->calls_failed = LOAD(p->calls_failed);
+    o->calls_shm = LOAD(p->calls_shm);
     o->bytes_out = LOAD(p->bytes_out);
     o->bytes_in = LOAD(p->bytes_in);
     o->unknown_ids = LOAD(p->unknown_ids);

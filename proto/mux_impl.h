@@ -38,6 +38,8 @@ typedef struct cmd {
     char errmsg[256];
 } cmd_t;
 
+typedef struct mux_shm mux_shm_t;
+
 struct mux_call {
     atomic_int refs;           /* the caller's and the I/O thread's */
     cmd_t cmd;
@@ -56,13 +58,14 @@ struct mux_call {
     wire_msg_t reply;          /* owns res.message when it came from the peer */
     char msgbuf[256];
     mux_call_t *hnext, *pnext; /* call table chain, peer's send queue (I/O thread) */
+    mux_shm_t *shm;            /* sent through this shared-memory plane (a reference), or NULL */
 };
 
 typedef struct {
     void *sock;                /* I/O thread only */
     char endpoint[256];
     atomic_bool connected;
-    _Atomic uint64_t calls_in_flight, rows_in_flight, calls_sent, calls_ok, calls_failed;
+    _Atomic uint64_t calls_in_flight, rows_in_flight, calls_sent, calls_ok, calls_failed, calls_shm;
     _Atomic uint64_t bytes_out, bytes_in, unknown_ids, duplicate_replies, bad_messages,
         errors_received;
     _Atomic uint64_t lat[MUX_LAT_BUCKETS];
@@ -71,6 +74,7 @@ typedef struct {
     bool was_connected;        /* I/O thread */
     _Atomic uint64_t drops;    /* connections lost after being made */
     char last_error[256];      /* under m->lock */
+    mux_shm_t *shm;            /* same-host plane (mux_shm.c), NULL: none; under m->lock */
 } peer_t;
 
 /* ECS_TEST_NET (netem.c): test-only delay and loss on the data plane. */
@@ -135,6 +139,28 @@ struct mux {
 #define ADD(x, v) atomic_fetch_add_explicit(&(x), (v), RELAXED)
 #define SUB(x, v) atomic_fetch_sub_explicit(&(x), (v), RELAXED)
 #define LOAD(x) atomic_load_explicit(&(x), RELAXED)
+
+/* Completes c (outcome in c->res) and drops its completer's reference. */
+void mux_call_complete(mux_t *m, mux_call_t *c);
+/* Completes c with an error (err, status INTERNAL, why). */
+void mux_call_abort(mux_t *m, mux_call_t *c, ecs_err_t err, const char *why);
+/* Fills c's outcome from its decoded reply (see mux.c). */
+void mux_reply_apply(mux_t *m, peer_t *p, mux_call_t *c, wire_msg_t *w, zmq_msg_t *payload);
+void mux_set_last_error(mux_t *m, peer_t *p, const char *msg);
+void mux_reply_unmatched(mux_t *m, peer_t *p, wire_msg_t *w, bool dup);
+
+/* mux_shm.c: the same-host plane of a peer. */
+/* Sends c through p's plane if it has one and c fits (the I/O thread's
+ * reference goes to the plane); false: send it on ZeroMQ. */
+bool mux_shm_send(mux_t *m, peer_t *p, mux_call_t *c);
+/* Fails c if it is in flight on a plane (mux_call_cancel); false if it is not. */
+bool mux_shm_cancel(mux_t *m, mux_call_t *c);
+/* Waits for c (sent on a plane) until done or deadline (ns, 0: none). */
+void mux_shm_wait(mux_t *m, mux_call_t *c, uint64_t deadline_ns);
+/* Detaches p's plane: aborts it and fails its calls in flight. */
+void mux_shm_close(mux_t *m, peer_t *p, const char *why);
+/* Drops a call's reference to its plane (mux_call_unref). */
+void mux_shm_put(mux_shm_t *s);
 
 /* Drops one reference; the last one frees the call and its frames. */
 void mux_call_unref(mux_call_t *c);

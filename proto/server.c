@@ -12,6 +12,7 @@
 #include "mux.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,11 +21,27 @@
 #include <unistd.h>
 
 #include "fairq.h"
+#include "proto/dplane/dplane.h"
 #include "zutil.h"
 
 #define SERVER_MAX_CONNS 16
 #define SERVER_BATCH 64   /* control messages read before the others get a look */
 #define SERVER_QUEUE 256  /* calls read off the data socket, not served yet */
+#define PLANE_RESULT_FRAME 1024u /* ring room for a Result's header and body */
+#define PLANE_SLICE_MS 200       /* a sleeping plane thread looks at its stop flag this often */
+
+/* A coordinator's shared-memory plane: its own thread reads the call ring
+ * and runs on_call (under ops_lock, like every callback) and writes the
+ * result ring. */
+typedef struct plane {
+    struct mux_server *s;
+    dplane_shm_t *seg;
+    pthread_t th;
+    atomic_bool stop;
+    struct plane *next;   /* retired, to join */
+    uint8_t *frame;       /* a call's frame copied out of the ring */
+    size_t frame_cap;
+} plane_t;
 
 typedef struct {
     zmq_msg_t parts[ZU_MAX_PARTS];
@@ -50,6 +67,13 @@ struct mux_server {
     uint32_t free_slot[SERVER_QUEUE], n_free;
     atomic_bool stop;
     _Atomic uint64_t calls, rows, bytes_in, bytes_out, compute_ns, bad, dropped;
+    /* every callback runs under ops_lock: the plane threads call on_call
+     * beside the loop thread's on_ctrl / on_tick */
+    pthread_mutex_t ops_lock;
+    pthread_t loop;
+    atomic_bool in_loop;
+    plane_t *plane[SERVER_MAX_CONNS];
+    plane_t *retired;     /* under ops_lock */
 };
 
 #define ADD(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
@@ -90,6 +114,43 @@ static void reply_status(mux_server_t *s, const mux_route_t *route, uint64_t id,
     zmq_msg_close(&empty);
 }
 
+/* Runs on_call for c into rows (bytes), under ops_lock, and counts it. */
+static void run_call(mux_server_t *s, const wire_call_t *c, void *rows, size_t bytes,
+                     mux_reply_t *r)
+{
+    *r = (mux_reply_t){.status = WIRE_ST_OK, .rows = rows, .rows_bytes = bytes};
+    const uint64_t t0 = zu_now_ns();
+    pthread_mutex_lock(&s->ops_lock);
+    if (s->ops.on_call)
+        s->ops.on_call(s->ctx, c, r);
+    else {
+        r->status = WIRE_ST_UNSUPPORTED;
+        snprintf(r->message, sizeof r->message, "this server takes no calls");
+    }
+    pthread_mutex_unlock(&s->ops_lock);
+    if (!r->compute_ns)
+        r->compute_ns = zu_now_ns() - t0;
+    r->message[sizeof r->message - 1] = '\0';
+    ADD(s->calls, 1);
+    ADD(s->rows, c->n_rows);
+    ADD(s->compute_ns, r->compute_ns);
+}
+
+/* The Result for call c answered by r (rows: the payload when OK). */
+static wire_msg_t result_msg(const wire_call_t *c, const mux_reply_t *r, const void *rows,
+                             size_t bytes)
+{
+    const bool ok = r->status == WIRE_ST_OK;
+    return (wire_msg_t){.kind = WIRE_RESULT,
+                        .result = {.request_id = c->request_id, .status = r->status,
+                                   .compute_ns = ok ? r->compute_ns : 0,
+                                   .n_entries = ok ? (uint32_t)c->n_entries : 0,
+                                   .n_embd = ok ? c->n_embd : 0, .dtype = ok ? c->result_dtype : 0,
+                                   .message = ok ? NULL : r->message,
+                                   .payload = ok && bytes ? rows : NULL,
+                                   .payload_bytes = ok ? bytes : 0}};
+}
+
 static void serve_call(mux_server_t *s, const mux_route_t *route, const wire_call_t *c)
 {
     const size_t bytes = c->n_entries * wire_row_bytes(c->result_dtype, c->n_embd);
@@ -98,31 +159,14 @@ static void serve_call(mux_server_t *s, const mux_route_t *route, const wire_cal
         reply_status(s, route, c->request_id, WIRE_ST_INTERNAL, "worker out of memory");
         return;
     }
-    mux_reply_t r = {.status = WIRE_ST_OK, .rows = zmq_msg_data(&out), .rows_bytes = bytes};
-    const uint64_t t0 = zu_now_ns();
-    if (s->ops.on_call)
-        s->ops.on_call(s->ctx, c, &r);
-    else {
-        r.status = WIRE_ST_UNSUPPORTED;
-        snprintf(r.message, sizeof r.message, "this server takes no calls");
-    }
-    if (!r.compute_ns)
-        r.compute_ns = zu_now_ns() - t0;
-    ADD(s->calls, 1);
-    ADD(s->rows, c->n_rows);
-    ADD(s->compute_ns, r.compute_ns);
+    mux_reply_t r;
+    run_call(s, c, zmq_msg_data(&out), bytes, &r);
     if (r.status != WIRE_ST_OK) {
         zmq_msg_close(&out);
-        r.message[sizeof r.message - 1] = '\0';
         reply_status(s, route, c->request_id, r.status, r.message);
         return;
     }
-    wire_msg_t w = {.kind = WIRE_RESULT,
-                    .result = {.request_id = c->request_id, .status = WIRE_ST_OK,
-                               .compute_ns = r.compute_ns, .n_entries = (uint32_t)c->n_entries,
-                               .n_embd = c->n_embd, .dtype = c->result_dtype,
-                               .payload = bytes ? zmq_msg_data(&out) : NULL,
-                               .payload_bytes = bytes}};
+    const wire_msg_t w = result_msg(c, &r, zmq_msg_data(&out), bytes);
     send_reply(s, route, &w, &out);
     zmq_msg_close(&out);
 }
@@ -187,7 +231,9 @@ static void ctrl_msg(mux_server_t *s, int conn, zmq_msg_t *parts, int n)
             zu_send_error(s->ctl[conn], NULL, zu_status_of(e), w.kind, 0, ecs_errmsg()))
             ADD(s->dropped, 1);
     } else if (s->ops.on_ctrl) {
+        pthread_mutex_lock(&s->ops_lock);
         s->ops.on_ctrl(s->ctx, conn, &w);
+        pthread_mutex_unlock(&s->ops_lock);
     }
     wire_msg_clear(&w);
 }
@@ -240,6 +286,172 @@ static void serve_next(mux_server_t *s)
     s->free_slot[s->n_free++] = i;
 }
 
+/* ---- the shared-memory plane (one per coordinator that offered it) ---- */
+
+/* Room in the result ring for a Result of `bytes` rows, waiting while the
+ * coordinator has not taken the earlier ones. */
+static ecs_err_t plane_room(plane_t *pl, size_t bytes, dplane_entry_t *e)
+{
+    for (;;) {
+        const uint32_t seen = dplane_ring_seq(pl->seg, DPLANE_RESULTS, true);
+        const ecs_err_t rc = dplane_ring_reserve(pl->seg, DPLANE_RESULTS, PLANE_RESULT_FRAME,
+                                                 bytes, e);
+        if (rc != ECS_ERR_NOMEM || atomic_load(&pl->stop))
+            return rc;
+        dplane_ring_wait(pl->seg, DPLANE_RESULTS, true, seen, PLANE_SLICE_MS);
+    }
+}
+
+/* Writes m (payload: e's, already filled, or none) as a result entry. */
+static void plane_send(plane_t *pl, dplane_entry_t *e, const wire_msg_t *m)
+{
+    size_t len = 0;
+    if (wire_encode(m, e->frame, PLANE_RESULT_FRAME, &len) != ECS_OK) {
+        /* cannot happen for what this file builds; an empty Result says so */
+        ADD(pl->s->dropped, 1);
+        const wire_msg_t err = {.kind = WIRE_RESULT,
+                                .result = {.request_id = m->result.request_id,
+                                           .status = WIRE_ST_INTERNAL,
+                                           .message = "worker: reply encoding failed"}};
+        if (wire_encode(&err, e->frame, PLANE_RESULT_FRAME, &len) != ECS_OK)
+            return;
+    }
+    e->payload_len = m->result.status == WIRE_ST_OK ? m->result.payload_bytes : 0;
+    dplane_ring_commit(pl->seg, DPLANE_RESULTS, e, len);
+    ADD(pl->s->bytes_out, len + e->payload_len);
+}
+
+static void plane_status(plane_t *pl, uint64_t id, wire_status_t st, const char *why)
+{
+    dplane_entry_t e;
+    char msg[WIRE_MAX_STRING];
+    snprintf(msg, sizeof msg, "%s", why);
+    msg[255] = '\0'; /* the frame room holds a short message */
+    if (plane_room(pl, 0, &e) != ECS_OK) {
+        ADD(pl->s->dropped, 1);
+        return;
+    }
+    const wire_msg_t w = {.kind = WIRE_RESULT,
+                          .result = {.request_id = id, .status = st, .message = msg}};
+    plane_send(pl, &e, &w);
+}
+
+/* One call entry: a private copy of its frame is decoded (the coordinator
+ * could rewrite the ring meanwhile), its rows are read in place. */
+static void plane_call(plane_t *pl, const dplane_entry_t *ce)
+{
+    mux_server_t *s = pl->s;
+    ADD(s->bytes_in, ce->frame_len + ce->payload_len);
+    wire_msg_t w;
+    ecs_err_t e = dplane_entry_decode(ce, &pl->frame, &pl->frame_cap, &w);
+    if (!e && w.kind != WIRE_CALL)
+        e = ecs_error(ECS_ERR_FORMAT, "%s on the shared-memory plane (only ExpertCall)",
+                      wire_kind_name(w.kind));
+    if (e) {
+        ADD(s->bad, 1);
+        if (w.kind == WIRE_CALL && w.call.request_id)
+            plane_status(pl, w.call.request_id, zu_status_of(e), ecs_errmsg());
+        wire_msg_clear(&w);
+        return;
+    }
+    const wire_call_t *c = &w.call;
+    const size_t bytes = c->n_entries * wire_row_bytes(c->result_dtype, c->n_embd);
+    dplane_entry_t re;
+    const ecs_err_t rc = plane_room(pl, bytes, &re);
+    if (rc == ECS_ERR_RANGE)
+        plane_status(pl, c->request_id, WIRE_ST_INTERNAL, "result exceeds the result ring");
+    else if (rc != ECS_OK)
+        ADD(s->dropped, 1); /* stopping or aborted: the coordinator re-sends */
+    else {
+        mux_reply_t r;
+        run_call(s, c, re.payload, bytes, &r);
+        const wire_msg_t m = result_msg(c, &r, re.payload, bytes);
+        plane_send(pl, &re, &m);
+    }
+    wire_msg_clear(&w);
+}
+
+static void *plane_main(void *arg)
+{
+    plane_t *pl = arg;
+    while (!atomic_load(&pl->stop) && !dplane_shm_aborted(pl->seg)) {
+        const uint32_t seen = dplane_ring_seq(pl->seg, DPLANE_CALLS, false);
+        dplane_entry_t e;
+        const ecs_err_t rc = dplane_ring_peek(pl->seg, DPLANE_CALLS, &e);
+        if (rc == ECS_ERR_NOTFOUND) {
+            dplane_ring_wait(pl->seg, DPLANE_CALLS, false, seen, PLANE_SLICE_MS);
+            continue;
+        }
+        if (rc != ECS_OK) { /* a ring out of step cannot be resynchronised */
+            ADD(pl->s->bad, 1);
+            fprintf(stderr, "worker: %s; the shared-memory plane is closed (ZeroMQ goes on)\n",
+                    ecs_errmsg());
+            dplane_shm_abort(pl->seg);
+            break;
+        }
+        plane_call(pl, &e);
+        dplane_ring_release(pl->seg, DPLANE_CALLS, &e);
+    }
+    return NULL;
+}
+
+/* Joins and frees a list of stopped planes (no lock held). */
+static void reap(plane_t *pl)
+{
+    while (pl) {
+        plane_t *next = pl->next;
+        pthread_join(pl->th, NULL);
+        dplane_shm_free(pl->seg);
+        free(pl->frame);
+        free(pl);
+        pl = next;
+    }
+}
+
+static void plane_retire(mux_server_t *s, plane_t *pl)
+{
+    atomic_store(&pl->stop, true);
+    dplane_shm_abort(pl->seg); /* wakes its thread; the coordinator's side fails over */
+    pl->next = s->retired;
+    s->retired = pl;
+}
+
+ecs_err_t mux_server_attach_shm(mux_server_t *s, int conn, const char *name)
+{
+    if (conn < 0 || conn >= s->n_ctl)
+        return ecs_error(ECS_ERR_INVAL, "mux_server_attach_shm: no connection %d", conn);
+    if (s->plane[conn]) { /* a new Welcome: the old segment is dead on the coordinator */
+        plane_retire(s, s->plane[conn]);
+        s->plane[conn] = NULL;
+    }
+    if (!name)
+        return ECS_OK;
+    plane_t *pl = calloc(1, sizeof *pl);
+    if (!pl)
+        return ecs_error(ECS_ERR_NOMEM, "worker: out of memory");
+    pl->s = s;
+    ecs_err_t e = dplane_shm_attach(name, &pl->seg);
+    if (e) {
+        free(pl);
+        return e;
+    }
+    const char *sw = getenv("ECS_SHM_SHORT_WAKE");
+    dplane_shm_short_wake(pl->seg, sw && !strcmp(sw, "1"));
+    if (pthread_create(&pl->th, NULL, plane_main, pl) != 0) {
+        dplane_shm_abort(pl->seg);
+        dplane_shm_free(pl->seg);
+        free(pl);
+        return ecs_error(ECS_ERR_INTERNAL, "worker: cannot start the plane's thread");
+    }
+    s->plane[conn] = pl;
+    return ECS_OK;
+}
+
+bool mux_server_in_loop(const mux_server_t *s)
+{
+    return atomic_load(&((mux_server_t *)s)->in_loop) && pthread_equal(s->loop, pthread_self());
+}
+
 ecs_err_t mux_server_run(mux_server_t *s)
 {
     zmq_pollitem_t items[2 * SERVER_MAX_CONNS + 3]; /* efd, data, controls, monitors */
@@ -249,6 +461,8 @@ ecs_err_t mux_server_run(mux_server_t *s)
      * preempt them at once (they still get only their fair share). Not this
      * thread: it computes, and preempted every 0.1 ms it was slower. */
     zu_short_slice_zmq();
+    s->loop = pthread_self();
+    atomic_store(&s->in_loop, true);
     while (!atomic_load(&s->stop)) {
         int n = 0;
         items[n++] = (zmq_pollitem_t){.fd = s->efd, .events = ZMQ_POLLIN};
@@ -285,11 +499,17 @@ ecs_err_t mux_server_run(mux_server_t *s)
         if (!atomic_load(&s->stop))
             serve_next(s);
         if (zu_now_ns() >= next_tick) {
+            pthread_mutex_lock(&s->ops_lock);
             if (s->ops.on_tick)
                 s->ops.on_tick(s->ctx);
+            plane_t *old = s->retired;
+            s->retired = NULL;
+            pthread_mutex_unlock(&s->ops_lock);
+            reap(old);
             next_tick = zu_now_ns() + (uint64_t)s->tick_ms * 1000000ull;
         }
     }
+    atomic_store(&s->in_loop, false);
     return ECS_OK;
 }
 
@@ -309,6 +529,7 @@ ecs_err_t mux_server_new(const mux_server_opts_t *opts, const mux_server_ops_t *
     mux_server_t *s = calloc(1, sizeof *s);
     if (!s)
         return ecs_error(ECS_ERR_NOMEM, "mux_server: out of memory");
+    pthread_mutex_init(&s->ops_lock, NULL);
     ecs_err_t e = ECS_OK;
     s->efd = -1;
     s->tick_ms = opts->tick_ms > 0 ? opts->tick_ms : 1000;
@@ -413,6 +634,10 @@ void mux_server_free(mux_server_t *s)
 {
     if (!s)
         return;
+    for (int c = 0; c < SERVER_MAX_CONNS; c++)
+        if (s->plane[c])
+            plane_retire(s, s->plane[c]);
+    reap(s->retired);
     uint32_t i;
     while (s->q && fairq_pop(s->q, &i)) /* calls never served */
         zu_close_parts(s->slot[i].parts, s->slot[i].n);
@@ -431,5 +656,6 @@ void mux_server_free(mux_server_t *s)
         zmq_ctx_term(s->zctx);
     if (s->efd >= 0)
         close(s->efd);
+    pthread_mutex_destroy(&s->ops_lock);
     free(s);
 }

@@ -164,6 +164,12 @@ static ecs_err_t check_welcome_plane(const wire_welcome_t *w)
         (w->rdma_ep_len && !w->rdma_ep))
         return ecs_error(ECS_ERR_FORMAT, "Welcome: rdma endpoint of %zu bytes with data plane %u",
                          w->rdma_ep_len, (unsigned)w->data_plane);
+    const char *shm = w->shm_name ? w->shm_name : "";
+    const size_t sl = strlen(shm);
+    if (w->data_plane == WIRE_PLANE_SHM
+            ? sl < 2 || sl >= 64 || shm[0] != '/' || strchr(shm + 1, '/') : sl != 0)
+        return ecs_error(ECS_ERR_FORMAT, "Welcome: shm name of %zu bytes with data plane %u",
+                         sl, (unsigned)w->data_plane);
     return ECS_OK;
 }
 
@@ -369,6 +375,7 @@ static void to_pb(const wire_msg_t *m, pb_any_t *pb)
         pb->welcome.nccl_id.len = m->welcome.nccl_id_len;
         pb->welcome.rdma_endpoint.data = (uint8_t *)m->welcome.rdma_ep;
         pb->welcome.rdma_endpoint.len = m->welcome.rdma_ep_len;
+        pb->welcome.shm_name = s_or_empty(m->welcome.shm_name);
         break;
     case WIRE_ASSIGN:
         ecs__assign__init(&pb->assign);
@@ -487,7 +494,7 @@ static ecs_err_t from_pb(wire_msg_t *m, const ProtobufCMessage *any)
         m->welcome = (wire_welcome_t){p->version, p->coordinator_id, p->heartbeat_ms,
                                       (wire_plane_t)p->data_plane, p->nccl_id.data,
                                       p->nccl_id.len, p->rdma_endpoint.data,
-                                      p->rdma_endpoint.len};
+                                      p->rdma_endpoint.len, p->shm_name};
         break;
     }
     case WIRE_ASSIGN: {

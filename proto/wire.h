@@ -114,9 +114,12 @@ typedef enum {
 /* Data planes (GPU work): payloads beside ZeroMQ (proto/dplane). */
 #define WIRE_CAP_NCCL (1ull << 16)
 #define WIRE_CAP_RDMA (1ull << 17)
+/* Same host: calls and results through a shared-memory segment (proto/dplane). */
+#define WIRE_CAP_SHM (1ull << 18)
 
 /* Welcome.data_plane (== ecs.DataPlane). */
-typedef enum { WIRE_PLANE_ZMQ = 0, WIRE_PLANE_NCCL = 1, WIRE_PLANE_RDMA = 2, WIRE_PLANE_COUNT } wire_plane_t;
+typedef enum { WIRE_PLANE_ZMQ = 0, WIRE_PLANE_NCCL = 1, WIRE_PLANE_RDMA = 2, WIRE_PLANE_SHM = 3,
+               WIRE_PLANE_COUNT } wire_plane_t;
 #define WIRE_NCCL_ID_BYTES 128u   /* sizeof(ncclUniqueId) */
 #define WIRE_MAX_RDMA_EP 64u      /* bytes of a queue pair's address */
 
@@ -158,6 +161,7 @@ typedef struct {
     size_t nccl_id_len;
     const uint8_t *rdma_ep;     /* RDMA: 1..WIRE_MAX_RDMA_EP bytes; otherwise none */
     size_t rdma_ep_len;
+    const char *shm_name;       /* SHM: the segment, "/name" (< 64 bytes); otherwise "" */
 } wire_welcome_t;
 
 /* Pairs (layers[i], experts[i]) strictly increasing by (layer, expert). */

@@ -23,24 +23,30 @@ typedef struct {
     uint64_t sched_runtime, sched_deadline, sched_period;
 } zu_sched_attr_t;
 
-static void short_slice(pid_t tid)
+static void set_slice(pid_t tid, uint64_t ns)
 {
 #ifdef SYS_sched_setattr
     errno = 0;
     const int nice = getpriority(PRIO_PROCESS, (id_t)tid);
     if (nice == -1 && errno)
         return;
-    /* the shortest slice EEVDF takes: 0.1 ms (a kernel without custom
-     * slices ignores sched_runtime for SCHED_OTHER) */
+    /* a kernel without custom slices ignores sched_runtime for SCHED_OTHER;
+     * 0 is the default slice */
     zu_sched_attr_t a = {.size = sizeof a, .sched_policy = SCHED_OTHER, .sched_nice = nice,
-                         .sched_runtime = 100000};
+                         .sched_runtime = ns};
     if (syscall(SYS_sched_setattr, tid, &a, 0) != 0) { /* not this kernel: nothing to do */ }
 #else
     (void)tid;
+    (void)ns;
 #endif
 }
 
+/* the shortest slice EEVDF takes: 0.1 ms */
+static void short_slice(pid_t tid) { set_slice(tid, 100000); }
+
 void zu_short_slice(void) { short_slice(0); }
+
+void zu_slice_self(uint64_t ns) { set_slice(0, ns); }
 
 void zu_short_slice_zmq(void)
 {

@@ -22,6 +22,8 @@ uint64_t zu_now_ns(void);
  * threads is up to milliseconds per hand-off. Keeps the thread's nice
  * value; does nothing where the kernel has no such setting. */
 void zu_short_slice(void);
+/* The calling thread's slice in ns (0: the kernel's default). */
+void zu_slice_self(uint64_t ns);
 /* The same for this process's ZeroMQ I/O threads ("ZMQbg/IO/N"), which
  * carry every message between a socket and its owner: call it once a
  * context has its first socket (ZeroMQ starts them then). */

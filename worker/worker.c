@@ -119,7 +119,8 @@ static void send_hello(worker_t *w, worker_coord_t *c)
                               .mem_budget = w->o.mem_budget,
                               .device = w->device,
                               /* the device path takes f32 rows and returns f32 */
-                              .capabilities = w->dev ? 0 : WIRE_CAP_INPUT_Q8 | WIRE_CAP_RESULT_BF16,
+                              .capabilities = WIRE_CAP_SHM |
+                                  (w->dev ? 0 : WIRE_CAP_INPUT_Q8 | WIRE_CAP_RESULT_BF16),
                               .data_endpoint = w->listen,
                               .vram_budget = w->dev ? shard_dev_budget(w->dev) : 0,
                               .curve_public = w->keys.on ? w->keys.key.pub : ""}};
@@ -268,9 +269,21 @@ static void on_ctrl(void *ctx, int conn, const wire_msg_t *m)
         c->heartbeat_ms = m->welcome.heartbeat_ms;
         logf_(w, false, "registered with %s at %s (protocol %u)", m->welcome.coordinator_id,
               c->addr, m->welcome.version);
-        if (m->welcome.data_plane != WIRE_PLANE_ZMQ) /* it offered none (proto/dplane) */
-            logf_(w, true, "coordinator %s chose data plane %u, which this worker did not "
-                  "offer: payloads stay on ZeroMQ", c->addr, (unsigned)m->welcome.data_plane);
+        if (m->welcome.data_plane == WIRE_PLANE_SHM) {
+            /* the coordinator sees whether we attached (the segment's word) */
+            if (mux_server_attach_shm(w->srv, conn, m->welcome.shm_name) != ECS_OK)
+                logf_(w, true, "coordinator %s: shared-memory plane refused (%s): calls stay "
+                      "on ZeroMQ", c->addr, ecs_errmsg());
+            else
+                logf_(w, false, "coordinator %s: calls and results through shared memory",
+                      c->addr);
+        } else {
+            mux_server_attach_shm(w->srv, conn, NULL); /* a plane of an earlier Welcome */
+            if (m->welcome.data_plane != WIRE_PLANE_ZMQ) /* it offered none (proto/dplane) */
+                logf_(w, true, "coordinator %s chose data plane %u, which this worker did not "
+                      "offer: payloads stay on ZeroMQ", c->addr,
+                      (unsigned)m->welcome.data_plane);
+        }
         break;
     case WIRE_ASSIGN:
         on_assign(w, ci, &m->assign);
@@ -363,7 +376,10 @@ static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
 {
     worker_t *w = ctx;
     const uint64_t t0 = now_ns();
-    w->shard.tick = beat;
+    /* heartbeats during a long call leave by the loop thread's sockets: a
+     * call from a shared-memory plane runs on that plane's thread, and its
+     * calls are short (the long ones stay on ZeroMQ, mux_peer_set_shm) */
+    w->shard.tick = mux_server_in_loop(w->srv) ? beat : NULL;
     w->shard.tick_ctx = w;
     shard_call(&w->shard, c, r);
     /* the coordinator's messages were not read meanwhile: its silence is

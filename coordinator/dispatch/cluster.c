@@ -21,6 +21,7 @@
 
 #include "common/hash.h"
 #include "coordinator/dispatch/dispatch_int.h"
+#include "proto/dplane/dplane.h"
 
 uint64_t dispatch_now_ms(void)
 {
@@ -204,6 +205,9 @@ int dispatch_find_worker(const dispatch_t *d, const char *id)
     return -1;
 }
 
+static void offer_shm(dispatch_t *d, dispatch_worker_t *w, const wire_hello_t *h,
+                      wire_welcome_t *wel);
+
 int dispatch_on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t *h, int cap,
                       bool *renewed)
 {
@@ -274,10 +278,35 @@ int dispatch_on_hello(dispatch_t *d, const mux_route_t *from, const wire_hello_t
     wire_msg_t m = {.kind = WIRE_WELCOME,
                     .welcome = {.version = v, .coordinator_id = "ecs-coordinator",
                                 .heartbeat_ms = DISPATCH_HEARTBEAT_MS}};
+    offer_shm(d, w, h, &m.welcome);
     mux_ctrl_send(d->mux, from, &m);
     logmsg(d, "worker %s registered (pid %d, %d threads, data %s)", w->id, w->pid, w->threads,
            w->endpoint);
     return wi;
+}
+
+ecs_err_t dispatch_connect_peer(dispatch_t *d, int wi, int *peer)
+{
+    dispatch_worker_t *w = &d->w[wi];
+    ecs_err_t rc = mux_peer_connect_key(d->mux, w->endpoint, w->curve_pub, peer);
+    dplane_shm_t *seg = w->shm;
+    w->shm = NULL;
+    if (rc != ECS_OK) {
+        dplane_shm_free(seg);
+        return rc;
+    }
+    if (!seg)
+        return ECS_OK;
+    if (!dplane_shm_attached(seg)) { /* the worker could not open it: another host */
+        if (dispatch_plane_mode(getenv("ECS_DATA_PLANE")) == 3 || d->o.data_plane == 3)
+            fprintf(stderr, "dispatch: worker %s did not attach its shared-memory plane: its "
+                    "calls go on ZeroMQ\n", w->id);
+        dplane_shm_free(seg);
+        return ECS_OK;
+    }
+    if (mux_peer_set_shm(d->mux, *peer, seg) != ECS_OK) /* it took seg either way */
+        fprintf(stderr, "dispatch: worker %s: %s\n", w->id, ecs_errmsg());
+    return ECS_OK;
 }
 
 /* Heartbeats to the workers not heard from in an interval (any message
@@ -293,6 +322,38 @@ void dispatch_heartbeat_all(dispatch_t *d, uint64_t now)
         mux_ctrl_send(d->mux, &w->route, &m);
         w->last_hb_ms = now;
     }
+}
+
+/* A worker on this host that offers it gets a shared-memory plane: the
+ * segment is made now, named in Welcome and handed to the mux when the
+ * data peer connects (dispatch_connect_peer) if the worker attached it. */
+static void offer_shm(dispatch_t *d, dispatch_worker_t *w, const wire_hello_t *h,
+                      wire_welcome_t *wel)
+{
+    dplane_shm_free(w->shm); /* an earlier Welcome's, never connected */
+    w->shm = NULL;
+    char host[256];
+    int mode = d->o.data_plane;
+    if (!mode && (mode = dispatch_plane_mode(getenv("ECS_DATA_PLANE"))) < 0)
+        mode = 0;
+    if (mode < 2 || gethostname(host, sizeof host) != 0)
+        return;
+    host[sizeof host - 1] = 0;
+    const bool same = h->host && !strcmp(h->host, host);
+    if (dplane_choose_host(h->capabilities, WIRE_CAP_SHM, same) != WIRE_PLANE_SHM) {
+        if (mode == 3)
+            fprintf(stderr, "dispatch: worker %s %s: its calls go on ZeroMQ\n", h->worker_id,
+                    same ? "offers no shared-memory plane" : "runs on another host");
+        return;
+    }
+    const size_t ring = d->o.shm_ring_bytes ? d->o.shm_ring_bytes : DISPATCH_SHM_RING;
+    if (dplane_shm_create(ring, &w->shm) != ECS_OK) {
+        fprintf(stderr, "dispatch: worker %s: %s: its calls go on ZeroMQ\n", h->worker_id,
+                ecs_errmsg());
+        return;
+    }
+    wel->data_plane = WIRE_PLANE_SHM;
+    wel->shm_name = dplane_shm_name(w->shm);
 }
 
 static ecs_err_t wait_registrations(dispatch_t *d, int want, uint64_t deadline)
@@ -500,7 +561,7 @@ ecs_err_t dispatch_cluster_start(dispatch_t *d)
         return rc;
     for (int i = 0; i < d->n_workers; i++) {
         int peer;
-        if ((rc = mux_peer_connect_key(d->mux, d->w[i].endpoint, d->w[i].curve_pub, &peer)))
+        if ((rc = dispatch_connect_peer(d, i, &peer)))
             return ecs_error(rc, "dispatch: worker %s's data endpoint %s: %s", d->w[i].id,
                              d->w[i].endpoint, ecs_errmsg());
         atomic_store(&d->w[i].peer, peer);
@@ -523,6 +584,10 @@ void dispatch_cluster_stop(dispatch_t *d)
         pthread_join(d->ctl, NULL);
     d->ctl_started = false;
     dispatch_ops_cancel(d);
+    for (int i = 0; i < d->n_workers; i++) { /* segments offered, never connected */
+        dplane_shm_free(d->w[i].shm);
+        d->w[i].shm = NULL;
+    }
     mux_free(d->mux);
     d->mux = NULL;
     mux_curve_keys_free(&d->keys);

@@ -126,6 +126,12 @@ typedef struct {
                                  * take the quantized rows (same bits, ~3.5x the bytes) */
     bool wire_bf16;             /* --wire-result bf16: results back as bf16 from workers that
                                  * can (half the bytes; INEXACT: docs/benchmarks.md) */
+    int data_plane;             /* --data-plane (dispatch_plane_mode): 1 zmq (every call on
+                                 * ZeroMQ), 2 auto (a worker on this host gets a
+                                 * shared-memory plane, docs/protocol.md), 3 shm (the same,
+                                 * and says so when a worker cannot take it); 0: the
+                                 * environment's ECS_DATA_PLANE, else zmq */
+    size_t shm_ring_bytes;      /* each ring of a shared-memory plane; 0: DISPATCH_SHM_RING */
     int micro_batches;          /* --micro-batches: steps cut into this many, attention of
                                  * one while another's experts are out; 0: 1 */
 } dispatch_opts_t;
@@ -239,6 +245,8 @@ void dispatch_op_status(dispatch_t *d, char *buf, size_t cap);
 
 /* Whether opt is one of the options above that takes a value. */
 bool dispatch_opt_takes_value(const char *opt);
+/* "zmq" 1, "auto" 2, "shm" 3, NULL or "" 0; -1 for anything else. */
+int dispatch_plane_mode(const char *v);
 /* Applies opt (and its value v) to o: 1 taken, 0 not a dispatcher
  * option, -1 bad value (ecs_errmsg says why). */
 int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v);

@@ -28,6 +28,14 @@
  * (the worker heartbeats between a call's regions of
  * SHARD_REGION_JOBS experts, worker/worker_int.h: one region must fit). */
 #define DISPATCH_HEARTBEAT_MS 500
+/* Each ring of a same-host plane: a decode step's call takes a few KiB,
+ * its result 48 KiB a row; what takes over half a ring (a prompt's
+ * calls: pp64's result is 3 MiB) goes on ZeroMQ (mux_peer_set_shm), where
+ * prefill measured faster (docs/benchmarks.md). */
+#define DISPATCH_SHM_RING ((size_t)2 << 20)
+/* Connects worker wi's data peer (and its shared-memory plane when the
+ * worker attached the segment of its last Welcome); *peer is its id. */
+ecs_err_t dispatch_connect_peer(dispatch_t *d, int wi, int *peer);
 #define DISPATCH_TICK_MS 50           /* control loop: liveness, exits, restarts */
 #define DISPATCH_RESTART_MIN_MS 100   /* first restart delay, doubled per failed start */
 #define DISPATCH_RESTART_MAX_MS 5000
@@ -67,6 +75,8 @@ typedef struct {
     int deaths;
     char why[256];              /* why it died (under lock) */
     _Atomic uint64_t caps;      /* Hello.capabilities (WIRE_CAP_*); control thread writes */
+    struct dplane_shm *shm;     /* the segment its last Welcome named, until its data peer
+                                 * connects (control thread) */
     uint64_t assign_gen, ready_gen; /* last Assign sent, last Ready heard: reloading if != */
     int registrations;          /* Hellos of new processes with its id */
     bool drained;               /* holds nothing on purpose (under lock) */

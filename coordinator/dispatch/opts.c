@@ -12,7 +12,14 @@ static const char *const with_value[] = {"--control",    "--spawn-workers",  "--
                                          "--placement",  "--min-workers",    "--worker-threads",
                                          "--worker-mem-budget", "--worker-bin", "--call-timeout",
                                          "--call-retry", "--curve-key", "--curve-clients",
-                                         "--wire-act", "--wire-result", "--micro-batches"};
+                                         "--wire-act", "--wire-result", "--micro-batches",
+                                         "--data-plane"};
+
+int dispatch_plane_mode(const char *v)
+{
+    return !v || !*v ? 0 : !strcmp(v, "zmq") ? 1 : !strcmp(v, "auto") ? 2
+                          : !strcmp(v, "shm") ? 3 : -1;
+}
 
 bool dispatch_opt_takes_value(const char *opt)
 {
@@ -47,6 +54,9 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
             goto bad;
     } else if (!strcmp(opt, "--worker-threads")) {
         if (!ecs_parse_int(v, 1, 1024, &o->worker_threads))
+            goto bad;
+    } else if (!strcmp(opt, "--data-plane")) {
+        if ((o->data_plane = dispatch_plane_mode(v)) < 0)
             goto bad;
     } else if (!strcmp(opt, "--worker-bin")) {
         o->worker_bin = v;

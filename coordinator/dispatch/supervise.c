@@ -62,7 +62,7 @@ static void make_live(dispatch_t *d, int wi, uint64_t now, const char *how)
     if (old >= 0)
         mux_peer_disconnect(d->mux, old);
     int peer;
-    if (mux_peer_connect_key(d->mux, w->endpoint, w->curve_pub, &peer) != ECS_OK) {
+    if (dispatch_connect_peer(d, wi, &peer) != ECS_OK) {
         fprintf(stderr, "dispatch: worker %s: data endpoint %s: %s\n", w->id, w->endpoint,
                 ecs_errmsg());
         return;

@@ -57,12 +57,21 @@ wire_plane_t dplane_choose(uint64_t worker_caps, uint64_t coordinator_caps)
     return WIRE_PLANE_ZMQ;
 }
 
+wire_plane_t dplane_choose_host(uint64_t worker_caps, uint64_t coordinator_caps, bool same_host)
+{
+    const wire_plane_t p = dplane_choose(worker_caps, coordinator_caps);
+    if (p == WIRE_PLANE_ZMQ && same_host && (worker_caps & coordinator_caps & WIRE_CAP_SHM))
+        return WIRE_PLANE_SHM;
+    return p;
+}
+
 const char *dplane_plane_name(wire_plane_t p)
 {
     switch (p) {
     case WIRE_PLANE_ZMQ: return "zmq";
     case WIRE_PLANE_NCCL: return "nccl";
     case WIRE_PLANE_RDMA: return "rdma";
+    case WIRE_PLANE_SHM: return "shm";
     default: return "?";
     }
 }

@@ -65,6 +65,10 @@ typedef struct {
 /* The WIRE_CAP_NCCL / WIRE_CAP_RDMA bits this process can honour (probes
  * libnccl / libibverbs with dlopen; never fails). */
 uint64_t dplane_local_caps(const dplane_env_t *e);
+/* The plane for a pair: NCCL if both have it, else RDMA if both, else the
+ * shared-memory plane if both offer it (WIRE_CAP_SHM) and are on one host,
+ * else ZeroMQ. */
+wire_plane_t dplane_choose_host(uint64_t worker_caps, uint64_t coordinator_caps, bool same_host);
 /* The plane for a pair: NCCL if both have it, else RDMA if both, else ZeroMQ. */
 wire_plane_t dplane_choose(uint64_t worker_caps, uint64_t coordinator_caps);
 const char *dplane_plane_name(wire_plane_t p);
@@ -180,5 +184,83 @@ ecs_err_t dplane_rdma_connect(dplane_rdma_t *r, const dplane_rdma_ep_t *peer,
                               dplane_transport_t *out);
 /* Frees an r that was never connected. */
 void dplane_rdma_close(dplane_rdma_t *r);
+
+/* ---- same host: a shared-memory segment of two rings (shm.c) ----
+ * The coordinator creates the segment (a POSIX shared-memory object named
+ * "/ecs-PID-N-RAND", mode 0600) and sends the name in Welcome; the worker
+ * attaches (checks the header, sets the attached word, unlinks the name).
+ * Ring DPLANE_CALLS carries calls (coordinator -> worker), DPLANE_RESULTS
+ * the results; each is single producer / single consumer (a side with
+ * several producing threads serialises them itself). An entry is one wire
+ * frame (header + body, exactly the bytes ZeroMQ's first frame carries)
+ * and its payload, 64-byte aligned; entries are consumed in order and a
+ * consumer holds at most the oldest until release. Everything read from
+ * the segment is checked against this side's own sizes and indices:
+ * ECS_ERR_FORMAT means the peer corrupted it (abort the plane). Sleeping:
+ * dplane_ring_wait spins at most ~20 us, then FUTEX_WAIT on a shared word.
+ * dplane_shm_abort (either side; the peer died, or shutdown) wakes every
+ * sleeper and makes the rings refuse new entries. */
+#define DPLANE_SHM_NAME 64
+#define DPLANE_SHM_MAX_RING ((size_t)1 << 30)
+#define DPLANE_SHM_MAX_FRAME (WIRE_HEADER_SIZE + WIRE_MAX_BODY)
+
+typedef struct dplane_shm dplane_shm_t;
+typedef enum { DPLANE_CALLS = 0, DPLANE_RESULTS = 1 } dplane_ring_t;
+typedef struct {
+    uint8_t *frame;      /* reserve: room for frame_len bytes; peek: the frame */
+    size_t frame_len;
+    uint8_t *payload;    /* payload_len bytes, 64-byte aligned */
+    size_t payload_len;
+    size_t size_, off_;  /* private */
+    uint64_t next_;
+    uint8_t *at_;
+} dplane_entry_t;
+
+/* Coordinator: a new segment of two rings of ring_bytes each (rounded up
+ * to pages). */
+ecs_err_t dplane_shm_create(size_t ring_bytes, dplane_shm_t **out);
+/* Worker: maps the segment the Welcome named; ECS_ERR_IO when it does not
+ * exist here (another host), ECS_ERR_FORMAT when it is not one of ours. */
+ecs_err_t dplane_shm_attach(const char *name, dplane_shm_t **out);
+const char *dplane_shm_name(const dplane_shm_t *s);
+/* The pid of the worker that attached, 0 while none has. */
+uint32_t dplane_shm_attached(const dplane_shm_t *s);
+void dplane_shm_unlink(dplane_shm_t *s);
+size_t dplane_shm_ring_bytes(const dplane_shm_t *s);
+/* Bytes an entry with room for frame_cap frame bytes and payload takes. */
+size_t dplane_shm_entry_bytes(size_t frame_cap, size_t payload);
+/* Sleep in dplane_ring_wait with a 0.1 ms EEVDF slice, restored on waking,
+ * so that the wake-up preempts a computing thread at once (off by default;
+ * ECS_SHM_SHORT_WAKE=1 turns it on where the planes are made). */
+void dplane_shm_short_wake(dplane_shm_t *s, bool on);
+void dplane_shm_abort(dplane_shm_t *s);
+bool dplane_shm_aborted(const dplane_shm_t *s);
+/* Unlinks (if still named) and unmaps; no thread may use s any more. */
+void dplane_shm_free(dplane_shm_t *s);
+
+/* Producer: room for an entry (e->frame, e->payload to fill), then commit
+ * with the frame's real length (<= frame_cap). ECS_ERR_NOMEM: no room now
+ * (wait with room = true, or go another way); ECS_ERR_RANGE: it can never
+ * fit; ECS_ERR_IO: aborted. Nothing is visible before commit. */
+ecs_err_t dplane_ring_reserve(dplane_shm_t *s, dplane_ring_t r, size_t frame_cap,
+                              size_t payload, dplane_entry_t *e);
+void dplane_ring_commit(dplane_shm_t *s, dplane_ring_t r, dplane_entry_t *e, size_t frame_len);
+/* Consumer: the oldest entry, checked (ECS_ERR_NOTFOUND: empty,
+ * ECS_ERR_FORMAT: corrupt); release it when done with its bytes. The
+ * frame is in shared memory: copy it before decoding. */
+ecs_err_t dplane_ring_peek(dplane_shm_t *s, dplane_ring_t r, dplane_entry_t *e);
+void dplane_ring_release(dplane_shm_t *s, dplane_ring_t r, const dplane_entry_t *e);
+/* wire_decode of a peeked entry: its frame copied into *buf (grown as
+ * needed, *cap its size; free it when done), its payload in place. */
+ecs_err_t dplane_entry_decode(const dplane_entry_t *e, uint8_t **buf, size_t *cap,
+                              wire_msg_t *out);
+/* Waiting: read the sequence (room = false: entries published; true:
+ * entries released), check the condition, then wait until the sequence
+ * moves, the plane is aborted or timeout_ms passes (< 0: no limit).
+ * dplane_ring_kick moves the publish sequence without an entry (wakes the
+ * consumer side's other sleepers). */
+uint32_t dplane_ring_seq(dplane_shm_t *s, dplane_ring_t r, bool room);
+void dplane_ring_wait(dplane_shm_t *s, dplane_ring_t r, bool room, uint32_t seen, int timeout_ms);
+void dplane_ring_kick(dplane_shm_t *s, dplane_ring_t r);
 
 #endif

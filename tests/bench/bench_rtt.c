@@ -6,6 +6,9 @@
  * throughput. Prints median and p99 per size, and mux/raw of the medians.
  * The third block ("curve") runs the mux over tcp with CURVE on both ends
  * against the same plaintext raw ping-pong: mux/raw there is CURVE's cost.
+ * The fourth ("shm") runs the mux over ipc with the same-host shared-memory
+ * plane (proto/dplane: calls and results in rings, futex wake-ups) against
+ * the ipc raw ping-pong.
  *
  * usage: bench_rtt [--quick] [--iters N] */
 #include <signal.h>
@@ -17,6 +20,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "proto/dplane/dplane.h"
 #include "proto/mux.h"
 
 #define EMBD 2048
@@ -40,6 +44,7 @@ static int cmp_u64(const void *a, const void *b)
 static mux_server_t *g_srv;
 static curve_keypair_t g_skp, g_ckp; /* the worker's and the coordinator's, made in main */
 static bool g_curve;                 /* the next mux server speaks CURVE */
+static const char *g_shm;            /* the next mux server attaches this segment */
 static void on_term(int sig)
 {
     (void)sig;
@@ -63,6 +68,13 @@ static void serve_mux(const char *bind, int wfd)
         o.curve = (mux_curve_t){.key = &g_skp, .allowed = allowed, .n_allowed = 1};
     mux_server_ops_t ops = {.on_call = on_call};
     if (mux_server_new(&o, &ops, NULL, &g_srv) != ECS_OK) {
+        fprintf(stderr, "mux server: %s\n", ecs_errmsg());
+        _exit(1);
+    }
+    int conn;
+    /* a plane belongs to a coordinator connection: one that never answers */
+    if (g_shm && (mux_server_connect(g_srv, "ipc:///tmp/ecs-bench-rtt-nobody", &conn) ||
+                  mux_server_attach_shm(g_srv, conn, g_shm))) {
         fprintf(stderr, "mux server: %s\n", ecs_errmsg());
         _exit(1);
     }
@@ -219,13 +231,21 @@ int main(int argc, char **argv)
            "load average %s\n", EMBD, iters, load);
     printf("%-4s %5s %9s %10s %10s %10s %10s %7s\n", "", "rows", "bytes", "raw med", "raw p99",
            "mux med", "mux p99", "mux/raw");
-    const char *tr[3] = {"ipc", "tcp", "curve"};
+    const char *tr[4] = {"ipc", "tcp", "curve", "shm"};
     if (zmq_curve_keypair(g_skp.pub, g_skp.sec) || zmq_curve_keypair(g_ckp.pub, g_ckp.sec))
         return 1;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         g_curve = k == 2;
         char bind_raw[128], bind_mux[128], ep_raw[256], ep_mux[256];
-        if (k == 0) {
+        dplane_shm_t *seg = NULL;
+        if (k == 3) { /* made before the fork: the server attaches it by name */
+            if (dplane_shm_create((size_t)8 << 20, &seg) != ECS_OK) {
+                fprintf(stderr, "shm: %s\n", ecs_errmsg());
+                return 1;
+            }
+            g_shm = dplane_shm_name(seg);
+        }
+        if (k == 0 || k == 3) {
             snprintf(bind_raw, sizeof bind_raw, "ipc:///tmp/ecs-bench-rtt-%d-raw", (int)getpid());
             snprintf(bind_mux, sizeof bind_mux, "ipc:///tmp/ecs-bench-rtt-%d-mux", (int)getpid());
         } else {
@@ -244,6 +264,15 @@ int main(int argc, char **argv)
             mux_peer_connect_key(m, ep_mux, g_skp.pub, &peer)) {
             fprintf(stderr, "connect: %s\n", ecs_errmsg());
             return 1;
+        }
+        if (seg) {
+            for (int i = 0; i < 500 && !dplane_shm_attached(seg); i++)
+                usleep(10000);
+            if (!dplane_shm_attached(seg) || mux_peer_set_shm(m, peer, seg) != ECS_OK) {
+                fprintf(stderr, "shm: the server did not attach\n");
+                return 1;
+            }
+            g_shm = NULL;
         }
         for (int rows = 1; rows <= MAX_ROWS; rows *= 2) {
             const int n = rows >= 16 ? iters / 4 : iters;

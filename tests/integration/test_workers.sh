@@ -8,6 +8,8 @@
 # survived; ecs-worker holds no coordinator symbol; steps cut into
 # micro-batches in ping-pong (--micro-batches) give the same logits and
 # text, and the option is refused without workers.
+# The layouts run on ZeroMQ only (the default), and some on the same-host
+# shared-memory plane (--data-plane shm|auto, docs/protocol.md) too.
 # usage: tests/integration/test_workers.sh BUILD_DIR   (from the repo root)
 set -u
 build=${1:?usage: test_workers.sh BUILD_DIR}
@@ -59,11 +61,20 @@ EOF
              "--spawn-workers 3 --placement $tmp/placement"
              "--spawn-workers 2 --wire-act f32"
              "--spawn-workers 1 --micro-batches 2" "--spawn-workers 2 --micro-batches 2"
-             "--spawn-workers 2 --micro-batches 3")
+             "--spawn-workers 2 --micro-batches 3"
+             "--spawn-workers 1 --data-plane shm" "--spawn-workers 3 --data-plane shm"
+             "--spawn-workers 3 --replication 2 --data-plane shm"
+             "--spawn-workers 2 --micro-batches 2 --data-plane shm"
+             "--spawn-workers 2 --data-plane auto --wire-act f32")
     for lay in "${layouts[@]}"; do
         out="$tmp/$name-w.json"
         if ! dump "$model" "$out" $lay; then
             bad "$name [$lay]: ecs-run failed: $(tail -3 "$out.err")"
+        elif [[ "$lay" == *"--data-plane s"* || "$lay" == *"--data-plane a"* ]] &&
+             ! grep -q "through shared memory" "$out.err"; then
+            bad "$name [$lay]: no worker took the shared-memory plane: $(grep -i plane "$out.err" | head -2)"
+        elif [[ "$lay" != *"--data-plane"* ]] && grep -q "through shared memory" "$out.err"; then
+            bad "$name [$lay]: the default (ZeroMQ only) used the shared-memory plane"
         elif cmp -s "$tmp/$name-local.json" "$out"; then
             ok "$name [$lay]: logits identical to the local backend"
         else

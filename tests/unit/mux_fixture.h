@@ -111,6 +111,8 @@ typedef struct {
 FX void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
 {
     (void)ctx;
+    if (c->layer == 98) /* the test's way to be slow */
+        usleep(2000000);
     if (c->layer == 99) { /* the test's way to ask for a refusal */
         r->status = WIRE_ST_NOT_ASSIGNED;
         snprintf(r->message, sizeof r->message, "layer 99 is not held here");

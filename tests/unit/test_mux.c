@@ -6,6 +6,7 @@
  * dropped and counted while good ones still complete; a silent worker,
  * a disconnect and shutdown fail calls cleanly. */
 #include "mux_fixture.h"
+#include "proto/dplane/dplane.h"
 
 /* ---- many calls in flight through a real server, tcp and ipc ---- */
 
@@ -46,16 +47,34 @@ static void *submitter(void *p)
     return NULL;
 }
 
-static void many_through_server(const char *bind)
+/* A same-host plane between m's peer and srv (before srv runs): the
+ * server takes it on a coordinator connection that never answers. */
+static void plane_between(mux_t *m, int peer, tserver_t *srv)
+{
+    dplane_shm_t *seg;
+    cr_assert_eq(dplane_shm_create(1 << 20, &seg), ECS_OK, "%s", ecs_errmsg());
+    char nobody[128];
+    ipc_path(nobody, sizeof nobody, "nobody");
+    int conn;
+    cr_assert_eq(mux_server_connect(srv->s, nobody, &conn), ECS_OK);
+    cr_assert_eq(mux_server_attach_shm(srv->s, conn, dplane_shm_name(seg)), ECS_OK, "%s",
+                 ecs_errmsg());
+    cr_assert_eq(dplane_shm_attached(seg), (uint32_t)getpid());
+    cr_assert_eq(mux_peer_set_shm(m, peer, seg), ECS_OK, "%s", ecs_errmsg());
+}
+
+static void many_through_server(const char *bind, bool shm)
 {
     tserver_t srv;
     server_start(&srv, bind);
-    server_run(&srv);
     mux_t *m;
     cr_assert_eq(mux_new(NULL, &m), ECS_OK, "%s", ecs_errmsg());
     int peer;
     cr_assert_eq(mux_peer_connect(m, mux_server_endpoint(srv.s), &peer), ECS_OK, "%s",
                  ecs_errmsg());
+    if (shm)
+        plane_between(m, peer, &srv);
+    server_run(&srv);
     submitter_t sub[3];
     pthread_t th[3];
     for (int i = 0; i < 3; i++) {
@@ -68,6 +87,7 @@ static void many_through_server(const char *bind)
     cr_assert_eq(mux_peer_stats(m, peer, &st), ECS_OK);
     cr_assert_eq(st.calls_sent, 600);
     cr_assert_eq(st.calls_ok, 600);
+    cr_assert_eq(st.calls_shm, shm ? 600 : 0); /* every call fits the plane's rings */
     cr_assert_eq(st.calls_in_flight, 0);
     cr_assert_eq(st.rows_in_flight, 0);
     cr_assert_eq(st.unknown_ids + st.duplicate_replies + st.bad_messages, 0);
@@ -89,10 +109,51 @@ static void many_through_server(const char *bind)
 Test(mux, many_in_flight_ipc) {
     char ep[128];
     ipc_path(ep, sizeof ep, "many");
-    many_through_server(ep);
+    many_through_server(ep, false);
 }
 
-Test(mux, many_in_flight_tcp) { many_through_server("tcp://127.0.0.1:*"); }
+Test(mux, many_in_flight_tcp) { many_through_server("tcp://127.0.0.1:*", false); }
+
+/* three threads submit and wait at once on one shared-memory plane: one
+ * producer lock, one drainer at a time completing the others' calls */
+Test(mux, many_in_flight_shm) { many_through_server("tcp://127.0.0.1:*", true); }
+
+/* a peer disconnected (its worker declared dead) fails the calls in flight
+ * on its plane at once, and the plane is gone: later calls to a new peer
+ * of the same server go on ZeroMQ */
+Test(mux, shm_disconnect_fails_in_flight, .timeout = 30)
+{
+    tserver_t srv;
+    server_start(&srv, "tcp://127.0.0.1:*");
+    mux_t *m;
+    cr_assert_eq(mux_new(NULL, &m), ECS_OK);
+    int peer;
+    cr_assert_eq(mux_peer_connect(m, mux_server_endpoint(srv.s), &peer), ECS_OK);
+    plane_between(m, peer, &srv);
+    server_run(&srv);
+    tcall_t t;
+    tcall_make(&t, 2, 7);
+    t.c.layer = 98; /* the test server sleeps 2 s on it */
+    mux_call_t *call;
+    cr_assert_eq(mux_submit(m, peer, &t.c, &call), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(mux_wait(m, &call, 1, 100), 1, "done before the worker answered");
+    cr_assert_eq(mux_peer_disconnect(m, peer), ECS_OK);
+    cr_assert_eq(mux_wait(m, &call, 1, 1000), 0, "not failed by the disconnect");
+    cr_assert_eq(mux_call_result(call)->err, ECS_ERR_IO);
+    mux_call_release(call);
+    int p2;
+    cr_assert_eq(mux_peer_connect(m, mux_server_endpoint(srv.s), &p2), ECS_OK);
+    tcall_make(&t, 3, 9);
+    cr_assert_eq(mux_submit(m, p2, &t.c, &call), ECS_OK);
+    cr_assert_eq(mux_wait(m, &call, 1, 10000), 0);
+    check_result(&t, call);
+    mux_call_release(call);
+    mux_peer_stats_t st;
+    cr_assert_eq(mux_peer_stats(m, p2, &st), ECS_OK);
+    cr_assert_eq(st.calls_shm, 0);
+    mux_free(m);
+    server_stop(&srv);
+}
 
 Test(mux, shuffled_replies_find_their_calls)
 {
