@@ -54,19 +54,23 @@ typedef struct {
     sched_t *s;
 } rig_t;
 
-/* slice_units > 0: every chunk in slices of that many layers; 0: off. */
-static rig_t rig(const char *path, int slice_units)
+/* slice_units > 0: every chunk in slices of that many layers; 0: by
+ * budget (the server's default), 0 and budget 0: off. */
+static rig_t rig_budget(const char *path, int slice_units, double budget)
 {
     rig_t g = {0};
     model_opts_t mo = {.n_ctx = N_CTX, .n_threads = 2};
     cr_assert_eq(model_load(path, &mo, &g.m), ECS_OK, "model_load(%s): %s", path, ecs_errmsg());
     cr_assert_eq(tok_load(model_gguf(g.m), &g.tok), ECS_OK, "%s", ecs_errmsg());
     sched_opts_t o = {.n_ctx = N_CTX, .max_running = 4, .max_queue = 8, .chunk = 128,
-                      .prefix_cache = true, .slice_units = slice_units};
+                      .prefix_cache = true, .slice_units = slice_units,
+                      .slice_budget = budget};
     cr_assert_eq(sched_new(g.m, g.tok, &o, &g.s), ECS_OK, "%s", ecs_errmsg());
     cr_assert_eq(sched_start(g.s), ECS_OK, "%s", ecs_errmsg());
     return g;
 }
+
+static rig_t rig(const char *path, int slice_units) { return rig_budget(path, slice_units, 0); }
 
 static void rig_free(rig_t *g)
 {
@@ -173,5 +177,60 @@ Test(sched_slice, cancel_frees_blocks)
     cr_assert_eq(st.kv_blocks_used, 0, "%d KV blocks still used", st.kv_blocks_used);
     cr_assert_lt(st.prompt_tokens, 900, "the prompt was computed before the cancel");
     sched_release(q[0].r);
+    rig_free(&g);
+}
+
+/* By budget (slice_units 0), while a stream decodes: a prompt of one chunk
+ * joins the decode batch whole (no slice), a prompt of several chunks runs
+ * in slices; every block comes back. The stream is long (its tokens not
+ * recorded) and cancelled at the end. */
+/* on_update without the tokens (the stream outgrows seen_t.toks). */
+static void on_progress(void *arg, sched_req_t *r)
+{
+    seen_set_t *set = arg;
+    for (int i = 0; i < set->n; i++)
+        if (set->req[i].r == r) {
+            const sched_view_t v = sched_req_view(r);
+            set->req[i].n = v.n_tokens;
+            set->req[i].last |= v.last;
+        }
+}
+
+/* Drains until request i is done or, with min_tokens, has that many. */
+static void wait_progress(rig_t *g, seen_set_t *set, int i, int min_tokens)
+{
+    while (!set->req[i].last && !(min_tokens && set->req[i].n >= min_tokens)) {
+        sched_drain(g->s, on_progress, set);
+        usleep(1000);
+    }
+}
+
+Test(sched_slice, budget_slices_only_prompts_of_several_chunks)
+{
+    rig_t g = rig_budget(DS2_Q8, 0, 2.5);
+    seen_t q[3] = {{0}}; /* the stream, a one-chunk prompt, a three-chunk one */
+    seen_set_t set = {q, 3};
+    q[0].r = submit(&g, N_SHORT, 1, N_CTX - N_SHORT - 8);
+    wait_progress(&g, &set, 0, 2); /* the stream decodes */
+    q[1].r = submit(&g, 100, 4, GEN_LONG); /* one chunk (--chunk 128) */
+    wait_progress(&g, &set, 1, 0);
+    cr_assert(!q[0].last, "the stream ended before the test could use it");
+    sched_stats_t st;
+    sched_stats(g.s, &st);
+    cr_assert_eq(st.prefill_slices, 0, "a one-chunk prompt ran in %llu slices",
+                 (unsigned long long)st.prefill_slices);
+    q[2].r = submit(&g, N_LONG, 5, GEN_LONG);
+    wait_progress(&g, &set, 2, 0);
+    cr_assert(!q[0].last, "the stream ended before the test could use it");
+    sched_stats(g.s, &st);
+    cr_assert_gt(st.prefill_slices, 0, "a prompt of three chunks beside a stream was not sliced");
+    cr_assert_eq(q[1].n, GEN_LONG);
+    cr_assert_eq(q[2].n, GEN_LONG);
+    sched_cancel(g.s, q[0].r);
+    wait_progress(&g, &set, 0, 0);
+    sched_stats(g.s, &st);
+    cr_assert_eq(st.kv_blocks_used, 0, "%d KV blocks still used", st.kv_blocks_used);
+    for (int i = 0; i < 3; i++)
+        sched_release(q[i].r);
     rig_free(&g);
 }
