@@ -192,12 +192,20 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
         s->n_held = 0;
         return rc;
     }
-    for (size_t c = 0; c < cells && !s->copy; c++)
+    /* what the calls will read: the GGUF's rows of a matrix its copy
+     * does not serve (kcpu_mat_reads_rows), and a copy made just now
+     * (written, then dropped from the page cache so that it comes back in
+     * large folios: repack.c); a copy found on the disk was read whole by
+     * its checksums when it was opened */
+    for (size_t c = 0; c < cells; c++)
         if (s->held[c].gate.nrows) {
-            prefault(s->held[c].gate.data, mat_bytes(&s->held[c].gate));
-            prefault(s->held[c].up.data, mat_bytes(&s->held[c].up));
-            prefault(s->held[c].down.data, mat_bytes(&s->held[c].down));
+            const kcpu_mat_t *m3[3] = {&s->held[c].gate, &s->held[c].up, &s->held[c].down};
+            for (int i = 0; i < 3; i++)
+                if (kcpu_mat_reads_rows(m3[i]))
+                    prefault(m3[i]->data, mat_bytes(m3[i]));
         }
+    if (s->copy && krepack_made_why(s->copy))
+        prefault(krepack_map(s->copy), krepack_bytes(s->copy));
     s->n_held = a->n;
     s->bytes = need;
     *bytes = need;

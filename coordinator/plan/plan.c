@@ -346,3 +346,25 @@ ecs_err_t plan_prompt(const plan_inputs_t *in, const plan_layout_t *l, plan_pred
     out->tok_s = out->step_s > 0 ? l->pp / out->step_s : 0;
     return ECS_OK;
 }
+
+int plan_pages_evict(const plan_pages_t *p)
+{
+    const double fill = PLAN_PAGES_FILL * (double)p->room;
+    const double base = (double)p->need + (double)p->keep;
+    int r = 0;
+    if (base + (double)p->own_routed + (double)p->others <= fill)
+        return 0;
+    if (p->own_routed)
+        r |= PLAN_EVICT_OWN;
+    if (base + (double)p->others > fill && p->others)
+        r |= PLAN_EVICT_OTHERS;
+    if (base > fill)
+        r |= PLAN_NO_ROOM;
+    return r;
+}
+
+bool plan_phase_warm(double before, double after)
+{
+    /* NaN compares false: not warm */
+    return before >= PLAN_WARM_MIN && after >= PLAN_WARM_MIN && before <= 1.0 && after <= 1.0;
+}

@@ -45,6 +45,7 @@
 #ifndef ECS_PLAN_H
 #define ECS_PLAN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/err.h"
@@ -161,5 +162,39 @@ ecs_err_t plan_lsq(const double *x, const double *y, int n, int n_par, double *c
 
 /* Expected distinct experts a batch touches: E (1 - (1 - k/E)^rows). */
 double plan_touched(int n_expert, int k, int rows);
+
+/* ---- the page cache while layouts' phases are timed (ecs-plan) ----
+ * A layout's phase timing reads its workers' weights (their decode copies)
+ * through the page cache; on the full model the GGUF, the one-process copy
+ * and every layout's worker copies do not fit together (docs/planner.md,
+ * "The page cache"). Sizes in bytes. */
+typedef struct {
+    uint64_t room;       /* what file pages can have: MemAvailable, taken when asked */
+    uint64_t keep;       /* the planner's own pages it still reads (the weights other than
+                          * the routed experts: shared experts, attention) */
+    uint64_t own_routed; /* its resident routed-expert pages (GGUF and one-process copy):
+                          * read by the one-process timings, never again */
+    uint64_t others;     /* resident pages of the layouts timed before (workers gone) */
+    uint64_t need;       /* the files this layout's workers read, all of them */
+} plan_pages_t;
+
+#define PLAN_EVICT_OWN 1    /* drop the planner's routed-expert pages */
+#define PLAN_EVICT_OTHERS 2 /* drop the layouts' timed before */
+#define PLAN_NO_ROOM 4      /* need + keep alone exceed the room: it will read cold pages */
+/* Share of room the files may fill (the rest: other processes, slack). */
+#define PLAN_PAGES_FILL 0.9
+/* What to drop before timing a layout so that its files fit beside what
+ * the planner keeps: nothing while everything fits in PLAN_PAGES_FILL of
+ * room; else the planner's routed pages first; then, if still over, the
+ * other layouts'. PLAN_EVICT_* bits, PLAN_NO_ROOM added when need + keep
+ * exceed the fill on their own. */
+int plan_pages_evict(const plan_pages_t *p);
+
+/* A timing counts as warm when at least this share of the pages it reads
+ * was resident just before and just after it. */
+#define PLAN_WARM_MIN 0.98
+/* Whether a phase timing read warm pages, from the resident shares of its
+ * files before and after it (0..1; out of range or NaN: not warm). */
+bool plan_phase_warm(double before, double after);
 
 #endif

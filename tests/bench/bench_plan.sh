@@ -5,10 +5,10 @@
 # the same load on a shared machine, and prints predicted vs measured with
 # the ratio for decode (tg32 from empty, tg32 after the prompt) and pp512.
 #
-# usage: tests/bench/bench_plan.sh BUILD_DIR [--quick]
-#   ECS_PLAN_MODEL    model (default: a deepseek2 tiny-27l q4_k_m made in a
-#                     temporary folder; the ds2-lite model for the record:
-#                     ECS_PLAN_MODEL=/work/models-cache/ds2-lite-q4_k_m.gguf)
+# usage: tests/bench/bench_plan.sh BUILD_DIR [MODEL.gguf] [--quick]
+#   MODEL.gguf, or ECS_PLAN_MODEL: the model (default: a deepseek2 tiny-27l
+#                     q4_k_m made in a temporary folder; the record:
+#                     tests/bench/bench_plan.sh build /work/models-cache/ds2-lite-q4_k_m.gguf)
 #   ECS_PLAN_WORKERS  layouts (default 0,1,2,3; 0 = one process)
 #   ECS_PLAN_ROUNDS   rounds of runs (default 2; --quick: 1)
 #   ECS_PLAN_REPS     ecs-run --reps per round (default 3)
@@ -16,9 +16,24 @@
 #                     one's at every plan point (the same load), for a
 #                     before/after table of the planner itself
 # --quick: a smoke run (tiny model, pp 64, tg 8, one round).
+# A layout whose phase ecs-plan timed from cold copies (its files not
+# resident: docs/planner.md, "The page cache") has no prediction; its rows
+# say "cold" instead of a ratio.
 set -euo pipefail
-build=${1:?usage: tests/bench/bench_plan.sh BUILD_DIR [--quick]}
-quick=${2:-}
+build=${1:?usage: tests/bench/bench_plan.sh BUILD_DIR [MODEL.gguf] [--quick]}
+shift
+quick='' model=${ECS_PLAN_MODEL:-}
+for arg in "$@"; do
+    case $arg in
+    --quick) quick=--quick ;;
+    -*) echo "bench_plan: unknown option $arg" >&2; exit 2 ;;
+    *) model=$arg ;;
+    esac
+done
+if [ -n "$model" ] && [ ! -f "$model" ]; then
+    echo "bench_plan: no model at $model" >&2
+    exit 1
+fi
 plan="$build/bin/ecs-plan"
 run="$build/bin/ecs-run"
 mk="$build/bin/ecs-mkmodel"
@@ -33,7 +48,6 @@ pp=512 tg=32 pflags=() reps=${ECS_PLAN_REPS:-3}
 if [ "$quick" = "--quick" ]; then
     pp=64 tg=8 rounds=1 pflags=(--quick) reps=1
 fi
-model=${ECS_PLAN_MODEL:-}
 if [ -z "$model" ]; then
     model="$tmp/m.gguf"
     preset=tiny-27l types=q4_k_m
@@ -101,6 +115,12 @@ for n in ${workers//,/ }; do
         pred=$(cat "$tmp"/"$1"_*.txt | awk -v n="$n" -v fig="$fig" '$1 == "PLAN" && $3 == n {
                    for (i = 2; i < NF; i++) if ($i == fig) print $(i+1)}' | stats)
         name=$([ "$n" -eq 0 ] && echo "1-proc" || echo "$n wrk")
+        # plans that withheld the layout (its phase timed from cold copies)
+        cold=$(cat "$tmp"/"$1"_*.txt | awk -v n="$n" '$1 == "PLAN" && $3 == n && $8 == "cold"' | wc -l)
+        if [ "$cold" -gt 0 ]; then
+            printf '%-8s %-12s %s of %s plans: cold (the phase read copies not resident: no prediction)\n' \
+                "$name" "$label" "$cold" "$((rounds + 1))"
+        fi
         awk -v name="$name" -v lab="$label" -v p="$pred" -v m="$meas" 'BEGIN {
             split(p, P, " "); split(m, M, " ")
             printf "%-8s %-12s %10.2f %10.2f %7.2f | %10.2f %10.2f %7.2f\n", name, lab, P[1], M[1],

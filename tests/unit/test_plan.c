@@ -279,3 +279,57 @@ Test(plan, refuses_what_it_cannot_predict)
     l.batch = 513;
     cr_assert_eq(plan_decode(&in, &l, &p), ECS_ERR_INVAL);
 }
+
+/* The page cache of ecs-plan's phase timings: the full model's case of
+ * 2026-12-02 (room ~21 GB: the planner's one-process copy 9.7 GB of routed
+ * experts resident, the 1-worker copy 9.7 GB, 0.5 GB the planner keeps)
+ * must drop the planner's routed pages, the next layout the first one's
+ * too; the 4-layer cut's files fit and nothing is dropped. */
+Test(plan, pages_dropped_only_when_they_do_not_fit)
+{
+    const uint64_t G = 1000000000ull;
+    plan_pages_t p = {.room = 21 * G, .keep = G / 2, .own_routed = 9700000000ull, .others = 0,
+                      .need = 9700000000ull};
+    cr_assert_eq(plan_pages_evict(&p), PLAN_EVICT_OWN);
+    /* the next layout: the planner's pages gone, the first layout's resident */
+    p.own_routed = 0;
+    p.others = 9700000000ull;
+    cr_assert_eq(plan_pages_evict(&p), PLAN_EVICT_OTHERS);
+    /* both over: both dropped */
+    p.own_routed = 9700000000ull;
+    cr_assert_eq(plan_pages_evict(&p), PLAN_EVICT_OWN | PLAN_EVICT_OTHERS);
+    /* dropping the planner's pages is enough: the others stay */
+    p.others = G;
+    cr_assert_eq(plan_pages_evict(&p), PLAN_EVICT_OWN);
+    /* the 4-layer cut: everything fits, nothing dropped */
+    plan_pages_t cut = {.room = 21 * G, .keep = G / 10, .own_routed = 1400000000ull,
+                        .others = 2 * 1400000000ull, .need = 1400000000ull};
+    cr_assert_eq(plan_pages_evict(&cut), 0);
+    /* exactly at the fill: fits; one byte over: the planner's pages go */
+    plan_pages_t edge = {.room = 10 * G, .keep = G, .own_routed = 4 * G, .need = 4 * G};
+    cr_assert_eq(plan_pages_evict(&edge), 0);
+    edge.own_routed++;
+    cr_assert_eq(plan_pages_evict(&edge), PLAN_EVICT_OWN);
+    /* the layout alone exceeds the room: said, with what can be dropped */
+    plan_pages_t big = {.room = 10 * G, .keep = G, .own_routed = G, .others = G, .need = 9 * G};
+    cr_assert_eq(plan_pages_evict(&big), PLAN_EVICT_OWN | PLAN_EVICT_OTHERS | PLAN_NO_ROOM);
+    big.own_routed = big.others = 0;
+    cr_assert_eq(plan_pages_evict(&big), PLAN_NO_ROOM);
+    /* nothing known about the memory (room 0): anything is over */
+    plan_pages_t unknown = {.room = 0, .need = 1};
+    cr_assert_eq(plan_pages_evict(&unknown), PLAN_NO_ROOM);
+}
+
+Test(plan, a_timing_is_warm_only_with_its_pages_resident_around_it)
+{
+    cr_assert(plan_phase_warm(1.0, 1.0));
+    cr_assert(plan_phase_warm(PLAN_WARM_MIN, 0.999));
+    /* the full model's cold timing: copies read in, then evicted while timed */
+    cr_assert(!plan_phase_warm(1.0, 0.43));
+    cr_assert(!plan_phase_warm(0.43, 1.0));
+    cr_assert(!plan_phase_warm(0.97, 1.0));
+    cr_assert(!plan_phase_warm(0, 0));
+    cr_assert(!plan_phase_warm(NAN, 1.0));
+    cr_assert(!plan_phase_warm(1.0, NAN));
+    cr_assert(!plan_phase_warm(1.5, 1.0));
+}

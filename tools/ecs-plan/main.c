@@ -19,6 +19,7 @@
 #include "proto/wire.h"
 #include "tools/ecs-plan/measure.h"
 #include "common/mem.h"
+#include "common/resident.h"
 
 #define MAX_LAYOUTS 16
 
@@ -209,6 +210,54 @@ static void print_layout_name(char *buf, size_t cap, const plan_layout_t *l)
                  l->worker_threads, l->replication > 1 ? ", repl" : "");
 }
 
+#define GB(x) ((double)(x) / 1e9)
+
+/* The memory arithmetic of the files every layout reads (pages.c): a
+ * warning when they exceed what the page cache can hold together. */
+static void print_memory(const args_t *a, const meas_pages_t *pg, bool spawnable)
+{
+    const uint64_t room = ecs_mem_available(), mine = pg->gguf_bytes + pg->copy_bytes;
+    uint64_t layouts = 0, largest = 0;
+    for (int i = 0; spawnable && i < a->n_layouts; i++) {
+        const int n = a->workers[i], r = a->replication < n ? a->replication : n;
+        const uint64_t b = n && !pg->no_repack ? pg->routed_bytes * (uint64_t)r : 0;
+        layouts += b;
+        largest = b > largest ? b : largest;
+    }
+    printf("memory: %.2f GB available to the page cache; the model's files %.2f GB (GGUF %.2f + "
+           "one-process decode copy %.2f), the worker layouts' decode copies %.2f GB (largest "
+           "%.2f; routed experts %.2f GB a copy)\n", GB(room), GB(mine), GB(pg->gguf_bytes),
+           GB(pg->copy_bytes), GB(layouts), GB(largest), GB(pg->routed_bytes));
+    if (room && (double)(mine + layouts) > PLAN_PAGES_FILL * (double)room)
+        printf("  warning: these files (%.2f GB) exceed %.0f %% of the memory available (%.2f "
+               "GB): each layout's phase is timed with its own copies read in first, the pages "
+               "no later timing reads dropped when they would not fit (the planner's routed "
+               "experts, the layouts timed before); a timing with cold copies gives no "
+               "prediction\n", GB(mine + layouts), 100 * PLAN_PAGES_FILL, GB(room));
+    if (room && (double)(largest + pg->keep_bytes) > PLAN_PAGES_FILL * (double)room)
+        printf("  warning: the largest layout's copies alone (%.2f GB) do not fit: its timing "
+               "will read cold pages\n", GB(largest));
+}
+
+/* The page cache around a layout's phase timing (pages.c). */
+static void print_pages(const meas_pages_use_t *u)
+{
+    const plan_pages_t *p = &u->pages;
+    printf("      pages: %d decode cop%s %.2f GB (%s) read in %.1f s; resident %.1f %% before and "
+           "%.1f %% after the timing%s\n", u->n_files, u->n_files == 1 ? "y" : "ies",
+           GB(u->bytes), u->n_files ? "the workers' own" : "none: the GGUF's routed experts",
+           u->warm_s, 100 * u->before, 100 * u->after,
+           u->warm ? "" : ": COLD, timed from the disk: no prediction for this layout");
+    printf("        (room %.2f GB x %.1f; needs %.2f + the planner's %.2f; resident: the "
+           "planner's routed experts %.2f, the layouts timed before %.2f => %s%s%s)\n",
+           GB(p->room), PLAN_PAGES_FILL, GB(p->need), GB(p->keep), GB(p->own_routed),
+           GB(p->others), u->evict & (PLAN_EVICT_OWN | PLAN_EVICT_OTHERS) ? "dropped" : "fits",
+           u->evict & PLAN_EVICT_OWN ? " the planner's routed experts" : "",
+           u->evict & PLAN_EVICT_OTHERS ? " the earlier layouts' copies" : "");
+    if (u->evict & PLAN_NO_ROOM)
+        printf("        warning: its copies alone exceed the room\n");
+}
+
 int main(int argc, char **argv)
 {
     ecs_mem_keep_large(); /* multi-MB messages every layer (mem.h) */
@@ -228,6 +277,7 @@ int main(int argc, char **argv)
         return 1;
     }
     char cache[4096];
+    meas_pages_t pg = {0};
     model_opts_t mo = {.n_ctx = a.pp + a.tg + 16, .n_threads = a.threads, .profile = true,
                        .repack_dir = a.no_repack ? NULL
                                      : a.repack_dir ? a.repack_dir
@@ -258,12 +308,19 @@ int main(int argc, char **argv)
     plan_inputs_t in = {.n_layer_moe = hp->n_layer - hp->n_layer_dense,
                         .n_expert = hp->n_expert, .k = hp->n_expert_used, .n_embd = hp->n_embd};
     int rc = 1;
+    bool cold[MAX_LAYOUTS] = {false}; /* phase timed from cold copies: no prediction */
     meas_trace_t tr = {0};
     bool have_trace = false;
     in.act_row_bytes = wire_act_bytes(m);
     printf("activations on the wire: %.0f bytes per row (f32: %d)\n", in.act_row_bytes,
            4 * hp->n_embd);
     printf("prefault: %.2f s (every page the one process reads, as ecs-run --bench)\n", pf_s);
+    /* only a layout this machine runs as asked can be timed: spawned
+     * workers on its own cores, over ipc as --spawn-workers connects them */
+    const bool spawnable = a.cores == (int)sysconf(_SC_NPROCESSORS_ONLN) &&
+                           !strcmp(a.transport, "ipc");
+    meas_pages_init(m, a.no_repack, &pg);
+    print_memory(&a, &pg, spawnable);
     /* 1. the link */
     meas_link_t lk;
     if (meas_link(srv.endpoint, hp->n_embd, hp->n_expert_used, a.quick, &lk)) {
@@ -380,15 +437,12 @@ int main(int argc, char **argv)
      * ecs-worker processes, the shared experts computed meanwhile */
     meas_phase_t ph[MAX_LAYOUTS];
     memset(ph, 0, sizeof ph);
+    memset(cold, 0, sizeof cold);
     /* the coordinator's own work per MoE layer outside the expert phase,
      * run between the calls (the workers sleep meanwhile, as in a step) */
     const double gap_dec = (in_remote.dec_s - in_remote.shexp_dec_s) / in.n_layer_moe;
     const double gap_pp = (in_remote.pp_row_s - in_remote.shexp_pp_row_s) * PLAN_STEP_ROWS /
                           in.n_layer_moe;
-    /* only a layout this machine runs as asked can be timed: spawned
-     * workers on its own cores, over ipc as --spawn-workers connects them */
-    const bool spawnable = a.cores == (int)sysconf(_SC_NPROCESSORS_ONLN) &&
-                           !strcmp(a.transport, "ipc");
     if (!spawnable)
         printf("  expert phase: modelled (--cores or --transport describe another machine than "
                "the one --spawn-workers would use here)\n");
@@ -405,8 +459,9 @@ int main(int argc, char **argv)
             continue;
         if (meas_phase(m, n, wthreads(&a, n), a.replication < n ? a.replication : n,
                        a.no_repack ? "" : mo.repack_dir, gap_dec,
-                       gap_pp, have_trace ? &tr : NULL, a.quick, &ph[i]))
+                       gap_pp, have_trace ? &tr : NULL, a.quick, &pg, &ph[i]))
             goto out;
+        cold[i] = !ph[i].pages.warm;
         const meas_phase_t *q = &ph[i];
         printf("    %d worker%s x %d thr: decode %.3f ms (slowest call %.3f ms round trip = "
                "%.3f compute + %.3f hand-offs; shared experts %.3f) | %d rows %.2f ms (%.2f = "
@@ -415,6 +470,7 @@ int main(int argc, char **argv)
                q->dec_handoff_s * 1e3, q->dec_shexp_s * 1e3, PLAN_STEP_ROWS, q->pp_phase_s * 1e3,
                q->pp_rtt_s * 1e3, q->pp_compute_s * 1e3, q->pp_handoff_s * 1e3,
                q->pp_shexp_s * 1e3, q->calls_dec, q->calls_pp);
+        print_pages(&q->pages);
     }
 
     /* 5. the predictions */
@@ -447,6 +503,14 @@ int main(int argc, char **argv)
         }
         char name[64];
         print_layout_name(name, sizeof name, &lay[i]);
+        if (cold[i]) { /* a figure from disk reads would be wrong, not slow */
+            printf("  %-28s no prediction: its phase was timed from cold copies (resident %.0f "
+                   "%% before, %.0f %% after)\n", name, 100 * ph[i].pages.before,
+                   100 * ph[i].pages.after);
+            printf("PLAN workers %d threads %d replication %d cold resident %.3f %.3f\n", n,
+                   lay[i].worker_threads, r, ph[i].pages.before, ph[i].pages.after);
+            continue;
+        }
         printf("  %-28s %10.2f %12.2f %10.1f %9.2f %8.3fms\n", name, dec[i].tok_s, decd.tok_s,
                pr[i].tok_s, dec[i].imbalance, dec[i].link_s * 1e3);
         printf("PLAN workers %d threads %d replication %d decode %.3f decode_depth %.3f pp %.2f\n",
@@ -463,6 +527,8 @@ int main(int argc, char **argv)
     }
     printf("\nwhere the time goes (per decoded token | per %d-token prompt):\n", a.pp);
     for (int i = 0; i < a.n_layouts; i++) {
+        if (cold[i])
+            continue;
         char name[64];
         print_layout_name(name, sizeof name, &lay[i]);
         printf("  %s: step %.2f ms = coordinator %.2f + expert phases %.2f%s (modelled "
@@ -487,7 +553,7 @@ int main(int argc, char **argv)
     printf("\nmicro-batch overlap (the %d-token step as 2 micro-batches in ping-pong, "
            "--micro-batches 2):\n", a.pp);
     for (int i = 0; i < a.n_layouts; i++) {
-        if (!lay[i].n_workers)
+        if (!lay[i].n_workers || cold[i])
             continue;
         const plan_pred_t *p = &pr[i];
         plan_layout_t hl = lay[i];
@@ -522,6 +588,7 @@ out:
     meas_server_stop(&srv);
     for (int i = 0; i < a.n_layouts; i++)
         free(hold[i]);
+    meas_pages_free(&pg);
     model_free(m);
     return rc;
 }

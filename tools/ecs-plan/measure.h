@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "coordinator/dispatch/dispatch.h"
 #include "coordinator/model/model.h"
 #include "coordinator/plan/plan.h"
 
@@ -92,6 +93,53 @@ void meas_trace_free(meas_trace_t *t);
  * the cursor past it): its index, -1 if none (t may be NULL). */
 int meas_trace_next(const meas_trace_t *t, int rows, int *cursor);
 
+/* ---- the page cache around the phase timings (pages.c) ----
+ * A layout's workers read their decode copies through the page cache; on
+ * the full model the GGUF, the planner's one-process copy and every
+ * layout's worker copies do not fit in it together, and a phase timed
+ * with cold copies times the disk (50 ms a layer call instead of ~1.5:
+ * docs/benchmarks.md, "Quiet run of 2026-12-02"). So before a layout
+ * starts, what nothing reads any more is dropped when everything would
+ * not fit (plan_pages_evict: the planner's own routed-expert pages, then
+ * the layouts timed before); once its workers are up their files are read
+ * in, and their resident share is taken before and after the timing. */
+typedef struct {
+    char **path;
+    int n;
+} meas_files_t;
+void meas_files_free(meas_files_t *fs);
+
+typedef struct {
+    bool no_repack;        /* the workers read the GGUF's routed experts themselves */
+    uint64_t routed_bytes; /* the GGUF's routed experts (what each copy of them holds) */
+    uint64_t keep_bytes;   /* the GGUF's other tensors (what the planner still reads) */
+    uint64_t gguf_bytes, copy_bytes; /* the GGUF, the one-process decode copy */
+    meas_files_t done;     /* the files of the layouts timed so far */
+} meas_pages_t;
+
+typedef struct {
+    plan_pages_t pages;    /* the arithmetic before the layout started */
+    int evict;             /* PLAN_EVICT_* done, PLAN_NO_ROOM */
+    meas_files_t files;    /* its workers' copies (none: the GGUF's routed experts) */
+    int n_files;
+    uint64_t bytes;        /* what they read */
+    double warm_s;         /* reading them in */
+    double before, after;  /* resident shares before and after the timing */
+    bool warm;             /* plan_phase_warm(before, after) */
+} meas_pages_use_t;
+
+void meas_pages_init(model_t *m, bool no_repack, meas_pages_t *pg);
+void meas_pages_free(meas_pages_t *pg);
+/* Before a layout of `replication` holders per expert starts its workers:
+ * the arithmetic and the drops. */
+void meas_pages_before_start(model_t *m, meas_pages_t *pg, int replication, meas_pages_use_t *u);
+/* Its workers are up: finds their files, reads them in, takes the
+ * resident share (-1: a worker's files could not be listed or read). */
+int meas_pages_warm(model_t *m, const dispatch_t *d, meas_pages_use_t *u);
+/* After the timing: the resident share again, whether it was warm; the
+ * layout's files join pg->done. */
+void meas_pages_after(model_t *m, meas_pages_t *pg, meas_pages_use_t *u);
+
 /* The expert phase of one MoE layer as a layout with workers runs it:
  * n_workers real ecs-worker processes spawned through the dispatcher (its
  * transport, its placement, each worker with `threads` threads and its own
@@ -111,9 +159,10 @@ typedef struct {
     double dec_phase_s, dec_rtt_s, dec_compute_s, dec_shexp_s;
     double pp_phase_s, pp_rtt_s, pp_compute_s, pp_shexp_s;
     double dec_handoff_s, pp_handoff_s; /* median of round trip - compute per call */
+    meas_pages_use_t pages; /* the page cache around it (pg NULL: not looked at) */
 } meas_phase_t;
 int meas_phase(model_t *m, int n_workers, int threads, int replication, const char *worker_repack,
                double gap_dec_s, double gap_pp_s, const meas_trace_t *tr, bool quick,
-               meas_phase_t *out);
+               meas_pages_t *pg, meas_phase_t *out);
 
 #endif

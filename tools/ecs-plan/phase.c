@@ -192,7 +192,7 @@ static void spin_until(void *arg, int ith, int nth)
 
 int meas_phase(model_t *m, int n_workers, int threads, int replication, const char *worker_repack,
                double gap_dec_s, double gap_pp_s, const meas_trace_t *tr, bool quick,
-               meas_phase_t *o)
+               meas_pages_t *pg, meas_phase_t *o)
 {
     const arch_hparams_t *hp = model_hparams(m);
     const int L = hp->n_layer, X = hp->n_expert, k = hp->n_expert_used, E = hp->n_embd;
@@ -220,8 +220,17 @@ int meas_phase(model_t *m, int n_workers, int threads, int replication, const ch
     dispatch_opts_t dopt = {.spawn_workers = n_workers, .worker_threads = threads,
                             .replication = replication, .worker_repack = worker_repack,
                             .quiet = true};
+    /* room in the page cache for the workers' copies before they map
+     * (and read) them; once they are up, those copies read in: a timing
+     * of cold copies would time the disk */
+    if (pg)
+        meas_pages_before_start(m, pg, replication, &o->pages);
     if (dispatch_start(m, &dopt, &d) != ECS_OK)
         goto done;
+    if (pg && meas_pages_warm(m, d, &o->pages)) {
+        ecs_error(ECS_ERR_IO, "the workers' decode copies could not be listed or read");
+        goto done;
+    }
     uint64_t s = 0xF00Dull * 0x9E3779B97F4A7C15ull + (uint64_t)n_workers;
     for (size_t i = 0; i < (size_t)R * (size_t)E; i++)
         x[i] = (float)((int)(meas_rnd(&s) % 2001) - 1000) * 1e-3f;
@@ -285,8 +294,11 @@ int meas_phase(model_t *m, int n_workers, int threads, int replication, const ch
             o->pp_shexp_s = med[3], o->pp_handoff_s = med[4];
         }
     }
+    if (pg)
+        meas_pages_after(m, pg, &o->pages);
     rc = 0;
 done:
+    meas_files_free(&o->pages.files);
     if (rc)
         fprintf(stderr, "ecs-plan: the expert phase with %d workers: %s\n", n_workers,
                 ecs_errmsg());
