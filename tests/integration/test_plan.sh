@@ -26,7 +26,7 @@ for model in ../shared/models/tiny-ds2-q8_0.gguf ../shared/models/tiny-qwen3moe-
     for pat in "link (ipc" "=> alpha" "returning at once" "whose wait sleeps" "1 thread:" \
         "2 threads:" "other processes' runnable threads" "routings replayed" \
         "expert phase per MoE layer call" "1 worker x 2 thr: decode" "hand-offs" \
-        "micro-batch overlap"; do
+        "micro-batch overlap" "memory: " "available to the page cache"; do
         grep -qF "$pat" "$tmp/out" || missing="$missing [$pat]"
     done
     [ -z "$missing" ] && ok "$name: inputs printed" || bad "$name: no line with$missing"
@@ -37,10 +37,31 @@ for model in ../shared/models/tiny-ds2-q8_0.gguf ../shared/models/tiny-qwen3moe-
     else
         bad "$name: PLAN lines '$got', want '0/1 1/1 2/2 '"
     fi
+    # the page cache around each worker layout's timing (--no-repack: the
+    # GGUF's routed experts, a few MB: resident before and after)
+    n=$(grep -c "pages: 0 decode copies .* the GGUF's routed experts.* resident 100.0 % before and 100.0 % after" "$tmp/out")
+    [ "$n" -eq 2 ] && ok "$name: both layouts timed with their pages resident" ||
+        bad "$name: $n of 2 layouts with a warm pages line: $(grep 'pages:' "$tmp/out")"
     # the workers' loads: 2 workers with replication 2 both get pairs
     n=$(grep -cE '^    w[01]: decode [0-9.]+ pairs' "$tmp/out")
     [ "$n" -ge 3 ] && ok "$name: worker loads printed" || bad "$name: $n worker load lines"
 done
+
+# with decode copies (a fresh cache folder: the workers make theirs at
+# load): the pages line counts the workers' own copies, read in and
+# resident around the timing; no layout is withheld as cold
+model=../shared/models/tiny-ds2-q8_0.gguf
+if timeout 300 "$plan" -m "$model" --quick --repack "$tmp/cache" --pp 32 --tg 4 --workers 0,2 \
+    >"$tmp/out" 2>"$tmp/err"; then
+    if grep -q "pages: 2 decode copies .*(the workers' own) read in .* resident 100.0 % before and 100.0 % after" "$tmp/out" &&
+        ! grep -q "^PLAN .* cold" "$tmp/out" && [ "$(ls "$tmp/cache"/*.r16 | wc -l)" -eq 3 ]; then
+        ok "decode copies: the 2 workers' copies found and resident around the timing"
+    else
+        bad "decode copies: $(grep -E 'pages:|^PLAN' "$tmp/out")"
+    fi
+else
+    bad "ecs-plan with --repack failed: $(tail -2 "$tmp/err")"
+fi
 
 for args in "--workers 1,x" "--transport udp" "--pp 0" "--pp 513" "--bogus 1" "--ext-threads -1" \
     "--threads"; do
