@@ -5,14 +5,16 @@
  *     model_eval_batch: every running request's next token plus chunks of
  *     waiting prompts, within a token budget (chunked prefill mixed with
  *     decode, so a long prompt never freezes running streams).
- *   - A prompt is cut into chunks by its own length only (at most
- *     sched_opts_t.chunk rows, as even as possible, so a deepseek2 chunk has
+ *   - A prompt is cut into chunks of at most sched_opts_t.chunk rows (or
+ *     slice_chunk, below), as even as possible, so a deepseek2 chunk has
  *     at least MODEL_MLA_EXPAND_ROWS rows unless the whole prompt is
- *     shorter): a request's tokens never depend on what else is running.
+ *     shorter: a request's tokens never depend on the cut, so not on what
+ *     else is running.
  *   - While streams decode, the first waiting prompt chunk advances a slice
  *     of layers per step beside the decode rows (sched_opts_t.slice_budget),
  *     the chunks after it waiting; its rows' residual stream waits in a
- *     buffer allocated at sched_new. Slicing changes no bits.
+ *     buffer allocated at sched_new. A prompt admitted so is cut into
+ *     smaller chunks (sched_opts_t.slice_chunk). Slicing changes no bits.
  *   - Admission is first come, first served: a prompt chunk that does not fit
  *     in this step's budget waits, and no later request overtakes it.
  *   - Memory is fixed at sched_new: one pool of KV blocks of MODEL_KV_BLOCK
@@ -77,6 +79,13 @@ typedef struct {
     /* > 0: exactly this many units per slice, and slices even when nothing
      * decodes (tests, to cut prompts the same way every run) */
     int slice_units;
+    /* Rows per chunk of a prompt of several chunks admitted while a stream
+     * decodes (always with slice_units): smaller chunks make the smallest
+     * slice (the attention half layer of a chunk deep into its prompt)
+     * shorter, at the cost of expanding the earlier rows' deepseek2 K/V
+     * once per chunk. 2 * MODEL_MLA_EXPAND_ROWS .. chunk; 0: chunk. The
+     * bits are those of any cut (see the contract above). */
+    int slice_chunk;
     unsigned kv_flag;  /* the cache type: 0 (F16), MODEL_CTX_KV_BF16 or _F32 */
     void (*notify)(void *arg); /* called (any thread) when sched_drain has work */
     void *notify_arg;

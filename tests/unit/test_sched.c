@@ -14,7 +14,7 @@
 #define DS2_Q8 "../shared/models/tiny-ds2-q8_0.gguf"
 #define QWEN_Q8 "../shared/models/tiny-qwen3moe-q8_0.gguf"
 #define N_CTX 1024
-#define N_LONG 300  /* the long prompt: 3 chunks of 100 rows */
+#define N_LONG 300  /* the long prompt: 2 chunks of 150 rows, 3 of 100 sliced */
 #define N_SHORT 10  /* the stream's prompt */
 #define GEN_LONG 8
 #define GEN_SHORT 40
@@ -62,9 +62,9 @@ static rig_t rig_budget(const char *path, int slice_units, double budget)
     model_opts_t mo = {.n_ctx = N_CTX, .n_threads = 2};
     cr_assert_eq(model_load(path, &mo, &g.m), ECS_OK, "model_load(%s): %s", path, ecs_errmsg());
     cr_assert_eq(tok_load(model_gguf(g.m), &g.tok), ECS_OK, "%s", ecs_errmsg());
-    sched_opts_t o = {.n_ctx = N_CTX, .max_running = 4, .max_queue = 8, .chunk = 128,
+    sched_opts_t o = {.n_ctx = N_CTX, .max_running = 4, .max_queue = 8, .chunk = 256,
                       .prefix_cache = true, .slice_units = slice_units,
-                      .slice_budget = budget};
+                      .slice_budget = budget, .slice_chunk = 128};
     cr_assert_eq(sched_new(g.m, g.tok, &o, &g.s), ECS_OK, "%s", ecs_errmsg());
     cr_assert_eq(sched_start(g.s), ECS_OK, "%s", ecs_errmsg());
     return g;
@@ -108,10 +108,11 @@ static void wait_all(rig_t *g, seen_set_t *set)
 }
 
 /* A stream with a short prompt, then a long prompt while it decodes; the
- * records of both, and the slices counted. */
-static uint64_t workload(const char *path, int slice_units, seen_t out[2])
+ * records of both, and the slices counted (the model's units in *n_units). */
+static uint64_t workload(const char *path, int slice_units, seen_t out[2], int *n_units)
 {
     rig_t g = rig(path, slice_units);
+    *n_units = model_slice_units(g.m);
     memset(out, 0, 2 * sizeof *out);
     out[0].r = submit(&g, N_SHORT, 1, GEN_SHORT);
     out[1].r = submit(&g, N_LONG, 2, GEN_LONG);
@@ -130,10 +131,16 @@ static uint64_t workload(const char *path, int slice_units, seen_t out[2])
 static void same_records(const char *path)
 {
     seen_t whole[2], sliced[2];
-    cr_assert_eq(workload(path, 0, whole), 0, "slices counted with slicing off");
+    int nu = 0;
+    /* whole: the long prompt in 2 chunks of 150 rows (--chunk 256) */
+    cr_assert_eq(workload(path, 0, whole, &nu), 0, "slices counted with slicing off");
     for (int k = 1; k <= 3; k += 2) { /* units per slice: every cut; mixed cuts */
-        const uint64_t n = workload(path, k, sliced);
-        cr_assert_gt(n, 0, "no slice counted with %d units per slice", k);
+        const uint64_t n = workload(path, k, sliced, &nu);
+        /* sliced: the short prompt's chunk and the long one's 3 of 100
+         * rows (slice_chunk 128), each in ceil(units / k) slices */
+        const uint64_t want_n = (uint64_t)(1 + 3) * (uint64_t)((nu + k - 1) / k);
+        cr_assert_eq(n, want_n, "%llu slices with %d units per slice, want %llu",
+                     (unsigned long long)n, k, (unsigned long long)want_n);
         for (int i = 0; i < 2; i++) {
             const int want = i ? GEN_LONG : GEN_SHORT;
             cr_assert_eq(whole[i].n, want);
@@ -212,7 +219,7 @@ Test(sched_slice, budget_slices_only_prompts_of_several_chunks)
     seen_set_t set = {q, 3};
     q[0].r = submit(&g, N_SHORT, 1, N_CTX - N_SHORT - 8);
     wait_progress(&g, &set, 0, 2); /* the stream decodes */
-    q[1].r = submit(&g, 100, 4, GEN_LONG); /* one chunk (--chunk 128) */
+    q[1].r = submit(&g, 100, 4, GEN_LONG); /* one chunk (--chunk 256) */
     wait_progress(&g, &set, 1, 0);
     cr_assert(!q[0].last, "the stream ended before the test could use it");
     sched_stats_t st;

@@ -30,7 +30,7 @@ typedef struct {
     const char *model, *http, *key_file, *model_id, *repack_dir, *cache_dir, *admin,
                *admin_key, *admin_clients;
     double grace;
-    int threads, ctx, max_running, max_queue, chunk, slice_units;
+    int threads, ctx, max_running, max_queue, chunk, slice_units, slice_chunk;
     double slice_budget;
     unsigned kv_flag;
     size_t kv_mem, max_body, max_header;
@@ -59,6 +59,8 @@ static void usage(FILE *f)
             "                       (default 2.5; 0: off, a chunk runs every layer at once)\n"
             "  --slice-units N      exactly N half layers per slice, also with nothing\n"
             "                       decoding (for tests; default 0: by --slice-budget)\n"
+            "  --slice-chunk N      prompt rows per chunk of a prompt that runs in slices\n"
+            "                       (default 128; shorter slices, slower prompt; 0: --chunk)\n"
             "  --no-prefix-cache    full KV blocks are not kept (default: a later prompt\n"
             "                       with the same start reuses them)\n"
             "  --api-key-file FILE  require one of the keys in FILE (one per line)\n"
@@ -116,7 +118,7 @@ static bool parse_secs(const char *s, double *out)
 static int parse_args(int argc, char **argv, args_t *a)
 {
     *a = (args_t){.http = "127.0.0.1:8080", .max_running = 8, .max_queue = 256, .chunk = 256,
-                  .slice_budget = 2.5,
+                  .slice_budget = 2.5, .slice_chunk = 128,
                   .max_body = 8u << 20, .max_header = 16u << 10, .read_timeout = 30,
                   .idle_timeout = 60, .grace = 30};
     for (int i = 1; i < argc; i++) {
@@ -176,6 +178,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--slice-budget") && !strcmp(v, "0")) a->slice_budget = 0;
         else if (!strcmp(o, "--slice-budget")) ok = parse_secs(v, &a->slice_budget) && a->slice_budget >= 1;
         else if (!strcmp(o, "--slice-units")) ok = ecs_parse_int(v, 0, 1 << 16, &a->slice_units);
+        else if (!strcmp(o, "--slice-chunk") && !strcmp(v, "0")) a->slice_chunk = 0;
+        else if (!strcmp(o, "--slice-chunk")) ok = ecs_parse_int(v, 2 * MODEL_MLA_EXPAND_ROWS, MODEL_MAX_BATCH, &a->slice_chunk);
         else if (!strcmp(o, "--kv-mem")) ok = parse_size(v, &a->kv_mem) && a->kv_mem > 0;
         else if (!strcmp(o, "--max-body")) ok = parse_size(v, &a->max_body) && a->max_body > 0;
         else if (!strcmp(o, "--max-header")) ok = parse_size(v, &a->max_header) && a->max_header >= 256;
@@ -292,7 +296,9 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
     sched_opts_t so = {.n_ctx = model_n_ctx_max(m), .kv_mem = a->kv_mem,
                        .max_running = a->max_running, .max_queue = a->max_queue, .chunk = a->chunk,
                        .prefix_cache = !a->no_prefix_cache, .slice_budget = a->slice_budget,
-                       .slice_units = a->slice_units, .kv_flag = a->kv_flag};
+                       .slice_units = a->slice_units,
+                       .slice_chunk = a->slice_chunk < a->chunk ? a->slice_chunk : 0,
+                       .kv_flag = a->kv_flag};
     sched_t *s = NULL;
     if (sched_new(m, tok, &so, &s) != ECS_OK)
         return fail("%s", ecs_errmsg());
