@@ -1,10 +1,12 @@
-/* mux.c - the coordinator's I/O thread: the only code that touches the
- * mux's sockets (control ROUTER, one DEALER per peer). It takes commands
- * from the queue (mux_api.c), sends calls, matches replies to calls through
- * a hash table keyed by request id, and completes them. */
+/* mux.c - the coordinator's socket work (control ROUTER, one DEALER per
+ * peer), run by the holder of the I/O role (mux.h): the I/O thread, or a
+ * caller that found the role free. It takes commands from the queue
+ * (mux_api.c), sends calls, matches replies to calls through a hash table
+ * keyed by request id, and completes them. */
 #include "mux_impl.h"
 
 #include <errno.h>
+#include <sys/epoll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -261,6 +263,7 @@ static void do_connect(mux_t *m, cmd_t *c)
     }
     zu_short_slice_zmq(); /* the context's I/O threads exist now */
     p->sock = s;
+    m->sock_gen++;
     snprintf(p->endpoint, sizeof p->endpoint, "%s", c->endpoint);
     atomic_store(&p->connected, true);
     m->peers[n] = p;
@@ -281,6 +284,7 @@ static void peer_close(mux_t *m, int id, const char *why)
     zmq_socket_monitor(p->sock, NULL, 0);
     zmq_close(p->sock);
     p->sock = NULL;
+    m->sock_gen++;
     if (p->mon)
         zmq_close(p->mon);
     p->mon = NULL;
@@ -580,47 +584,151 @@ static int build_items(mux_t *m)
     return n;
 }
 
+int mux_io_pass(mux_t *m, int timeout_ms)
+{
+    const int n = build_items(m);
+    const int got = zmq_poll(m->items, n, timeout_ms);
+    if (got < 0)
+        return zmq_errno() == EINTR ? 0 : -1;
+    if (m->held)
+        mux_netem_release(m, call_send_now, data_msg);
+    for (int i = 0; i < n; i++) {
+        const short rev = m->items[i].revents;
+        if (!rev)
+            continue;
+        const int who = m->item_peer[i];
+        if (who == -1) {
+            uint64_t v;
+            if (read(m->efd, &v, sizeof v) < 0) { /* spurious: nothing to reset */ }
+            drain_queue(m);
+        } else if (who == -2) {
+            ctrl_in(m);
+        } else if (who == MUX_ITEM_CTRL_MON) { /* logs refused handshakes */
+            for (int k = 0; k < MUX_BATCH && zu_monitor_event(m->ctrl_mon,
+                                                               "coordinator control", NULL);
+                 k++) {
+            }
+        } else if (who <= -3) {
+            if (m->peers[-3 - who]->sock)
+                monitor_in(m, -3 - who);
+        } else {
+            if (rev & ZMQ_POLLIN)
+                data_in(m, who);
+            if ((rev & ZMQ_POLLOUT) && m->peers[who]->sock)
+                peer_flush(m, m->peers[who]);
+        }
+    }
+    return got;
+}
+
+/* Role held: handles everything that is ready now. After it, every socket
+ * is read to empty (ZMQ_EVENTS says so), and ZeroMQ signals its ZMQ_FD on
+ * the next change: the I/O thread, asleep in poll() on those, sees it. */
+static void settle(mux_t *m)
+{
+    for (int i = 0; i < 64 && !m->stopping && mux_io_pass(m, 0) > 0; i++) {
+    }
+}
+
+bool mux_role_try(mux_t *m)
+{
+    if (m->net.on || pthread_mutex_trylock(&m->role) != 0)
+        return false;
+    if (m->stopping) {
+        pthread_mutex_unlock(&m->role);
+        return false;
+    }
+    return true;
+}
+
+/* The I/O thread's sockets in its epoll set: on (EPOLLIN) or off. */
+static void io_arm(mux_t *m, bool on)
+{
+    struct epoll_event ev = {.events = on ? EPOLLIN : 0};
+    if (m->io_inner >= 0 && epoll_ctl(m->io_ep, EPOLL_CTL_MOD, m->io_inner, &ev) == 0)
+        m->io_disarmed = !on;
+}
+
+void mux_role_lead(mux_t *m) { io_arm(m, false); }
+
+void mux_role_put(mux_t *m)
+{
+    settle(m);
+    if (m->io_disarmed) /* level-triggered: what came after settle wakes it */
+        io_arm(m, true);
+    /* no wake-up needed: a command (a socket opened or closed, the stop)
+     * came through the queue, whose eventfd the I/O thread always watches;
+     * it runs as soon as it gets the role and rebuilds its set */
+    pthread_mutex_unlock(&m->role);
+}
+
+void mux_role_call(mux_t *m, mux_call_t *c)
+{
+    drain_queue(m); /* the caller's earlier calls, queued while the role was taken */
+    do_call(m, c);
+}
+
+/* Role held: a fresh io_inner with the ZMQ_FD of every socket (ZeroMQ's
+ * documented way to wait on a socket from an event loop; a plain fd, safe
+ * to wait on while another thread uses the socket), in io_ep. */
+static void io_rebuild(mux_t *m)
+{
+    if (m->io_inner >= 0)
+        close(m->io_inner); /* leaves io_ep with it */
+    m->io_inner = epoll_create1(EPOLL_CLOEXEC);
+    m->io_disarmed = false;
+    m->io_gen = m->sock_gen;
+    if (m->io_inner < 0)
+        return;
+    const int n = build_items(m);
+    for (int i = 0; i < n; i++) {
+        int fd = m->items[i].fd;
+        size_t len = sizeof fd;
+        if (m->items[i].socket && zmq_getsockopt(m->items[i].socket, ZMQ_FD, &fd, &len) != 0)
+            continue;
+        if (fd == m->efd)
+            continue; /* in io_ep itself: a leader never disarms it */
+        struct epoll_event ev = {.events = EPOLLIN};
+        epoll_ctl(m->io_inner, EPOLL_CTL_ADD, fd, &ev);
+    }
+    struct epoll_event ev = {.events = EPOLLIN};
+    if (epoll_ctl(m->io_ep, EPOLL_CTL_ADD, m->io_inner, &ev) != 0) {
+        close(m->io_inner);
+        m->io_inner = -1;
+    }
+}
+
 void *mux_io_main(void *arg)
 {
     mux_t *m = arg;
-    /* every call and reply passes through this thread: woken while the
-     * caller's compute threads hold the cores, it must run at once */
+    /* every call and reply passes through this thread when no caller holds
+     * the role: woken while the caller's compute threads hold the cores, it
+     * must run at once */
     zu_short_slice();
+    pthread_mutex_lock(&m->role);
     while (!m->stopping) {
-        const int n = build_items(m);
-        if (zmq_poll(m->items, n, m->held ? mux_netem_timeout(m) : -1) < 0) {
-            if (zmq_errno() == EINTR)
-                continue;
+        if (m->net.on || m->io_ep < 0) { /* ECS_TEST_NET (held messages need a timer): keep the role */
+            if (mux_io_pass(m, m->held ? mux_netem_timeout(m) : -1) < 0)
+                break;
+            continue;
+        }
+        settle(m);
+        if (m->stopping)
+            break;
+        if (m->io_inner < 0 || m->io_gen != m->sock_gen)
+            io_rebuild(m);
+        if (m->io_inner < 0) {
+            close(m->io_ep);
+            m->io_ep = -1;
+            continue;
+        }
+        pthread_mutex_unlock(&m->role);
+        struct epoll_event ev[2];
+        if (epoll_wait(m->io_ep, ev, 2, -1) < 0 && errno != EINTR) {
+            pthread_mutex_lock(&m->role);
             break;
         }
-        if (m->held)
-            mux_netem_release(m, call_send_now, data_msg);
-        for (int i = 0; i < n; i++) {
-            const short rev = m->items[i].revents;
-            if (!rev)
-                continue;
-            const int who = m->item_peer[i];
-            if (who == -1) {
-                uint64_t v;
-                if (read(m->efd, &v, sizeof v) < 0) { /* spurious: nothing to reset */ }
-                drain_queue(m);
-            } else if (who == -2) {
-                ctrl_in(m);
-            } else if (who == MUX_ITEM_CTRL_MON) { /* logs refused handshakes */
-                for (int k = 0; k < MUX_BATCH && zu_monitor_event(m->ctrl_mon,
-                                                                   "coordinator control", NULL);
-                     k++) {
-                }
-            } else if (who <= -3) {
-                if (m->peers[-3 - who]->sock)
-                    monitor_in(m, -3 - who);
-            } else {
-                if (rev & ZMQ_POLLIN)
-                    data_in(m, who);
-                if ((rev & ZMQ_POLLOUT) && m->peers[who]->sock)
-                    peer_flush(m, m->peers[who]);
-            }
-        }
+        pthread_mutex_lock(&m->role);
     }
     /* stop: refuse new commands, fail what is queued and in flight */
     pthread_mutex_lock(&m->lock);
@@ -632,5 +740,6 @@ void *mux_io_main(void *arg)
         peer_close(m, i, "mux stopped");
     table_fail(m, -1, "mux stopped");
     mux_netem_free(m);
+    pthread_mutex_unlock(&m->role); /* stopping: no caller takes it now */
     return NULL;
 }

@@ -1,18 +1,47 @@
 /* mux.h - multiplexed expert calls over ZeroMQ (tcp:// and ipc://): the
  * coordinator's side (mux_t) and the worker's side (mux_server_t).
  *
- * Contract, coordinator side. mux_new() starts one I/O thread that owns
- * every socket of the mux: the control ROUTER (workers' Hello, Ready,
- * Heartbeat, Error, Stats come in there) and one DEALER per peer (a worker's
- * data endpoint). Other threads never touch a socket: mux_submit() encodes
- * the call's header and copies its payload into a message in the calling
- * thread, then hands it to the I/O thread through a queue woken by an
- * eventfd. Any number of calls may be in flight per peer; replies come back
- * in any order and complete the call with the same request id (the mux
- * assigns ids, unique per mux). A reply whose id is not in flight on that
- * peer is dropped and counted (duplicate_replies when the id completed
- * recently, unknown_ids otherwise). Waiting threads sleep on a condition
- * variable; the I/O thread sleeps in zmq_poll. Nothing spins.
+ * Contract, coordinator side. mux_new() starts one I/O thread; the mux's
+ * sockets are the control ROUTER (workers' Hello, Ready, Heartbeat, Error,
+ * Stats come in there) and one DEALER per peer (a worker's data endpoint).
+ * mux_submit() encodes the call's header and copies its payload into a
+ * message in the calling thread. Any number of calls may be in flight per
+ * peer; replies come back in any order and complete the call with the
+ * same request id (the mux assigns ids, unique per mux). A reply whose id
+ * is not in flight on that peer is dropped and counted (duplicate_replies
+ * when the id completed recently, unknown_ids otherwise). Nothing spins.
+ *
+ * One thread at a time touches the sockets: the holder of the I/O role (a
+ * mutex). The project's rule is one owner thread per socket, the others
+ * handing it work through a queue; the role keeps the one owner but lets
+ * the ownership move, explicitly, under the mutex, whose lock and unlock
+ * are the full memory barriers ZeroMQ asks for to move a socket to
+ * another thread. Why: with a fixed I/O thread every round trip paid two
+ * hand-offs between threads (the caller woke the I/O thread through an
+ * eventfd, the I/O thread woke the caller through a condition variable),
+ * a scheduler wake-up each, which a raw libzmq client does not pay
+ * (docs/benchmarks.md, "Transport round trip"). Now:
+ *   - the I/O thread holds the role while it works and drops it while it
+ *     sleeps, in epoll_wait on the queue's eventfd and every socket's
+ *     ZMQ_FD (ZeroMQ's way to wait on a socket from an event loop: a plain
+ *     fd, safe to wait on while another thread uses the socket);
+ *   - mux_submit() that finds the role free sends from the caller's thread
+ *     (after any of its calls queued earlier); otherwise it queues the call
+ *     and wakes the holder through the eventfd, as before;
+ *   - mux_wait() that finds the role free polls the sockets itself until
+ *     its calls are done (handling whatever else comes: other threads'
+ *     replies and commands, control messages), having first taken the
+ *     sockets out of the I/O thread's epoll set so that its reply wakes
+ *     one thread, not two; otherwise it sleeps on a condition variable and
+ *     the holder completes its calls, as before;
+ *   - whoever gives the role back first handles everything already there,
+ *     so that the next change of any socket shows on its ZMQ_FD, and puts
+ *     the sockets back into the I/O thread's epoll set (level-triggered:
+ *     what came meanwhile wakes it). Commands (connect, disconnect, stop)
+ *     always go through the queue, whose eventfd the I/O thread always
+ *     watches: it rebuilds its set when sockets came or went.
+ * Under ECS_TEST_NET the I/O thread keeps the role (held messages need its
+ * timer) and callers always go through the queue.
  *
  * A call completes exactly once, with one of:
  *   err ECS_OK, status WIRE_ST_OK   rows in payload: n_entries rows of n_embd

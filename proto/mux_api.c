@@ -1,13 +1,16 @@
 /* mux_api.c - the coordinator mux's functions that caller threads run:
  * lifecycle, the command queue, submit (encode and copy in the caller's
- * thread), wait (condition variables, no spinning), results, counters and
- * the control inbox. Sockets are touched only by the I/O thread (mux.c). */
+ * thread; sent from it too when the I/O role is free), wait (the role's
+ * holder polls, the others sleep on condition variables, nothing spins),
+ * results, counters and the control inbox. Sockets are touched only by the
+ * role's holder (mux.c). */
 #include "mux_impl.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -78,10 +81,11 @@ ecs_err_t mux_new(const mux_opts_t *opts, mux_t **out)
     if (!m)
         return ecs_error(ECS_ERR_NOMEM, "mux: out of memory");
     ecs_err_t e = ECS_OK;
-    m->efd = -1;
+    m->efd = m->io_ep = m->io_inner = -1;
     m->hwm = opts && opts->hwm > 0 ? opts->hwm : MUX_DEFAULT_HWM;
     atomic_init(&m->next_id, 1);
     pthread_mutex_init(&m->lock, NULL);
+    pthread_mutex_init(&m->role, NULL);
     pthread_cond_init(&m->cmd_cond, NULL);
     pthread_cond_init(&m->ctrl_cond, NULL);
     if (!(m->zctx = zmq_ctx_new())) {
@@ -90,6 +94,12 @@ ecs_err_t mux_new(const mux_opts_t *opts, mux_t **out)
     }
     if ((m->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
         e = ecs_error(ECS_ERR_IO, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    struct epoll_event ev = {.events = EPOLLIN};
+    if ((m->io_ep = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+        epoll_ctl(m->io_ep, EPOLL_CTL_ADD, m->efd, &ev) != 0) {
+        e = ecs_error(ECS_ERR_IO, "epoll: %s", strerror(errno));
         goto fail;
     }
     if (opts && opts->curve.key) {
@@ -161,9 +171,14 @@ void mux_free(mux_t *m)
         zmq_ctx_term(m->zctx);
     if (m->efd >= 0)
         close(m->efd);
+    if (m->io_inner >= 0)
+        close(m->io_inner);
+    if (m->io_ep >= 0)
+        close(m->io_ep);
     pthread_cond_destroy(&m->cmd_cond);
     pthread_cond_destroy(&m->ctrl_cond);
     pthread_mutex_destroy(&m->lock);
+    pthread_mutex_destroy(&m->role);
     free(m);
 }
 
@@ -252,6 +267,11 @@ ecs_err_t mux_call_send(mux_t *m, mux_call_t *c)
     c->t_submit = zu_now_ns();
     if (mux_shm_send(m, p, c))
         return ECS_OK;
+    if (mux_role_try(m)) { /* nobody does I/O now: send from this thread */
+        mux_role_call(m, c);
+        mux_role_put(m);
+        return ECS_OK;
+    }
     if (!mux_enqueue(m, &c->cmd)) {
         SUB(p->calls_in_flight, 1);
         SUB(p->rows_in_flight, c->n_rows);
@@ -276,6 +296,37 @@ ecs_err_t mux_submit(mux_t *m, int peer, wire_call_t *wc, mux_call_t **out)
     return e;
 }
 
+static bool all_done(mux_call_t *const *calls, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!atomic_load_explicit(&calls[i]->done, memory_order_acquire))
+            return false;
+    return true;
+}
+
+/* The I/O role, if free: this thread polls the sockets itself until its
+ * calls are done or the deadline (ns, 0: none) passed, handling whatever
+ * comes (other threads' replies and commands too), then hands the role
+ * back. No thread hand-off on the way: the reply wakes this thread. */
+static void lead(mux_t *m, mux_call_t *const *calls, int n, uint64_t dl_ns)
+{
+    if (all_done(calls, n) || !mux_role_try(m))
+        return;
+    mux_role_lead(m);
+    while (!all_done(calls, n) && !m->stopping) {
+        int ms = -1;
+        if (dl_ns) {
+            const uint64_t now = zu_now_ns();
+            if (now >= dl_ns)
+                break;
+            ms = (int)((dl_ns - now + 999999ull) / 1000000ull);
+        }
+        if (mux_io_pass(m, ms) < 0)
+            break;
+    }
+    mux_role_put(m);
+}
+
 int mux_wait(mux_t *m, mux_call_t *const *calls, int n, int timeout_ms)
 {
     /* calls on a shared-memory plane: this thread reads their results off
@@ -284,6 +335,7 @@ int mux_wait(mux_t *m, mux_call_t *const *calls, int n, int timeout_ms)
     for (int i = 0; i < n; i++)
         if (calls[i]->shm && !atomic_load(&calls[i]->done))
             mux_shm_wait(m, calls[i], dl_ns);
+    lead(m, calls, n, dl_ns);
     if (timeout_ms >= 0) {
         const uint64_t now = zu_now_ns();
         timeout_ms = now >= dl_ns ? 0 : (int)((dl_ns - now) / 1000000ull);

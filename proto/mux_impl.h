@@ -1,6 +1,8 @@
 /* mux_impl.h - private to proto/: the coordinator mux's state, shared by
- * mux.c (the I/O thread, the only code that touches a socket) and
- * mux_api.c (what caller threads run: submit, wait, stats, control inbox). */
+ * mux.c (the socket work, done by the holder of the I/O role: the I/O
+ * thread or a caller that found the role free, see mux.h) and mux_api.c
+ * (what caller threads run: submit, wait, stats, control inbox). "I/O
+ * thread only" below means: the role's holder only. */
 #ifndef ECS_PROTO_MUX_IMPL_H
 #define ECS_PROTO_MUX_IMPL_H
 
@@ -107,6 +109,21 @@ struct mux {
     int efd;
     int hwm;
     pthread_mutex_t lock;      /* queue, completions, inbox, command results, last_error */
+    /* The I/O role (see mux.h): whoever holds it is the one thread that
+     * touches the sockets and the "I/O thread only" fields below. The I/O
+     * thread holds it but while it sleeps in poll(); a caller that finds it
+     * free sends and receives itself. Lock and unlock are the full memory
+     * barriers ZeroMQ asks for to move a socket between threads. Taken
+     * before lock, never the other way. */
+    pthread_mutex_t role;
+    unsigned sock_gen;         /* bumped when a socket opens or closes (role) */
+    /* The I/O thread sleeps in epoll_wait on io_ep: the eventfd and io_inner,
+     * an epoll set of every socket's ZMQ_FD (rebuilt when sock_gen moves).
+     * A caller that leads disarms io_inner there, so that the reply it
+     * waits for does not wake the I/O thread too; mux_role_put re-arms it. */
+    int io_ep, io_inner;
+    unsigned io_gen;           /* sock_gen io_inner was built for */
+    bool io_disarmed;          /* under role */
     pthread_cond_t cmd_cond, ctrl_cond;
     cmd_t *q_head, *q_tail;
     bool closed;               /* the I/O thread has stopped taking commands */
@@ -168,6 +185,19 @@ void mux_call_unref(mux_call_t *c);
 bool mux_enqueue(mux_t *m, cmd_t *c);
 /* Enqueues a synchronous command and sleeps until the I/O thread did it. */
 ecs_err_t mux_run_sync(mux_t *m, cmd_t *c);
+/* The I/O role for a caller thread: true if it was free (and the mux not
+ * stopping, not emulating a network); the caller then does the I/O
+ * itself and gives the role back with mux_role_put. */
+bool mux_role_try(mux_t *m);
+void mux_role_put(mux_t *m);
+/* Role held, about to wait for replies: the I/O thread is not woken by
+ * the sockets until mux_role_put. */
+void mux_role_lead(mux_t *m);
+/* Role held: runs the queued commands, then sends c (mux_call_send). */
+void mux_role_call(mux_t *m, mux_call_t *c);
+/* Role held: one zmq_poll of every socket (timeout_ms, -1: no limit) and
+ * what it found handled; the number of sockets that had something. */
+int mux_io_pass(mux_t *m, int timeout_ms);
 /* NULL for an id that was never connected. */
 peer_t *mux_get_peer(mux_t *m, int peer);
 /* The I/O thread. */

@@ -10,7 +10,10 @@
  * plane (proto/dplane: calls and results in rings, futex wake-ups) against
  * the ipc raw ping-pong.
  *
- * usage: bench_rtt [--quick] [--iters N] */
+ * The raw and the mux round trips alternate call by call (one of each per
+ * iteration), so that a change of load on a shared host weighs on both.
+ *
+ * usage: bench_rtt [--quick] [--iters N] [--only ipc,tcp,curve,shm] */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,69 +156,83 @@ static stat_t summarize(uint64_t *t, int n)
     return (stat_t){t[n / 2], t[(int)((double)n * 0.99)]};
 }
 
-static stat_t run_raw(void *dealer, const float *x, int rows, int iters, uint64_t *t)
+/* One raw round trip (payload echoed by serve_raw); ns. */
+static uint64_t raw_once(void *dealer, const float *x, size_t bytes)
 {
-    const size_t bytes = (size_t)rows * EMBD * sizeof(float);
-    for (int i = -iters / 10; i < iters; i++) { /* the first tenth warms up */
-        const uint64_t t0 = now_ns();
-        zmq_send(dealer, x, bytes, 0);
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        zmq_msg_recv(&m, dealer, 0);
-        if (zmq_msg_size(&m) != bytes)
-            fprintf(stderr, "raw: short echo\n");
-        zmq_msg_close(&m);
-        if (i >= 0)
-            t[i] = now_ns() - t0;
-    }
-    return summarize(t, iters);
+    const uint64_t t0 = now_ns();
+    zmq_send(dealer, x, bytes, 0);
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    zmq_msg_recv(&m, dealer, 0);
+    if (zmq_msg_size(&m) != bytes)
+        fprintf(stderr, "raw: short echo\n");
+    zmq_msg_close(&m);
+    return now_ns() - t0;
 }
 
-static stat_t run_mux(mux_t *m, int peer, const float *x, int rows, int iters, uint64_t *t)
+/* One ExpertCall of `rows` rows through the mux; ns. */
+static uint64_t mux_once(mux_t *m, int peer, const float *x, int rows)
 {
     uint32_t expert = 5, count = (uint32_t)rows, idx[MAX_ROWS], slot[MAX_ROWS];
     for (int i = 0; i < rows; i++) {
         idx[i] = (uint32_t)i;
         slot[i] = 0;
     }
-    for (int i = -iters / 10; i < iters; i++) {
-        wire_call_t c = {.layer = 1, .n_rows = (uint32_t)rows, .n_embd = EMBD,
-                         .dtype = ECS_TYPE_F32, .k = 1, .n_experts = 1, .experts = &expert,
-                         .expert_counts = &count, .n_entries = (size_t)rows, .row_index = idx,
-                         .slot = slot, .result_dtype = ECS_TYPE_F32, .payload = x,
-                         .payload_bytes = (size_t)rows * EMBD * sizeof(float)};
-        const uint64_t t0 = now_ns();
-        mux_call_t *call;
-        if (mux_submit(m, peer, &c, &call) != ECS_OK) {
-            fprintf(stderr, "submit: %s\n", ecs_errmsg());
-            exit(1);
-        }
-        if (mux_wait(m, &call, 1, 10000) != 0 || mux_call_result(call)->err != ECS_OK ||
-            mux_call_result(call)->status != WIRE_ST_OK) {
-            fprintf(stderr, "call failed\n");
-            exit(1);
-        }
-        mux_call_release(call);
-        if (i >= 0)
-            t[i] = now_ns() - t0;
+    wire_call_t c = {.layer = 1, .n_rows = (uint32_t)rows, .n_embd = EMBD,
+                     .dtype = ECS_TYPE_F32, .k = 1, .n_experts = 1, .experts = &expert,
+                     .expert_counts = &count, .n_entries = (size_t)rows, .row_index = idx,
+                     .slot = slot, .result_dtype = ECS_TYPE_F32, .payload = x,
+                     .payload_bytes = (size_t)rows * EMBD * sizeof(float)};
+    const uint64_t t0 = now_ns();
+    mux_call_t *call;
+    if (mux_submit(m, peer, &c, &call) != ECS_OK) {
+        fprintf(stderr, "submit: %s\n", ecs_errmsg());
+        exit(1);
     }
-    return summarize(t, iters);
+    if (mux_wait(m, &call, 1, 10000) != 0 || mux_call_result(call)->err != ECS_OK ||
+        mux_call_result(call)->status != WIRE_ST_OK) {
+        fprintf(stderr, "call failed\n");
+        exit(1);
+    }
+    mux_call_release(call);
+    return now_ns() - t0;
+}
+
+/* raw and mux round trips alternating, one of each per iteration (a
+ * change of load on the shared host hits both alike); tr[0..n) raw,
+ * tq[0..n) mux. */
+static void run_pair(void *dealer, mux_t *m, int peer, const float *x, int rows, int iters,
+                     uint64_t *tr, uint64_t *tq, stat_t *r, stat_t *q)
+{
+    const size_t bytes = (size_t)rows * EMBD * sizeof(float);
+    for (int i = -iters / 10; i < iters; i++) { /* the first tenth warms up */
+        const uint64_t a = raw_once(dealer, x, bytes), b = mux_once(m, peer, x, rows);
+        if (i >= 0) {
+            tr[i] = a;
+            tq[i] = b;
+        }
+    }
+    *r = summarize(tr, iters);
+    *q = summarize(tq, iters);
 }
 
 int main(int argc, char **argv)
 {
     int iters = 2000;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             iters = 200;
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
     }
     if (iters < 10)
         iters = 10;
     float *x = aligned_alloc(64, (size_t)MAX_ROWS * EMBD * sizeof(float));
-    uint64_t *t = malloc((size_t)iters * sizeof *t);
-    if (!x || !t)
+    uint64_t *t = malloc((size_t)iters * sizeof *t), *t2 = malloc((size_t)iters * sizeof *t2);
+    if (!x || !t || !t2)
         return 1;
     for (int i = 0; i < MAX_ROWS * EMBD; i++)
         x[i] = (float)i;
@@ -235,6 +252,8 @@ int main(int argc, char **argv)
     if (zmq_curve_keypair(g_skp.pub, g_skp.sec) || zmq_curve_keypair(g_ckp.pub, g_ckp.sec))
         return 1;
     for (int k = 0; k < 4; k++) {
+        if (only && !strstr(only, tr[k]))
+            continue;
         g_curve = k == 2;
         char bind_raw[128], bind_mux[128], ep_raw[256], ep_mux[256];
         dplane_shm_t *seg = NULL;
@@ -276,8 +295,8 @@ int main(int argc, char **argv)
         }
         for (int rows = 1; rows <= MAX_ROWS; rows *= 2) {
             const int n = rows >= 16 ? iters / 4 : iters;
-            stat_t r = run_raw(dealer, x, rows, n, t);
-            stat_t q = run_mux(m, peer, x, rows, n, t);
+            stat_t r, q;
+            run_pair(dealer, m, peer, x, rows, n, t, t2, &r, &q);
             printf("%-4s %5d %9zu %8.1fus %8.1fus %8.1fus %8.1fus %7.2f\n", tr[k], rows,
                    (size_t)rows * EMBD * sizeof(float), r.med / 1e3, r.p99 / 1e3, q.med / 1e3,
                    q.p99 / 1e3, (double)q.med / (double)r.med);
@@ -291,5 +310,6 @@ int main(int argc, char **argv)
     }
     free(x);
     free(t);
+    free(t2);
     return 0;
 }
