@@ -298,7 +298,7 @@ ecs_err_t dispatch_connect_peer(dispatch_t *d, int wi, int *peer)
     if (!seg)
         return ECS_OK;
     if (!dplane_shm_attached(seg)) { /* the worker could not open it: another host */
-        if (dispatch_plane_mode(getenv("ECS_DATA_PLANE")) == 3 || d->o.data_plane == 3)
+        if (dispatch_plane_of(&d->o) == 3)
             fprintf(stderr, "dispatch: worker %s did not attach its shared-memory plane: its "
                     "calls go on ZeroMQ\n", w->id);
         dplane_shm_free(seg);
@@ -333,9 +333,7 @@ static void offer_shm(dispatch_t *d, dispatch_worker_t *w, const wire_hello_t *h
     dplane_shm_free(w->shm); /* an earlier Welcome's, never connected */
     w->shm = NULL;
     char host[256];
-    int mode = d->o.data_plane;
-    if (!mode && (mode = dispatch_plane_mode(getenv("ECS_DATA_PLANE"))) < 0)
-        mode = 0;
+    const int mode = dispatch_plane_of(&d->o);
     if (mode < 2 || gethostname(host, sizeof host) != 0)
         return;
     host[sizeof host - 1] = 0;

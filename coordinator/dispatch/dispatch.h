@@ -130,7 +130,7 @@ typedef struct {
                                  * ZeroMQ), 2 auto (a worker on this host gets a
                                  * shared-memory plane, docs/protocol.md), 3 shm (the same,
                                  * and says so when a worker cannot take it); 0: the
-                                 * environment's ECS_DATA_PLANE, else zmq */
+                                 * environment's ECS_DATA_PLANE, else auto */
     size_t shm_ring_bytes;      /* each ring of a shared-memory plane; 0: DISPATCH_SHM_RING */
     int micro_batches;          /* --micro-batches: steps cut into this many, attention of
                                  * one while another's experts are out; 0: 1 */
@@ -240,6 +240,9 @@ void dispatch_op_status(dispatch_t *d, char *buf, size_t cap);
     "                     kernels compute from, to workers that take them) or f32\n"     \
     "  --wire-result f32|bf16  result rows back: f32 (default, exact) or bf16 (half the\n" \
     "                     bytes, logits no longer bit-identical to one process)\n"    \
+    "  --data-plane auto|shm|zmq  auto (default): workers on this host take their\n"     \
+    "                     decode calls through shared memory, others ZeroMQ; shm: the\n"    \
+    "                     same, saying when a worker cannot; zmq: every call on ZeroMQ\n"   \
     "  --micro-batches N  cut each step of several rows into N (1-4, default 1): one's\n" \
     "                     attention runs while another's experts are out (same logits)\n"
 
@@ -247,6 +250,10 @@ void dispatch_op_status(dispatch_t *d, char *buf, size_t cap);
 bool dispatch_opt_takes_value(const char *opt);
 /* "zmq" 1, "auto" 2, "shm" 3, NULL or "" 0; -1 for anything else. */
 int dispatch_plane_mode(const char *v);
+/* The plane o asks for: --data-plane, else ECS_DATA_PLANE, else 2 (auto:
+ * a worker on another host, or one that cannot map the segment, keeps
+ * ZeroMQ, so auto is never worse than zmq for correctness). */
+int dispatch_plane_of(const dispatch_opts_t *o);
 /* Applies opt (and its value v) to o: 1 taken, 0 not a dispatcher
  * option, -1 bad value (ecs_errmsg says why). */
 int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v);

@@ -21,6 +21,18 @@ int dispatch_plane_mode(const char *v)
                           : !strcmp(v, "shm") ? 3 : -1;
 }
 
+int dispatch_plane_of(const dispatch_opts_t *o)
+{
+    if (o->data_plane > 0)
+        return o->data_plane;
+    const int env = dispatch_plane_mode(getenv("ECS_DATA_PLANE"));
+    /* auto by default: on the full ds2-lite a worker through shared memory
+     * decoded at 1.02x/0.90x of one process against ZeroMQ's 1.15x/0.84x,
+     * 2 workers 0.93x/0.72x against 0.78x/0.52x (docs/benchmarks.md,
+     * "Quiet run of 2026-12-02") */
+    return env > 0 ? env : 2;
+}
+
 bool dispatch_opt_takes_value(const char *opt)
 {
     for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++)

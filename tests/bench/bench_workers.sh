@@ -7,6 +7,9 @@
 # usage: tests/bench/bench_workers.sh BUILD_DIR [MODEL] [ROUNDS] [-- ECS-RUN ARGS]
 #   MODEL   default models/ds2-lite-q4_k_m.gguf (made by bench_model.sh)
 #   ROUNDS  default 3
+#   LAYOUTS (environment) other layouts to compare with one process, split
+#           at ';', e.g. LAYOUTS="--spawn-workers 2;--spawn-workers 2
+#           --replication 2" (default: 1 worker; 2 workers)
 set -euo pipefail
 build=${1:?usage: bench_workers.sh BUILD_DIR [MODEL] [ROUNDS] [-- ARGS]}
 model=${2:-models/ds2-lite-q4_k_m.gguf}
@@ -20,6 +23,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 layouts=("" "--spawn-workers 1" "--spawn-workers 2")
 names=("one-process" "1 worker" "2 workers")
+if [ -n "${LAYOUTS:-}" ]; then
+    IFS=';' read -r -a more <<<"$LAYOUTS"
+    layouts=("" "${more[@]}")
+    names=("one-process" "${more[@]}")
+fi
 
 echo "== bench_workers: $(basename "$model"), $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC') =="
 echo "load before: $(uptime)"
@@ -33,13 +41,15 @@ for r in $(seq "$rounds"); do
         t=$(awk '$1 ~ /^tg[0-9]+$/ && $2 != "@" {for (f = 2; f <= NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$tmp/out")
         pp[$r,$i]=$p
         tg[$r,$i]=$t
-        printf "round %d  %-12s pp512 %8s tok/s   tg32 %8s tok/s\n" "$r" "${names[$i]}" "$p" "$t"
+        printf "round %d  %-45s pp512 %8s tok/s   tg32 %8s tok/s\n" "$r" "${names[$i]}" "$p" "$t"
         [ "$r" = "$rounds" ] && grep -E "per token|imbalance" "$tmp/err" | sed 's/^/    /' || true
     done
-    printf "round %d  ratios to one-process: pp512 %s / %s   tg32 %s / %s\n" "$r" \
-        "$(awk -v a="${pp[$r,1]}" -v b="${pp[$r,0]}" 'BEGIN {printf "%.2f", a / b}')" \
-        "$(awk -v a="${pp[$r,2]}" -v b="${pp[$r,0]}" 'BEGIN {printf "%.2f", a / b}')" \
-        "$(awk -v a="${tg[$r,1]}" -v b="${tg[$r,0]}" 'BEGIN {printf "%.2f", a / b}')" \
-        "$(awk -v a="${tg[$r,2]}" -v b="${tg[$r,0]}" 'BEGIN {printf "%.2f", a / b}')"
+    for i in "${!layouts[@]}"; do
+        [ "$i" = 0 ] && continue
+        printf "round %d  ratio to one-process  %-45s pp512 %s  tg32 %s  (load %s)\n" "$r" "${names[$i]}" \
+            "$(awk -v a="${pp[$r,$i]}" -v b="${pp[$r,0]}" 'BEGIN {printf "%.2f", a / b}')" \
+            "$(awk -v a="${tg[$r,$i]}" -v b="${tg[$r,0]}" 'BEGIN {printf "%.2f", a / b}')" \
+            "$(cut -d' ' -f1 /proc/loadavg)"
+    done
 done
 echo "load after: $(uptime)"

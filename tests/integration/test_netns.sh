@@ -57,9 +57,13 @@ ctl="tcp://0.0.0.0:5550"
 ip netns exec "$nsc" "$build/bin/ecs-coordinator" -m "$model" --http 127.0.0.1:8081 \
     --threads 1 --no-repack >"$tmp/ref.log" 2>&1 &
 pids+=($!)
+# --data-plane zmq: the namespaces share the host name and /dev/shm, so the
+# default (auto) would give the workers the shared-memory plane, and the
+# decode calls would miss the links and the emulated faults under test
 ip netns exec "$nsc" env ECS_TEST_NET="delay_ms=2,jitter_ms=3,drop=0.015,seed=17" \
     "$build/bin/ecs-coordinator" -m "$model" --http 127.0.0.1:8080 --threads 1 --no-repack \
     --control "$ctl" --min-workers 3 --replication 2 --call-timeout 8000 --call-retry 150 \
+    --data-plane zmq \
     >"$tmp/coord.log" 2>&1 &
 coord=$!; pids+=("$coord")
 wpids=()

@@ -8,8 +8,10 @@
 # survived; ecs-worker holds no coordinator symbol; steps cut into
 # micro-batches in ping-pong (--micro-batches) give the same logits and
 # text, and the option is refused without workers.
-# The layouts run on ZeroMQ only (the default), and some on the same-host
-# shared-memory plane (--data-plane shm|auto, docs/protocol.md) too.
+# The layouts run on the same-host shared-memory plane (the default,
+# --data-plane auto, docs/protocol.md), some on ZeroMQ only
+# (--data-plane zmq) too; a worker that reports another host name, or
+# that cannot map the segment, falls back to ZeroMQ with the same logits.
 # usage: tests/integration/test_workers.sh BUILD_DIR   (from the repo root)
 set -u
 build=${1:?usage: test_workers.sh BUILD_DIR}
@@ -62,19 +64,18 @@ EOF
              "--spawn-workers 2 --wire-act f32"
              "--spawn-workers 1 --micro-batches 2" "--spawn-workers 2 --micro-batches 2"
              "--spawn-workers 2 --micro-batches 3"
-             "--spawn-workers 1 --data-plane shm" "--spawn-workers 3 --data-plane shm"
-             "--spawn-workers 3 --replication 2 --data-plane shm"
-             "--spawn-workers 2 --micro-batches 2 --data-plane shm"
-             "--spawn-workers 2 --data-plane auto --wire-act f32")
+             "--spawn-workers 1 --data-plane zmq" "--spawn-workers 3 --data-plane zmq"
+             "--spawn-workers 3 --replication 2 --data-plane zmq"
+             "--spawn-workers 2 --micro-batches 2 --data-plane zmq"
+             "--spawn-workers 2 --data-plane shm --wire-act f32")
     for lay in "${layouts[@]}"; do
         out="$tmp/$name-w.json"
         if ! dump "$model" "$out" $lay; then
             bad "$name [$lay]: ecs-run failed: $(tail -3 "$out.err")"
-        elif [[ "$lay" == *"--data-plane s"* || "$lay" == *"--data-plane a"* ]] &&
-             ! grep -q "through shared memory" "$out.err"; then
-            bad "$name [$lay]: no worker took the shared-memory plane: $(grep -i plane "$out.err" | head -2)"
-        elif [[ "$lay" != *"--data-plane"* ]] && grep -q "through shared memory" "$out.err"; then
-            bad "$name [$lay]: the default (ZeroMQ only) used the shared-memory plane"
+        elif [[ "$lay" != *"--data-plane zmq"* ]] && ! grep -q "through shared memory" "$out.err"; then
+            bad "$name [$lay]: no worker took the shared-memory plane (the default): $(grep -i plane "$out.err" | head -2)"
+        elif [[ "$lay" == *"--data-plane zmq"* ]] && grep -q "through shared memory" "$out.err"; then
+            bad "$name [$lay]: --data-plane zmq used the shared-memory plane"
         elif cmp -s "$tmp/$name-local.json" "$out"; then
             ok "$name [$lay]: logits identical to the local backend"
         else
@@ -91,6 +92,40 @@ EOF
     if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$name: greedy text identical on 2 workers, 2 micro-batches"
     else bad "$name: greedy text differs with 2 micro-batches: [$a] vs [$b]"; fi
 done
+
+# 1b. the default plane falls back to ZeroMQ, same logits: a worker that
+#     reports another host name (its own UTS namespace) is not offered the
+#     segment; one that cannot open it (its own /dev/shm) refuses it and the
+#     coordinator keeps the pair on ZeroMQ. Both need unshare (root).
+if unshare -u -m true 2>/dev/null; then
+    abs_worker=$(readlink -f "$worker")
+    cat >"$tmp/other-host" <<EOF
+#!/bin/sh
+exec unshare -u sh -c 'hostname ecs-other-host && exec "\$0" "\$@"' "$abs_worker" "\$@"
+EOF
+    cat >"$tmp/no-shm" <<EOF
+#!/bin/sh
+exec unshare -m sh -c 'mount -t tmpfs none /dev/shm && exec "\$0" "\$@"' "$abs_worker" "\$@"
+EOF
+    chmod +x "$tmp/other-host" "$tmp/no-shm"
+    local_json="$tmp/$(basename "$ds2" .gguf)-local.json"
+    for wrap in other-host no-shm; do
+        out="$tmp/fb-$wrap.json"
+        if ! dump "$ds2" "$out" --spawn-workers 2 --worker-bin "$tmp/$wrap"; then
+            bad "fallback ($wrap): ecs-run failed: $(tail -3 "$out.err")"
+        elif grep -q "through shared memory" "$out.err"; then
+            bad "fallback ($wrap): a worker took the shared-memory plane"
+        elif [ "$wrap" = no-shm ] && ! grep -q "shared-memory plane refused" "$out.err"; then
+            bad "fallback ($wrap): the workers were not offered the plane: $(grep -i plane "$out.err" | head -2)"
+        elif cmp -s "$local_json" "$out"; then
+            ok "default plane, worker $wrap: ZeroMQ, logits identical to the local backend"
+        else
+            bad "fallback ($wrap): logits differ from the local backend"
+        fi
+    done
+else
+    echo "SKIP the plane's fallback to ZeroMQ: unshare -u -m needs root here"
+fi
 
 # 2a. the micro-batches really overlap: submits made while the other's
 #     calls were out; without workers the option is refused

@@ -1,8 +1,9 @@
 /* test_dispatch_opts.c - the wire options of the dispatcher's command line:
  * --wire-act (q8 default, f32) and --wire-result (f32 default, bf16) are
  * taken with their values and a bad value is refused naming the option;
- * --micro-batches needs workers. */
+ * --micro-batches needs workers; --data-plane defaults to auto. */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "coordinator/dispatch/dispatch.h"
@@ -50,4 +51,25 @@ Test(dispatch_opts, micro_batches)
     cr_assert_eq(dispatch_parse_opt(&o, "--micro-batches", "0"), -1);
     cr_assert_eq(dispatch_parse_opt(&o, "--micro-batches", "5"), -1);
     cr_assert(strstr(ecs_errmsg(), "--micro-batches"), "%s", ecs_errmsg());
+}
+
+/* --data-plane: auto is the default, then ECS_DATA_PLANE, then the option;
+ * a bad value is refused naming the option. */
+Test(dispatch_opts, data_plane)
+{
+    dispatch_opts_t o = {0};
+    cr_assert(dispatch_opt_takes_value("--data-plane"));
+    unsetenv("ECS_DATA_PLANE");
+    cr_assert_eq(dispatch_plane_of(&o), 2, "the default is auto");
+    setenv("ECS_DATA_PLANE", "zmq", 1);
+    cr_assert_eq(dispatch_plane_of(&o), 1);
+    setenv("ECS_DATA_PLANE", "bogus", 1);
+    cr_assert_eq(dispatch_plane_of(&o), 2, "a bad environment value leaves the default");
+    cr_assert_eq(dispatch_parse_opt(&o, "--data-plane", "shm"), 1);
+    cr_assert_eq(dispatch_plane_of(&o), 3, "the option wins over the environment");
+    cr_assert_eq(dispatch_parse_opt(&o, "--data-plane", "zmq"), 1);
+    cr_assert_eq(dispatch_plane_of(&o), 1);
+    cr_assert_eq(dispatch_parse_opt(&o, "--data-plane", "rdma"), -1);
+    cr_assert(strstr(ecs_errmsg(), "--data-plane"), "%s", ecs_errmsg());
+    unsetenv("ECS_DATA_PLANE");
 }
