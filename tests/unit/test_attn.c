@@ -210,6 +210,30 @@ static void check_split(unsigned flags, int n, int step, int n_ctx, double tol)
     free(toks);
 }
 
+/* The key split on F16 and BF16 caches against the head split on an F32
+ * cache (nothing rounded): within SPLIT_TOL, as any rounded cache. */
+static void check_vs_f32(int n, int step, int n_ctx)
+{
+    int32_t *toks = malloc((size_t)n * sizeof *toks);
+    cr_assert_not_null(toks);
+    for (int i = 0; i < n; i++)
+        toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * 30000);
+    size_t V;
+    float *ref = eval_steps(-1, 2, MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_F32, toks, n, step,
+                            n_ctx, &V);
+    const size_t cnt = (size_t)(n + step - 1) / step * V;
+    const unsigned kinds[2] = {0, MODEL_CTX_KV_BF16};
+    for (int k = 0; k < 2; k++) {
+        float *l = eval_steps(1, 2, MODEL_CTX_MLA_ABSORBED | kinds[k], toks, n, step, n_ctx, &V);
+        const double d = rel_diff(l, ref, cnt);
+        cr_log_info("key split, cache flags %u, vs F32: %.2e", kinds[k], d);
+        cr_assert(d <= SPLIT_TOL, "key split, cache flags %u: %.3e from F32's", kinds[k], d);
+        free(l);
+    }
+    free(ref);
+    free(toks);
+}
+
 /* Decode steps of one row; steps of 3 rows of the absorbed path (one tile
  * of 3 rows); F16 and F32 caches. */
 Test(split, same_bits_as_head_split_short)
@@ -226,4 +250,5 @@ Test(split, same_bits_as_head_split_deep, .timeout = 300)
 {
     check_split(MODEL_CTX_MLA_ABSORBED, 600, 4, 640, SPLIT_TOL);
     check_split(MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_BF16, 600, 4, 640, SPLIT_TOL);
+    check_vs_f32(600, 4, 640);
 }
