@@ -51,7 +51,7 @@ int main(int argc, char **argv)
     const int nb = (T + B - 1) / B;
     char *kv = aligned_alloc(64, (size_t)NC * T * row);
     float *QT = aligned_alloc(64, (size_t)NQ * DK * sizeof(float));
-    float *S = aligned_alloc(64, (size_t)NQ * (tp + 16) * sizeof(float));
+    float *S = aligned_alloc(64, (size_t)NQ * ((tp > (size_t)B ? tp : (size_t)B) + 16) * sizeof(float));
     float *kbuf = aligned_alloc(64, (size_t)16 * DK * sizeof(float));
     float *O = aligned_alloc(64, (size_t)nb * NQ * (DV + 2) * sizeof(float));
     float *out = aligned_alloc(64, (size_t)NQ * DV * sizeof(float));
