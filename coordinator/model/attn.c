@@ -23,6 +23,7 @@
  * Q.K and the probabilities before P.V (ggml converts the F32 operand of an
  * F16 product); likewise to BF16 for a BF16 cache (whose products sum in
  * pairs, model_kvt_t); with an F32 cache nothing is rounded. */
+#include <math.h>
 #include <string.h>
 
 #include "coordinator/model/model_int.h"
@@ -175,7 +176,7 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
         sd->scores(Q, nqp, dkp, kr, kv.k_row, kt, a->dk, dkp, rl, run, hp->kq_scale, S + t0,
                    ws->t_pad, kbuf);
     }
-    sd->softmax(S, nqp, ws->t_pad, len, nt, kt);
+    sd->softmax(S, nqp, ws->t_pad, len, nt, kt, NULL, NULL);
     for (int t0 = 0; t0 < nt; t0 += run) {
         kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
         run_len(len, nqp, t0, run, rl);
@@ -359,74 +360,101 @@ static void fused_item(void *arg, int item, int ith)
 /* ------------------------------------------- decode at depth: key split
  * Split by heads, every thread converts (and reads) each key for its own
  * heads; at depth that costs more than the products. The split run gives
- * each item all heads of a tile and a fixed run of keys (scores), then a
- * group of queries (softmax), then a fixed run of value columns (P.V).
- * Item boundaries depend on neither the thread count nor the timing, and
- * every score and output element is the sum the head split computes. */
-
-/* Keys per scores item, value columns per P.V item. */
-#define SPLIT_KEYS 512
-#define SPLIT_COLS 64
+ * each item all heads of a tile and one fixed block of MODEL_SPLIT_KEYS
+ * keys, through scores, a block softmax and P.V while the block is in L2
+ * (one pass over the cache: the latent values are the keys' first dv
+ * values); a second region merges each query's blocks in block order,
+ * rescaled to the common max (an online softmax, as flash attention).
+ * Item boundaries depend on neither the thread count nor the timing, so
+ * neither do the bits. Rounding stays llama.cpp's: the query to the cache
+ * type before Q.K, each probability before P.V (here exp(s - the block's
+ * max), the division by the sum after P.V, in F32). */
 
 typedef struct {
     const attn_run_t *a;
     model_kv_t kv;
-    float *QT, *S, *O; /* shared: thread 0's scratch areas */
-    int nq, nqp, nt;
+    float *QT;         /* shared: the transposed queries */
+    float *O;          /* per block: att_qmax rows of dvp, max and sum (ws.split_o) */
+    int nq, nqp, nt, nblk;
     float *out0;       /* the tile's first output row */
     int len[MODEL_ATT_QMAX];
 } split_t;
 
-static void split_scores(void *arg, int item, int ith)
+static float *blk_o(const split_t *sp, int b)
+{
+    const model_ws_t *ws = &sp->a->m->ws;
+    return sp->O + (size_t)b * ws->att_qmax * (ws->dvp + 2);
+}
+
+static void split_block(void *arg, int item, int ith)
 {
     const split_t *sp = arg;
     const attn_run_t *a = sp->a;
     const model_ws_t *ws = &a->m->ws;
-    const size_t elt = model_kvt_size(sp->kv.kvt);
-    const int t0 = item * SPLIT_KEYS, nt = sp->nt - t0 < SPLIT_KEYS ? sp->nt - t0 : SPLIT_KEYS;
-    float *kbuf = thr(a->m, ith) + (size_t)ws->att_qmax * (ws->dkp + ws->t_pad);
+    const model_simd_t *sd = model_simd();
+    const model_kvt_t kt = sp->kv.kvt;
+    const size_t elt = model_kvt_size(kt);
+    const int t0 = item * MODEL_SPLIT_KEYS;
+    const int end = sp->nt - t0 < MODEL_SPLIT_KEYS ? sp->nt : t0 + MODEL_SPLIT_KEYS;
+    float *S = thr(a->m, ith) + (size_t)ws->att_qmax * ws->dkp;
+    float *kbuf = S + (size_t)ws->att_qmax * ws->t_pad;
+    float *O = blk_o(sp, item), *mx = O + (size_t)ws->att_qmax * ws->dvp, *sum = mx + ws->att_qmax;
+    /* rows a little over the block: 16 rows 1 KB apart would share L1 sets */
+    const int lds = ws->t_pad < MODEL_SPLIT_KEYS + 16 ? ws->t_pad : MODEL_SPLIT_KEYS + 16;
     /* per contiguous run of KV blocks inside the item: a score is one
      * query's product with one key, the same however the keys are cut */
     const char *kr, *vr;
-    int run;
-    for (int t = t0; t < t0 + nt; t += run) {
-        kv_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t, t0 + nt, &kr, &vr, &run);
-        prefetch_next_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t + run, t0 + nt, a->dk);
-        model_simd()->scores_t(sp->QT, sp->nq, kr, sp->kv.k_row, sp->kv.kvt, a->dk, run,
-                               a->m->hp.kq_scale, sp->S + t, ws->t_pad, kbuf);
+    int run, len[MODEL_ATT_QMAX], rl[MODEL_ATT_QMAX];
+    for (int t = t0; t < end; t += run) {
+        kv_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t, end, &kr, &vr, &run);
+        prefetch_next_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t + run, end, a->dk);
+        sd->scores_t(sp->QT, sp->nq, kr, sp->kv.k_row, kt, a->dk, run, a->m->hp.kq_scale,
+                     S + (t - t0), lds, kbuf);
+    }
+    run_len(sp->len, sp->nqp, t0, end - t0, len);
+    sd->softmax(S, sp->nqp, lds, len, end - t0, kt, mx, sum);
+    /* P.V continues its sums run after run (KV blocks, even lengths) */
+    for (int t = t0; t < end; t += run) {
+        kv_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t, end, &kr, &vr, &run);
+        run_len(len, sp->nqp, t - t0, run, rl);
+        sd->pv(S + (t - t0), sp->nqp, lds, vr, sp->kv.v_row, kt, a->dv, rl, O, ws->dvp, t > t0);
     }
 }
 
-static void split_softmax(void *arg, int item, int ith)
+/* Query j: its blocks' outputs, each scaled by exp(its max - the max),
+ * summed in block order and divided by the sum of the blocks' sums so
+ * scaled. */
+static void split_merge(void *arg, int j, int ith)
 {
     const split_t *sp = arg;
+    const model_ws_t *ws = &sp->a->m->ws;
+    const int dv = sp->a->dv, q = ws->att_qmax;
     (void)ith;
-    model_simd()->softmax(sp->S + (size_t)item * 4 * sp->a->m->ws.t_pad, 4, sp->a->m->ws.t_pad,
-                          sp->len + item * 4, sp->nt, sp->kv.kvt);
-}
-
-static void split_pv(void *arg, int item, int ith)
-{
-    const split_t *sp = arg;
-    const attn_run_t *a = sp->a;
-    const model_ws_t *ws = &a->m->ws;
-    (void)ith;
-    const size_t elt = model_kvt_size(sp->kv.kvt);
-    const int d0 = item * SPLIT_COLS, nd = a->dv - d0 < SPLIT_COLS ? a->dv - d0 : SPLIT_COLS;
-    /* P.V continues its sums run after run (KV blocks): the same bits as
-     * one run over all keys */
-    const char *V = (const char *)sp->kv.v + (size_t)d0 * elt, *kr, *vr;
-    int rl[MODEL_ATT_QMAX], run;
-    for (int t = 0; t < sp->nt; t += run) {
-        kv_run(&sp->kv, sp->kv.k, V, elt, t, sp->nt, &kr, &vr, &run);
-        run_len(sp->len, sp->nqp, t, run, rl);
-        model_simd()->pv(sp->S + t, sp->nqp, ws->t_pad, vr, sp->kv.v_row, sp->kv.kvt, nd, rl,
-                         sp->O + d0, ws->dvp, t > 0);
+    float M = -INFINITY;
+    for (int b = 0; b < sp->nblk; b++) {
+        const float mb = blk_o(sp, b)[(size_t)q * ws->dvp + j];
+        M = mb > M ? mb : M;
     }
-    /* a tile holds all heads: its output rows are consecutive */
-    for (int j = 0; j < sp->nq; j++)
-        memcpy(sp->out0 + (size_t)j * a->dv + d0, sp->O + (size_t)j * ws->dvp + d0,
-               (size_t)nd * sizeof(float));
+    double L = 0.0;
+    for (int b = 0; b < sp->nblk; b++) {
+        const float *mx = blk_o(sp, b) + (size_t)q * ws->dvp;
+        if (mx[j] != -INFINITY)
+            L += (double)expf(mx[j] - M) * (double)mx[q + j];
+    }
+    float *o = sp->out0 + (size_t)j * dv;
+    memset(o, 0, (size_t)dv * sizeof *o);
+    for (int b = 0; b < sp->nblk; b++) {
+        const float *ob = blk_o(sp, b), mb = ob[(size_t)q * ws->dvp + j];
+        if (mb == -INFINITY) /* a block past the query's keys */
+            continue;
+        const float w = expf(mb - M);
+        ob += (size_t)j * ws->dvp;
+        for (int d = 0; d < dv; d++)
+            o[d] += w * ob[d];
+    }
+    const float inv = (float)(1.0 / L);
+    for (int d = 0; d < dv; d++)
+        o[d] *= inv;
 }
 
 /* Tile tl (all heads: a->hg == n_head) by the key split. */
@@ -434,14 +462,14 @@ static void split_attend(const attn_run_t *a, const tile_t *tl)
 {
     model_t *m = a->m;
     const model_ws_t *ws = &m->ws;
-    split_t sp = {.a = a, .kv = ctx_kv(a->rows[tl->row0].ctx, a->layer)};
+    split_t sp = {.a = a, .kv = ctx_kv(a->rows[tl->row0].ctx, a->layer), .O = ws->split_o};
     sp.QT = thr(m, 0);
-    sp.S = sp.QT + (size_t)ws->att_qmax * ws->dkp;
-    float *tmp = sp.S + (size_t)ws->att_qmax * ws->t_pad; /* thread 0's kbuf, idle here */
-    sp.O = tmp + (size_t)16 * ws->dkp;
+    /* thread 0's scores, idle here */
+    float *tmp = sp.QT + (size_t)ws->att_qmax * ws->dkp;
     sp.nq = tl->nrows * a->hg;
     sp.nqp = (sp.nq + 3) & ~3;
     sp.nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1;
+    sp.nblk = (sp.nt + MODEL_SPLIT_KEYS - 1) / MODEL_SPLIT_KEYS;
     sp.out0 = a->out + (size_t)tl->row0 * a->out_ld;
     const int ng = (sp.nq + 15) / 16;
     memset(sp.QT, 0, (size_t)ng * 16 * a->dk * sizeof(float));
@@ -458,9 +486,8 @@ static void split_attend(const attn_run_t *a, const tile_t *tl)
         for (int d = 0; d < a->dk; d++)
             qt[(size_t)d * 16] = tmp[d];
     }
-    kcpu_par_for(m->tp, (sp.nt + SPLIT_KEYS - 1) / SPLIT_KEYS, split_scores, &sp);
-    kcpu_par_for(m->tp, sp.nqp / 4, split_softmax, &sp);
-    kcpu_par_for(m->tp, (a->dv + SPLIT_COLS - 1) / SPLIT_COLS, split_pv, &sp);
+    kcpu_par_for(m->tp, sp.nblk, split_block, &sp);
+    kcpu_par_for(m->tp, sp.nq, split_merge, &sp);
 }
 
 /* Region items over heads of a fused_t: absorption, then the values. */

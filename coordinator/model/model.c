@@ -136,6 +136,11 @@ static void ws_layout(model_t *m, carve_t *c)
     ws->att = carve(c, ds2 ? nb * hp->n_head * (size_t)kvl * F : 0);
     ws->ato = carve(c, ds2 ? nb * hp->n_head * (size_t)kvl * F : 0);
     ws->attv = carve(c, nb * hp->n_head * (size_t)hp->head_v * F);
+    /* per block of keys: att_qmax output rows of dvp, then their max and sum */
+    ws->split_o = carve(c, ds2 ? (size_t)((m->opts.n_ctx + MODEL_SPLIT_KEYS - 1) /
+                                          MODEL_SPLIT_KEYS) *
+                                     (size_t)ws->att_qmax * (size_t)(ws->dvp + 2) * F
+                               : 0);
     ws->qn_act = carve(c, nb * hp->n_head * ws->qn_row);
     ws->att_act = carve(c, nb * hp->n_head * ws->att_row);
     ws->exk = carve(c, (size_t)ws->ex_pos * hp->n_head * (size_t)hp->head_k * F);

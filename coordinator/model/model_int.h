@@ -62,8 +62,12 @@ typedef struct {
                      int nt, float scale, float *S, int lds, float *kbuf);
     /* Row j of S (nt_j = len[j] valid values, row padded to nt): softmax
      * in place, probabilities rounded to F16 / BF16 for such a cache, zero
-     * past len[j]. */
-    void (*softmax)(float *S, int nq, int lds, const int *len, int nt, model_kvt_t kt);
+     * past len[j]. With mx (and sum) not NULL, one block of an online
+     * softmax: exp(S - max) not divided by the sum, rounded the same way;
+     * mx[j] = the row's max (-inf when len[j] is 0), sum[j] = the sum of
+     * its unrounded exponentials (0 then). */
+    void (*softmax)(float *S, int nq, int lds, const int *len, int nt, model_kvt_t kt, float *mx,
+                    float *sum);
     /* O[j][d] = sum_t P[j][t] V[t][d] over t < len[j] (P is zero past it,
      * and adding 0 * V changes no sum), j < nq (multiple of 4), d < dv; V
      * rows vs elements apart of type kt. acc: the sums start from O's
@@ -125,6 +129,9 @@ const model_simd_t *model_simd_avx512(void); /* NULL when not built */
 /* deepseek2 latent contexts: a step of up to this many rows runs the
  * absorbed attention core as one region (decode). */
 #define MODEL_FUSED_ROWS 4
+/* Keys per block of the decode key split (attn.c): fixed, so the online
+ * softmax's merge order depends on neither the thread count nor timing. */
+#define MODEL_SPLIT_KEYS 256
 
 /* Scratch for one forward step of up to MODEL_MAX_BATCH rows; every buffer
  * is sized at load from the hyperparameters. Row-major, one row per token. */
@@ -175,6 +182,7 @@ typedef struct {
     int att_qmax;    /* queries per attention item (<= MODEL_ATT_QMAX) */
     int dkp, dvp;    /* widest key / value rows, padded to 16 */
     int t_pad;       /* n_ctx padded to 16 */
+    float *split_o;  /* the decode key split's per-block outputs (attn.c) */
 } model_ws_t;
 
 /* deepseek2 latent attention: W_k of W_kv_b transposed per head, so that

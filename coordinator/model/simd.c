@@ -94,7 +94,8 @@ static void scores_t_plain(const float *QT, int nq, const void *K, size_t ks, mo
 }
 
 /* ggml's soft_max: subtract the max, exponentiate, sum in double, scale. */
-static void softmax_plain(float *S, int nq, int lds, const int *len, int nt, model_kvt_t kt)
+static void softmax_plain(float *S, int nq, int lds, const int *len, int nt, model_kvt_t kt,
+                          float *mxo, float *sumo)
 {
     for (int j = 0; j < nq; j++) {
         float *s = S + (size_t)j * lds;
@@ -107,7 +108,9 @@ static void softmax_plain(float *S, int nq, int lds, const int *len, int nt, mod
             s[t] = expf(s[t] - mx);
             sum += (double)s[t];
         }
-        const float inv = n > 0 ? (float)(1.0 / sum) : 0.0f;
+        if (mxo)
+            mxo[j] = mx, sumo[j] = (float)sum;
+        const float inv = mxo ? 1.0f : n > 0 ? (float)(1.0 / sum) : 0.0f;
         for (int t = 0; t < n; t++) {
             s[t] *= inv;
             if (kt == MODEL_KV_F16)

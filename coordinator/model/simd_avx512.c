@@ -213,7 +213,8 @@ static inline __m512 round_bf16(__m512 x)
     return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)));
 }
 
-static void softmax_avx512(float *S, int nq, int lds, const int *len, int nt, model_kvt_t kt)
+static void softmax_avx512(float *S, int nq, int lds, const int *len, int nt, model_kvt_t kt,
+                           float *mxo, float *sumo)
 {
     for (int j = 0; j < nq; j++) {
         float *s = S + (size_t)j * lds;
@@ -233,7 +234,9 @@ static void softmax_avx512(float *S, int nq, int lds, const int *len, int nt, mo
             hi = _mm512_add_pd(hi, _mm512_cvtps_pd(e_hi));
         }
         const double sum = _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
-        const __m512 inv = _mm512_set1_ps(n > 0 ? (float)(1.0 / sum) : 0.0f);
+        if (mxo)
+            mxo[j] = _mm512_cvtss_f32(mx), sumo[j] = (float)sum;
+        const __m512 inv = _mm512_set1_ps(mxo ? 1.0f : n > 0 ? (float)(1.0 / sum) : 0.0f);
         for (int t = 0; t < nt; t += 16) {
             const __mmask16 k = ecs_tail_mask16(nt - t);
             __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(ecs_tail_mask16(n - t), s + t), inv);

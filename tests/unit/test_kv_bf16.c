@@ -131,8 +131,8 @@ Test(bf16_kernels, conversions_round_as_ggml)
     for (int j = 0; j < 4; j++)
         for (int t = 0; t < 80; t++)
             S[j][t] = R[j][t] = frand() * 8.0f;
-    sd->softmax(&S[0][0], 4, 80, len, T, MODEL_KV_BF16);
-    model_simd_plain()->softmax(&R[0][0], 4, 80, len, T, MODEL_KV_F32);
+    sd->softmax(&S[0][0], 4, 80, len, T, MODEL_KV_BF16, NULL, NULL);
+    model_simd_plain()->softmax(&R[0][0], 4, 80, len, T, MODEL_KV_F32, NULL, NULL);
     for (int j = 0; j < 4; j++)
         for (int t = 0; t < T; t++) {
             cr_assert_eq(S[j][t], ecs_bf16_to_f32(ecs_f32_to_bf16(S[j][t])));
