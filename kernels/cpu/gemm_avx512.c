@@ -1048,7 +1048,7 @@ INLINE void r16_impl(ecs_type_t T, int NA, const void *w, int64_t ncols, const v
             acc[n][G] = _mm512_setzero_ps();
     const size_t step = pf ? prefetch_step(pfb, nsb) : 0;
     for (int64_t b = 0; b < nblk; b += 16) {
-        prefetch_slice(pf, pfb, step, b / 16);
+        prefetch_slice(pf, pfb, step, b / 16, NA <= PREFETCH_L1_MAX_NA);
         u += r16_sb(T, NA, u, nblk - b, (const uint8_t *)a + (size_t)(b / 16) * asb, as, acc);
     }
 #pragma GCC unroll 4

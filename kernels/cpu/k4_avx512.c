@@ -112,7 +112,7 @@ INLINE void grp_impl(int NA, const uint8_t *g, int64_t ncols, const uint8_t *a, 
     const size_t step = pf ? prefetch_step(pfb, ncols / QK_K) : 0;
     for (int64_t b = 0; b < ncols / QK_K; b++) {
         const uint8_t *blk = g + (size_t)b * K4_BLOCK, *ab = a + (size_t)b * ACT_BYTES;
-        prefetch_slice(pf, pfb, step, b);
+        prefetch_slice(pf, pfb, step, b, NA <= PREFETCH_L1_MAX_NA);
         __m512i I[KCPU_GRP_MAX_NA];
 #pragma GCC unroll 8
         for (int n = 0; n < NA; n++)

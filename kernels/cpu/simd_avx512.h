@@ -37,15 +37,31 @@ INLINE __m512i dpwssd_bcast(__m512i acc, __m512i q, const uint8_t *p)
     return acc;
 }
 
+/* Activation rows per kernel call up to which prefetch_slice loads into L1
+ * (prefetcht0) rather than L2: a decode step's experts see 1-3 rows, so
+ * their group is done with long before the next one is needed, and an L2
+ * prefetch leaves each line's L2-to-L1 trip to the kernel's own loads
+ * (ds2-lite-4l, 2026-12-02: 8-sequence steps +1 %, one-sequence decode
+ * +5 %, `bench_matvec --only copy` Q5_0 from DRAM -15 % time); with more
+ * rows the group in use stays in L1 over several passes, and filling L1
+ * with the next one cost prompt steps 3 % (pp512; docs/benchmarks.md,
+ * "Serving"). */
+#define PREFETCH_L1_MAX_NA 3
+
 /* Lines [i * step, (i + 1) * step) of the bytes [pf, pf + bytes)
- * prefetched into L2 (step a multiple of 64; nothing when pf is NULL). */
-INLINE void prefetch_slice(const void *pf, size_t bytes, size_t step, int64_t i)
+ * prefetched into L1 (l1) or L2 (step a multiple of 64; nothing when pf is
+ * NULL). */
+INLINE void prefetch_slice(const void *pf, size_t bytes, size_t step, int64_t i, bool l1)
 {
     if (!pf)
         return;
     const size_t p0 = step * (size_t)i, p1 = p0 + step < bytes ? p0 + step : bytes;
-    for (size_t o = p0; o < p1; o += 64)
-        __builtin_prefetch((const char *)pf + o, 0, 2);
+    for (size_t o = p0; o < p1; o += 64) {
+        if (l1)
+            __builtin_prefetch((const char *)pf + o, 0, 3);
+        else
+            __builtin_prefetch((const char *)pf + o, 0, 2);
+    }
 }
 
 /* The step that spreads bytes over n slices of whole lines. */
