@@ -27,7 +27,7 @@ fail=0
 ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fail=1; }
 
-toks=$(/usr/bin/python3 -c "import random; random.seed(7); print(','.join(str(random.randrange(1, 2000)) for _ in range(400)))")
+toks=$(/usr/bin/python3 -c "import random; random.seed(7); print(','.join(str(random.randrange(1, 2000)) for _ in range(600)))")
 common=(-m "$model" --threads 1 --no-repack --tokens "$toks" --step 1 --top 8)
 
 timeout 120 "$run" "${common[@]}" --dump-logits "$tmp/local.json" 2>"$tmp/local.err" \
@@ -49,7 +49,7 @@ verdict() { # name rc err-file pattern out-json what
 # waits until the run has done some steps (its workers answered calls)
 wait_started() { # err-file id
     for _ in $(seq 100); do
-        [ -n "$(worker_pid "$1" "$2")" ] && grep -q "ready" "$1" && { sleep 1; return 0; }
+        [ -n "$(worker_pid "$1" "$2")" ] && grep -q "ready" "$1" && { sleep 0.2; return 0; }
         sleep 0.1
     done
     return 1
