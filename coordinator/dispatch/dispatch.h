@@ -259,7 +259,8 @@ int dispatch_plane_of(const dispatch_opts_t *o);
 int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v);
 /* Whether o asks for workers at all. */
 bool dispatch_wanted(const dispatch_opts_t *o);
-/* Options that need workers given without them (ECS_ERR_INVAL, saying so). */
+/* Options that need workers given without them, or with workers an
+ * ECS_DATA_PLANE that is not zmq/auto/shm (ECS_ERR_INVAL, saying so). */
 ecs_err_t dispatch_opts_check(const dispatch_opts_t *o);
 ecs_err_t dispatch_worker_stats(const dispatch_t *d, int wi, dispatch_worker_stats_t *out);
 /* A few lines: per worker calls, rows, bytes each way, latency; bytes per

@@ -120,5 +120,9 @@ ecs_err_t dispatch_opts_check(const dispatch_opts_t *o)
         return ecs_error(ECS_ERR_INVAL, "--micro-batches %d needs expert workers (--spawn-workers "
                          "or --control): with the experts in this process there are no calls "
                          "to overlap", o->micro_batches);
+    /* a misspelt environment value would otherwise pick auto silently */
+    const char *env = getenv("ECS_DATA_PLANE");
+    if (dispatch_wanted(o) && o->data_plane == 0 && dispatch_plane_mode(env) < 0)
+        return ecs_error(ECS_ERR_INVAL, "ECS_DATA_PLANE='%s': expected zmq, auto or shm", env);
     return ECS_OK;
 }

@@ -65,8 +65,13 @@ Test(dispatch_opts, data_plane)
     cr_assert_eq(dispatch_plane_of(&o), 1);
     setenv("ECS_DATA_PLANE", "bogus", 1);
     cr_assert_eq(dispatch_plane_of(&o), 2, "a bad environment value leaves the default");
+    cr_assert_eq(dispatch_opts_check(&o), ECS_OK, "no workers: the plane is moot");
+    o.spawn_workers = 2;
+    cr_assert_eq(dispatch_opts_check(&o), ECS_ERR_INVAL, "with workers the check refuses it");
+    cr_assert(strstr(ecs_errmsg(), "ECS_DATA_PLANE='bogus'"), "%s", ecs_errmsg());
     cr_assert_eq(dispatch_parse_opt(&o, "--data-plane", "shm"), 1);
     cr_assert_eq(dispatch_plane_of(&o), 3, "the option wins over the environment");
+    cr_assert_eq(dispatch_opts_check(&o), ECS_OK, "and a bad environment value is then moot");
     cr_assert_eq(dispatch_parse_opt(&o, "--data-plane", "zmq"), 1);
     cr_assert_eq(dispatch_plane_of(&o), 1);
     cr_assert_eq(dispatch_parse_opt(&o, "--data-plane", "rdma"), -1);
