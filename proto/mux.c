@@ -712,8 +712,7 @@ void *mux_io_main(void *arg)
                 break;
             continue;
         }
-        if (mux_io_pass(m, 0) < 0) /* what woke it (and the eventfd read) */
-            break;
+        mux_io_pass(m, 0); /* what woke it, the eventfd read (an error: settle goes on) */
         settle(m);
         if (m->stopping)
             break;
