@@ -34,12 +34,20 @@
  *     sockets out of the I/O thread's epoll set so that its reply wakes
  *     one thread, not two; otherwise it sleeps on a condition variable and
  *     the holder completes its calls, as before;
- *   - whoever gives the role back first handles everything already there,
- *     so that the next change of any socket shows on its ZMQ_FD, and puts
- *     the sockets back into the I/O thread's epoll set (level-triggered:
- *     what came meanwhile wakes it). Commands (connect, disconnect, stop)
- *     always go through the queue, whose eventfd the I/O thread always
- *     watches: it rebuilds its set when sockets came or went.
+ *   - the holder waits with one poll() on the sockets' ZMQ_FDs, not
+ *     zmq_poll (which asks every socket its ZMQ_EVENTS before and after
+ *     sleeping: two system calls a socket each time); a socket is read
+ *     whenever its fd fired or it is "dirty": sent on, or a read stopped
+ *     before EAGAIN (either may have taken ZeroMQ's wake-up command, so
+ *     its fd would stay quiet over a waiting message); a read that ends
+ *     in EAGAIN makes it clean again (the worker's loop does the same);
+ *   - whoever gives the role back first reads every dirty socket and runs
+ *     the queued commands, so that the next change of any socket shows
+ *     on its ZMQ_FD, and puts the sockets back into the I/O thread's
+ *     epoll set (level-triggered: what came meanwhile wakes it).
+ *     Commands (connect, disconnect, stop) always go through the queue,
+ *     whose eventfd the I/O thread always watches: it rebuilds its set
+ *     when sockets came or went.
  * Under ECS_TEST_NET the I/O thread keeps the role (held messages need its
  * timer) and callers always go through the queue.
  *

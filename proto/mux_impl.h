@@ -74,6 +74,10 @@ typedef struct {
     mux_call_t *pend_head, *pend_tail; /* waiting for room below the HWM (I/O thread) */
     void *mon;                 /* PAIR receiving sock's connect/disconnect events (I/O thread) */
     bool was_connected;        /* I/O thread */
+    /* I/O thread: sock or mon may hold input that its ZMQ_FD will not
+     * signal (a send on it, or a read stopped before EAGAIN, may have taken
+     * ZeroMQ's wake-up command); false once a read ended in EAGAIN */
+    bool sock_dirty, mon_dirty;
     _Atomic uint64_t drops;    /* connections lost after being made */
     char last_error[256];      /* under m->lock */
     mux_shm_t *shm;            /* same-host plane (mux_shm.c), NULL: none; under m->lock */
@@ -136,6 +140,7 @@ struct mux {
     mux_curve_t curve;         /* .key points at key when CURVE is on */
     curve_auth_t *auth;        /* the ZAP handler of zctx, NULL: plaintext */
     void *ctrl_mon;            /* ctrl's failed handshakes (I/O thread), NULL: none */
+    bool ctrl_dirty, ctrl_mon_dirty; /* as peer_t's sock_dirty (I/O thread) */
     inbox_item_t *in_head, *in_tail;
     size_t in_count;
     _Atomic uint64_t ctrl_bad;
@@ -195,8 +200,9 @@ void mux_role_put(mux_t *m);
 void mux_role_lead(mux_t *m);
 /* Role held: runs the queued commands, then sends c (mux_call_send). */
 void mux_role_call(mux_t *m, mux_call_t *c);
-/* Role held: one zmq_poll of every socket (timeout_ms, -1: no limit) and
- * what it found handled; the number of sockets that had something. */
+/* Role held: one poll of every socket's ZMQ_FD (timeout_ms, -1: no limit;
+ * 0 while a socket is dirty) and what it found handled; the number of
+ * sockets that had something. */
 int mux_io_pass(mux_t *m, int timeout_ms);
 /* NULL for an id that was never connected. */
 peer_t *mux_get_peer(mux_t *m, int peer);
