@@ -10,7 +10,9 @@
 #   `--pp 512 --tg 0 --threads 2 --ctx 4096`; the figure compared is the
 #   first ppN / tgN speed ecs-run --bench prints (pp512 by default), or the
 #   first line matching the awk regex AB_FIGURE (e.g. AB_FIGURE='^tg[0-9]+x[0-9]+ '
-#   with --tg-batch: the batched decode's aggregate tok/s).
+#   with --tg-batch: the batched decode's aggregate tok/s; AB_FIGURE='^tg[0-9]+ @ depth'
+#   with --pp N --tg M: decode after the N-token prompt); the speed is the
+#   number before "tok/s" on that line.
 # Timed runs hold /tmp/ecs-bench.lock, as bench_model.sh's do.
 set -euo pipefail
 old=${1:?usage: ab_model.sh OLD NEW MODEL [PAIRS] [-- ARGS...]}
@@ -31,7 +33,8 @@ figure=${AB_FIGURE:-'^(pp|tg)[0-9]+ '}
 speed() {
     flock /tmp/ecs-bench.lock setsid bash -c 'echo -20 > /proc/self/autogroup 2>/dev/null; exec "$@"' \
         _ "$1" -m "$model" --bench "${args[@]}" 2>&1 |
-        awk -v re="$figure" '$0 ~ re && $2 ~ /^[0-9.]+$/ { print $2; exit }'
+        awk -v re="$figure" '$0 ~ re { for (i = 2; i < NF; i++)
+                                           if ($(i + 1) == "tok/s" && $i ~ /^[0-9.]+$/) { print $i; exit } }'
 }
 
 echo "ab_model: old $old, new $new, $model, ${args[*]}, load $(cut -d' ' -f1 /proc/loadavg)"
