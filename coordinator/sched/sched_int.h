@@ -88,12 +88,16 @@ struct sched {
     sched_req_t **row_req;
     /* layer-sliced prefill (step.c): the request whose chunk is part way
      * through the model, its next unit (model_slice_units: half layers), its
-     * residual rows [chunk][n_embd]; recent times (seconds) of a
-     * decode-only step and of one unit of a chunk */
+     * residual rows [chunk][n_embd]; the recent time (seconds) of a
+     * decode-only step, and per kind of unit (step.c, unit_kind) the
+     * recent seconds per unit of work (unit_work: rows, times keys for an
+     * attention half), so that a unit deep into a prompt is predicted
+     * from shallower ones */
     sched_req_t *slicing;
     int slice_u, n_units;
     float *slice_resid;
-    double t_dec, t_unit;
+    double t_dec, c_unit[5];
+    bool slice_log; /* ECS_SLICE_LOG set: each slice's units and times on stderr */
     sched_req_t *running, *running_tail; /* scheduler thread only */
     int n_running;
     pthread_t thread;
