@@ -63,6 +63,8 @@ typedef struct sched_pick {
     char msg[200];      /* why, when it failed */
 } sched_pick_t;
 
+#define SCHED_DEC_RING 9
+
 struct sched {
     model_t *m;
     const tok_t *tok;
@@ -88,7 +90,7 @@ struct sched {
     sched_req_t **row_req;
     /* layer-sliced prefill (step.c): the request whose chunk is part way
      * through the model, its next unit (model_slice_units: half layers), its
-     * residual rows [chunk][n_embd]; the recent time (seconds) of a
+     * residual rows [chunk][n_embd]; the time (seconds) of a recent
      * decode-only step, and per kind of unit (step.c, unit_kind) the
      * recent seconds per unit of work (unit_work: rows, times keys for an
      * attention half), so that a unit deep into a prompt is predicted
@@ -97,6 +99,10 @@ struct sched {
     int slice_u, n_units;
     float *slice_resid;
     double t_dec, c_unit[5];
+    /* the last decode-only steps' times (t_dec: their median, so that one
+     * step slowed by the host does not stretch the next slices) */
+    double dec_ring[SCHED_DEC_RING];
+    int dec_n, dec_i; /* how many are there (up to the ring), the next one's place */
     bool slice_log; /* ECS_SLICE_LOG set: each slice's units and times on stderr */
     sched_req_t *running, *running_tail; /* scheduler thread only */
     int n_running;

@@ -365,6 +365,26 @@ static sched_req_t *slice_pick(sched_t *s, bool *dec)
 /* Recent times: the last ones weigh half. */
 static void time_note(double *avg, double t) { *avg = *avg > 0 ? 0.5 * *avg + 0.5 * t : t; }
 
+/* A decode-only step took t: t_dec becomes the median of the last
+ * SCHED_DEC_RING (an EMA followed the host's stalls: on the full ds2-lite
+ * at load 9 it swung from ~50 to ~300 ms, and the slices' budget with it). */
+static void dec_note(sched_t *s, double t)
+{
+    s->dec_ring[s->dec_i] = t;
+    s->dec_i = (s->dec_i + 1) % SCHED_DEC_RING;
+    s->dec_n += s->dec_n < SCHED_DEC_RING;
+    const int n = s->dec_n;
+    double v[SCHED_DEC_RING];
+    memcpy(v, s->dec_ring, (size_t)n * sizeof *v);
+    for (int i = 1; i < n; i++) /* insertion sort of a few */
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            const double x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
+        }
+    s->t_dec = v[n / 2];
+}
+
 /* Kinds of work in a slice, each with its own cost per unit of work
  * (c_unit): the half layers (model_slice_units; the last one with and
  * without the row that wants logits), and a part of a deepseek2
@@ -563,7 +583,7 @@ static void step(sched_t *s)
             return;
         }
         if (dec_only && n_prompt_rows == 0)
-            time_note(&s->t_dec, sched_now() - t0);
+            dec_note(s, sched_now() - t0);
         for (int i = 0; i < n; i++)
             n_out += s->rows[i].want_logits;
     }
