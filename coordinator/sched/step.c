@@ -435,7 +435,8 @@ static double slice_budget_s(const sched_t *s, bool dec)
 
 /* Positions of the next expansion part of unit u (0: none): o.slice_expand
  * with o.slice_units, else as many as the time left fits (at least
- * SLICE_EXPAND_MIN, all when the kind has no time yet). */
+ * SLICE_EXPAND_MIN, all when the kind has no time yet or less than a
+ * quarter would be left). */
 static int expand_part(const sched_t *s, int keys, int done, double left)
 {
     const int rest = keys - done;
@@ -446,7 +447,8 @@ static int expand_part(const sched_t *s, int keys, int done, double left)
     const double c = s->c_unit[UNIT_EXPAND];
     const double fit = c > 0 && left > 0 ? left / c : c > 0 ? 0 : rest;
     const int n = fit > rest ? rest : fit < SLICE_EXPAND_MIN ? SLICE_EXPAND_MIN : (int)fit;
-    return n < rest ? n : rest;
+    /* a tail under a quarter joins this part rather than take a step */
+    return n < rest && 4 * (rest - n) >= rest ? n : rest;
 }
 
 /* The next slice of r's chunk, its rows at rows[0 ..): true when it was
