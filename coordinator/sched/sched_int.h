@@ -64,6 +64,7 @@ typedef struct sched_pick {
 } sched_pick_t;
 
 #define SCHED_DEC_RING 9
+#define SCHED_UNIT_KINDS 5 /* step.c's kinds of work in a slice */
 
 struct sched {
     model_t *m;
@@ -98,7 +99,7 @@ struct sched {
     sched_req_t *slicing;
     int slice_u, n_units;
     float *slice_resid;
-    double t_dec, c_unit[5];
+    double t_dec, c_unit[SCHED_UNIT_KINDS];
     /* the last decode-only steps' times (t_dec: their median, so that one
      * step slowed by the host does not stretch the next slices) */
     double dec_ring[SCHED_DEC_RING];

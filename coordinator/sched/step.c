@@ -391,6 +391,7 @@ static void dec_note(sched_t *s, double t)
  * attention unit's expansion of the earlier positions run ahead of it
  * (model_slice_expand). */
 enum { UNIT_ATTN, UNIT_FFN, UNIT_LAST, UNIT_LAST_OUT, UNIT_EXPAND, UNIT_KINDS };
+_Static_assert(UNIT_KINDS == SCHED_UNIT_KINDS, "sched_t.c_unit has a cost per kind");
 
 static int unit_kind(const sched_t *s, int u, bool out)
 {
@@ -478,7 +479,8 @@ static ecs_err_t slice_run(sched_t *s, sched_req_t *r, bool dec, model_row_t *ro
     for (double t = t0;; first = false) {
         const int u = s->slice_u;
         int x0 = 0;
-        const int keys = !dec && s->o.slice_units <= 0 ? 0 : model_slice_expand_keys(s->m, rows, R, u, &x0);
+        const int keys =
+            !dec && s->o.slice_units <= 0 ? 0 : model_slice_expand_keys(s->m, rows, R, u, &x0);
         const int nx = expand_part(s, keys, x0, budget - (t - t0));
         const int k = nx > 0 ? 0 : whole > 0 ? whole : 1;
         const int kind = nx > 0 ? UNIT_EXPAND : unit_kind(s, u, want_out);
