@@ -383,10 +383,12 @@ int model_slice_units(const model_t *m);
  * positions after t1. Bits: those of unit u run without it. The expansion
  * lives in the model's step scratch: any expanded attention of another
  * step in between (a prompt chunk of MODEL_MLA_EXPAND_ROWS rows in a
- * batch), or model_slice_expand_drop, drops it (unit u then expands it
- * all itself: slower, the same bits); call _drop before expanding for
- * a sequence whose cache may have been replaced since (a new chunk).
- * ECS_ERR_INVAL for a unit or range that cannot be taken. */
+ * batch), a change to the sequence (a step that advances it,
+ * model_ctx_set_blocks other than more blocks after the same n_past,
+ * _reset, _truncate, _import, _free) or
+ * model_slice_expand_drop drops it (unit u then expands it all itself:
+ * slower, the same bits). ECS_ERR_INVAL for a unit or range that cannot
+ * be taken. */
 int model_slice_expand_keys(const model_t *m, const model_row_t *rows, int n, int u, int *done);
 ecs_err_t model_slice_expand(model_t *m, const model_row_t *rows, int n, int u, int t0, int t1);
 void model_slice_expand_drop(model_t *m);
