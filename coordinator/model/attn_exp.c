@@ -144,14 +144,17 @@ static void for_block_rows(const block_t *b, void (*fn)(const block_t *b, int r0
     kcpu_par_for(b->m->tp, (b->nb + EXP_ROWS_PER_ITEM - 1) / EXP_ROWS_PER_ITEM, rows_item, &r);
 }
 
-/* K and V of positions [0, end) of c at layer into ws->exk / ws->exv, in
- * blocks of MODEL_MAX_BATCH rows through ws->exc, ws->act and ws->kvb. */
-static void expand(model_t *m, const model_layer_t *ly, const model_ctx_t *c, int layer, int end)
+/* K and V of positions [from, end) of c at layer into ws->exk / ws->exv,
+ * in blocks of MODEL_MAX_BATCH rows through ws->exc, ws->act and ws->kvb:
+ * each position's row is the same bits whatever block it is in, so a
+ * range expanded in parts equals it expanded at once. */
+static void expand(model_t *m, const model_layer_t *ly, const model_ctx_t *c, int layer, int from,
+                   int end)
 {
     const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
     const int64_t bw = (int64_t)hp->n_head * (hp->qk_nope + hp->head_v);
-    for (int t0 = 0; t0 < end; t0 += MODEL_MAX_BATCH) {
+    for (int t0 = from; t0 < end; t0 += MODEL_MAX_BATCH) {
         const int nb = end - t0 < MODEL_MAX_BATCH ? end - t0 : MODEL_MAX_BATCH;
         const block_t b = {m, c, layer, t0, nb};
         for_block_rows(&b, load_rows);
@@ -237,10 +240,71 @@ void model_attn_mla(model_t *m, const model_layer_t *ly, const model_layer_ext_t
         const model_ctx_t *c = rows[i].ctx;
         if (!expd[i] || (i > 0 && first_row(rows, i) < i))
             continue;
-        expand(m, ly, c, layer, seq_end(rows, n, c));
+        /* the earlier positions model_slice_expand left for c here */
+        const bool pre = ws->exp_ctx == c && ws->exp_layer == layer && ws->exp_past == c->n_past;
+        expand(m, ly, c, layer, pre ? ws->exp_n : 0, seq_end(rows, n, c));
+        ws->exp_ctx = NULL; /* taken, or overwritten */
         const model_kv_t kv = {.k = ws->exk, .v = ws->exv,
                                .k_row = (size_t)hp->n_head * hp->head_k,
                                .v_row = (size_t)hp->n_head * hp->head_v, .kvt = c->kvt};
         model_attend_kv(m, rows, n, c, &kv, hp->head_k, hp->head_v);
     }
 }
+
+/* ------------------------------------------------- slices (model.h) */
+
+/* The layer of slice unit u when its attention would take earlier
+ * positions expanded ahead (the rows' one sequence, in the expanded form;
+ * at the last unit only the rows that want logits attend); -1 if not. */
+static int pre_layer(const model_t *m, const model_row_t *rows, int n, int u)
+{
+    const int nu = 2 * m->hp.n_layer - 1;
+    if (m->hp.arch != ARCH_DEEPSEEK2 || n <= 0 || u < 0 || u >= nu || (u & 1))
+        return -1;
+    const model_ctx_t *c = rows[0].ctx;
+    bool out = false;
+    for (int i = 0; i < n; i++) {
+        if (rows[i].ctx != c)
+            return -1;
+        out |= rows[i].want_logits;
+    }
+    if (!c->latent || (c->flags & MODEL_CTX_MLA_ABSORBED) || n < MODEL_MLA_EXPAND_ROWS ||
+        c->n_past + n > exp_capacity(m, c) || (u == nu - 1 && !out))
+        return -1;
+    return u / 2;
+}
+
+/* Positions of c already expanded ahead for layer. */
+static int pre_done(const model_t *m, const model_ctx_t *c, int layer)
+{
+    const model_ws_t *ws = &m->ws;
+    return layer >= 0 && ws->exp_ctx == c && ws->exp_layer == layer && ws->exp_past == c->n_past
+               ? ws->exp_n
+               : 0;
+}
+
+int model_slice_expand_keys(const model_t *m, const model_row_t *rows, int n, int u, int *done)
+{
+    const int layer = pre_layer(m, rows, n, u);
+    *done = layer < 0 ? 0 : pre_done(m, rows[0].ctx, layer);
+    return layer < 0 ? 0 : rows[0].ctx->n_past;
+}
+
+ecs_err_t model_slice_expand(model_t *m, const model_row_t *rows, int n, int u, int t0, int t1)
+{
+    model_ws_t *ws = &m->ws;
+    const int layer = pre_layer(m, rows, n, u);
+    const model_ctx_t *c = n > 0 ? rows[0].ctx : NULL;
+    const int have = pre_done(m, c, layer);
+    if (layer < 0 || t0 != have || t1 < t0 || t1 > c->n_past)
+        return ecs_error(ECS_ERR_INVAL, "model: slice unit %d cannot take positions [%d, %d) "
+                         "expanded ahead (%d are)", u, t0, t1, have);
+    expand(m, &m->w.layers[layer], c, layer, t0, t1);
+    ws->exp_ctx = c;
+    ws->exp_layer = layer;
+    ws->exp_past = c->n_past;
+    ws->exp_n = t1;
+    return ECS_OK;
+}
+
+void model_slice_expand_drop(model_t *m) { m->ws.exp_ctx = NULL; }

@@ -591,6 +591,14 @@ ecs_err_t model_ctx_new_paged(model_kvpool_t *p, int n_ctx, model_ctx_t **out)
 
 int32_t *model_ctx_table(model_ctx_t *c) { return c->tab; }
 
+/* c's cache may change (or c go): an expansion of its rows run ahead by
+ * model_slice_expand is no longer its. */
+static void ctx_touched(model_ctx_t *c)
+{
+    if (c->m && c->m->ws.exp_ctx == c)
+        c->m->ws.exp_ctx = NULL;
+}
+
 ecs_err_t model_ctx_set_blocks(model_ctx_t *c, int n_blk, int n_past)
 {
     if (n_blk < 0 || n_blk > blocks_for(c->n_ctx) || n_past < 0 ||
@@ -601,6 +609,8 @@ ecs_err_t model_ctx_set_blocks(model_ctx_t *c, int n_blk, int n_past)
         if (c->tab[i] < 0 || c->tab[i] >= c->pool->n_blocks)
             return ecs_error(ECS_ERR_RANGE, "model: block %d outside the pool (%d blocks)",
                              c->tab[i], c->pool->n_blocks);
+    if (n_past != c->n_past || n_blk < c->n_blk) /* more blocks after the same rows: kept */
+        ctx_touched(c);
     c->n_blk = n_blk;
     c->n_past = n_past;
     return ECS_OK;
@@ -630,19 +640,25 @@ void model_ctx_free(model_ctx_t *c)
 {
     if (!c)
         return;
+    ctx_touched(c);
     if (c->own_pool)
         model_kvpool_free(c->pool);
     free(c->tab);
     free(c);
 }
 
-void model_ctx_reset(model_ctx_t *c) { c->n_past = 0; }
+void model_ctx_reset(model_ctx_t *c)
+{
+    ctx_touched(c);
+    c->n_past = 0;
+}
 
 ecs_err_t model_ctx_truncate(model_ctx_t *c, int n_keep)
 {
     if (n_keep < 0 || n_keep > c->n_past)
         return ecs_error(ECS_ERR_RANGE, "model: cannot keep %d of %d cached tokens", n_keep,
                          c->n_past);
+    ctx_touched(c);
     c->n_past = n_keep;
     return ECS_OK;
 }
@@ -682,6 +698,7 @@ ecs_err_t model_ctx_import(model_ctx_t *c, int n, const void *in)
     if (n < 0 || n > c->n_ctx || n > c->n_blk * MODEL_KV_BLOCK)
         return ecs_error(ECS_ERR_RANGE, "model: cannot import %d tokens into a context of %d", n,
                          c->n_ctx);
+    ctx_touched(c);
     ctx_rows_copy(c, n, (char *)in, false);
     c->n_past = n;
     return ECS_OK;
@@ -747,8 +764,10 @@ static ecs_err_t eval_layers(model_t *m, model_step_row_t *st, int n, int u0, in
         MODEL_TRY(model_diagnose_step(m, st, n, out_rows, end ? n_out : 0, logits, e));
     if (!end)
         return ECS_OK;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        ctx_touched(st[i].ctx);
         st[i].ctx->n_past = st[i].pos + 1 > st[i].ctx->n_past ? st[i].pos + 1 : st[i].ctx->n_past;
+    }
     return ECS_OK;
 }
 

@@ -371,6 +371,27 @@ ecs_err_t model_eval_batch(model_t *m, const model_row_t *rows, int n, float *lo
  * ECS_ERR_INVAL for units outside 0..model_slice_units or no resid where
  * one is needed. */
 int model_slice_units(const model_t *m);
+/* A deepseek2 attention unit of a deep chunk spends about half its time
+ * expanding the earlier positions' latent K/V into per-head K and V
+ * (attn_exp.c); these run that part ahead, in parts, so that it can fall
+ * into other steps. model_slice_expand_keys: how many earlier positions
+ * unit u of these rows (one sequence's, as the next model_eval_slice
+ * takes them) can take expanded ahead (0: none; its n_past else), and in
+ * *done how many are (those of the last calls below, unless dropped).
+ * model_slice_expand: expands positions [t0, t1), t0 = *done: the next
+ * model_eval_slice running unit u over these rows expands only the
+ * positions after t1. Bits: those of unit u run without it. The expansion
+ * lives in the model's step scratch: any expanded attention of another
+ * step in between (a prompt chunk of MODEL_MLA_EXPAND_ROWS rows in a
+ * batch), a change to the sequence (a step that advances it,
+ * model_ctx_set_blocks other than more blocks after the same n_past,
+ * _reset, _truncate, _import, _free) or
+ * model_slice_expand_drop drops it (unit u then expands it all itself:
+ * slower, the same bits). ECS_ERR_INVAL for a unit or range that cannot
+ * be taken. */
+int model_slice_expand_keys(const model_t *m, const model_row_t *rows, int n, int u, int *done);
+ecs_err_t model_slice_expand(model_t *m, const model_row_t *rows, int n, int u, int t0, int t1);
+void model_slice_expand_drop(model_t *m);
 size_t model_slice_bytes(const model_t *m, int n);
 ecs_err_t model_eval_slice(model_t *m, const model_row_t *rows, int n, int u0, int u1,
                            float *resid, float *logits);

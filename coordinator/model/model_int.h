@@ -158,6 +158,12 @@ typedef struct {
      * rows of a mixed step are gathered into qsub / attvsub. */
     void *exk, *exv;
     int ex_pos;
+    /* Earlier positions [0, exp_n) of exp_ctx (at n_past exp_past) at
+     * exp_layer, expanded in exk / exv by model_slice_expand for that
+     * sequence's next attention there; exp_ctx NULL: none. Any expanded
+     * attention takes them or drops them (the scratch is the step's). */
+    const model_ctx_t *exp_ctx;
+    int exp_layer, exp_past, exp_n;
     float *exc;      /* [nb][kv_lora] */
     float *qsub;     /* [nb][n_head*head_k] */
     float *attvsub;  /* [nb][n_head*head_v] */

@@ -68,9 +68,11 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
         (o->slice_chunk < 2 * MODEL_MLA_EXPAND_ROWS || o->slice_chunk > o->chunk))
         return ecs_error(ECS_ERR_RANGE, "sched: slice chunk %d outside %d..%d (or 0)",
                          o->slice_chunk, 2 * MODEL_MLA_EXPAND_ROWS, o->chunk);
-    if (!(o->slice_budget == 0 || o->slice_budget >= 1) || o->slice_units < 0)
-        return ecs_error(ECS_ERR_RANGE, "sched: slice budget %g (0: off, else >= 1) or slice "
-                         "units %d (>= 0) out of range", o->slice_budget, o->slice_units);
+    if (!(o->slice_budget == 0 || o->slice_budget >= 1) || o->slice_units < 0 ||
+        o->slice_expand < 0)
+        return ecs_error(ECS_ERR_RANGE, "sched: slice budget %g (0: off, else >= 1), slice "
+                         "units %d or slice expand %d (>= 0) out of range", o->slice_budget,
+                         o->slice_units, o->slice_expand);
     sched_t *s = calloc(1, sizeof *s);
     if (!s)
         return ecs_error(ECS_ERR_NOMEM, "sched: out of memory");
@@ -98,6 +100,7 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     s->rows = malloc(MODEL_MAX_BATCH * sizeof *s->rows);
     s->row_req = malloc(MODEL_MAX_BATCH * sizeof *s->row_req);
     s->n_units = model_slice_units(m);
+    s->slice_log = getenv("ECS_SLICE_LOG") != NULL;
     if (o->slice_budget > 0 || o->slice_units > 0)
         s->slice_resid = malloc(model_slice_bytes(m, o->chunk));
     if (!s->logits || !s->lp_rows || !s->picks || !s->rows || !s->row_req ||

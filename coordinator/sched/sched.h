@@ -13,8 +13,10 @@
  *   - While streams decode, the first waiting prompt chunk advances a slice
  *     of layers per step beside the decode rows (sched_opts_t.slice_budget),
  *     the chunks after it waiting; its rows' residual stream waits in a
- *     buffer allocated at sched_new. A prompt admitted so is cut into
- *     smaller chunks (sched_opts_t.slice_chunk). Slicing changes no bits.
+ *     buffer allocated at sched_new (a deepseek2 chunk's expansion of
+ *     the earlier keys, run ahead of its attention unit in parts, in the
+ *     model's scratch). A prompt admitted so is cut into smaller chunks
+ *     (sched_opts_t.slice_chunk). Slicing changes no bits.
  *   - Admission is first come, first served: a prompt chunk that does not fit
  *     in this step's budget waits, and no later request overtakes it.
  *   - Memory is fixed at sched_new: one pool of KV blocks of MODEL_KV_BLOCK
@@ -71,14 +73,23 @@ typedef struct {
      * through a few half layers per step (model_slice_units; its residual
      * kept aside, its K/V written layer by layer; the same bits as in one
      * step), so that a step carrying it takes about slice_budget decode
-     * steps' time: the units per slice come from the last decode steps' and
-     * slices' times (at least one). 0: off (a chunk runs through every
+     * steps' time: pieces (units, and parts of a deepseek2 attention
+     * unit's expansion of the earlier keys, model_slice_expand) run while
+     * the next one's time, predicted by its kind from the recent pieces,
+     * fits (slice_budget - 1) recent decode steps (at least one piece).
+     * ECS_SLICE_LOG in the environment prints each piece on stderr.
+     * 0: off (a chunk runs through every
      * layer in the step that carries it); else >= 1. With nothing decoding
      * a chunk runs through every layer at once. */
     double slice_budget;
     /* > 0: exactly this many units per slice, and slices even when nothing
      * decodes (tests, to cut prompts the same way every run) */
     int slice_units;
+    /* With slice_units (tests): before a deepseek2 attention unit that
+     * starts a slice, its expansion of the earlier positions runs ahead in
+     * parts of this many positions, one part a slice (by budget the parts
+     * are sized by time). 0: none. */
+    int slice_expand;
     /* Rows per chunk of a prompt of several chunks admitted while a stream
      * decodes (always with slice_units): smaller chunks make the smallest
      * slice (the attention half layer of a chunk deep into its prompt)

@@ -63,6 +63,9 @@ typedef struct sched_pick {
     char msg[200];      /* why, when it failed */
 } sched_pick_t;
 
+#define SCHED_DEC_RING 9
+#define SCHED_UNIT_KINDS 5 /* step.c's kinds of work in a slice */
+
 struct sched {
     model_t *m;
     const tok_t *tok;
@@ -88,12 +91,20 @@ struct sched {
     sched_req_t **row_req;
     /* layer-sliced prefill (step.c): the request whose chunk is part way
      * through the model, its next unit (model_slice_units: half layers), its
-     * residual rows [chunk][n_embd]; recent times (seconds) of a
-     * decode-only step and of one unit of a chunk */
+     * residual rows [chunk][n_embd]; the time (seconds) of a recent
+     * decode-only step, and per kind of unit (step.c, unit_kind) the
+     * recent seconds per unit of work (unit_work: rows, times keys for an
+     * attention half), so that a unit deep into a prompt is predicted
+     * from shallower ones */
     sched_req_t *slicing;
     int slice_u, n_units;
     float *slice_resid;
-    double t_dec, t_unit;
+    double t_dec, c_unit[SCHED_UNIT_KINDS];
+    /* the last decode-only steps' times (t_dec: their median, so that one
+     * step slowed by the host does not stretch the next slices) */
+    double dec_ring[SCHED_DEC_RING];
+    int dec_n, dec_i; /* how many are there (up to the ring), the next one's place */
+    bool slice_log; /* ECS_SLICE_LOG set: each slice's units and times on stderr */
     sched_req_t *running, *running_tail; /* scheduler thread only */
     int n_running;
     pthread_t thread;

@@ -18,10 +18,11 @@
  * longer than one chunk runs apart from the decode rows through a slice of
  * the model's units (half layers, model_eval_slice), one slice per step,
  * until its last slice gives its logits; such chunks after it wait (a
- * one-chunk prompt joins the decode batch). A slice has as many
- * units as fit (slice_budget - 1) decode steps by the recent times of a
- * decode-only step and of one unit of a chunk. The chunk's rows are the
- * same rows in any slicing, so its bits are those of one step. */
+ * one-chunk prompt joins the decode batch). A slice runs pieces (units,
+ * and parts of a deepseek2 attention unit's expansion of the earlier
+ * keys ahead of it) while the next one's time, predicted by its kind,
+ * fits (slice_budget - 1) recent decode-only steps. The chunk's rows are
+ * the same rows in any slicing, so its bits are those of one step. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -361,46 +362,153 @@ static sched_req_t *slice_pick(sched_t *s, bool *dec)
     return pick;
 }
 
-/* Units of the next slice: o.slice_units, else all that are left when
- * nothing decodes, else as many as fit (budget - 1) decode steps (one
- * until both times are known). */
-static int slice_count(const sched_t *s, bool dec)
-{
-    const int left = s->n_units - s->slice_u;
-    if (s->o.slice_units > 0)
-        return s->o.slice_units < left ? s->o.slice_units : left;
-    if (!dec)
-        return left;
-    if (s->t_dec <= 0 || s->t_unit <= 0)
-        return 1;
-    const double k = (s->o.slice_budget - 1) * s->t_dec / s->t_unit;
-    return k < 1 ? 1 : k >= left ? left : (int)k;
-}
-
 /* Recent times: the last ones weigh half. */
 static void time_note(double *avg, double t) { *avg = *avg > 0 ? 0.5 * *avg + 0.5 * t : t; }
 
+/* A decode-only step took t: t_dec becomes the median of the last
+ * SCHED_DEC_RING (an EMA followed the host's stalls: on the full ds2-lite
+ * at load 9 it swung from ~50 to ~300 ms, and the slices' budget with it). */
+static void dec_note(sched_t *s, double t)
+{
+    s->dec_ring[s->dec_i] = t;
+    s->dec_i = (s->dec_i + 1) % SCHED_DEC_RING;
+    s->dec_n += s->dec_n < SCHED_DEC_RING;
+    const int n = s->dec_n;
+    double v[SCHED_DEC_RING];
+    memcpy(v, s->dec_ring, (size_t)n * sizeof *v);
+    for (int i = 1; i < n; i++) /* insertion sort of a few */
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            const double x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
+        }
+    s->t_dec = v[n / 2];
+}
+
+/* Kinds of work in a slice, each with its own cost per unit of work
+ * (c_unit): the half layers (model_slice_units; the last one with and
+ * without the row that wants logits), and a part of a deepseek2
+ * attention unit's expansion of the earlier positions run ahead of it
+ * (model_slice_expand). */
+enum { UNIT_ATTN, UNIT_FFN, UNIT_LAST, UNIT_LAST_OUT, UNIT_EXPAND, UNIT_KINDS };
+_Static_assert(UNIT_KINDS == SCHED_UNIT_KINDS, "sched_t.c_unit has a cost per kind");
+
+static int unit_kind(const sched_t *s, int u, bool out)
+{
+    return u < s->n_units - 1 ? (u & 1 ? UNIT_FFN : UNIT_ATTN) : out ? UNIT_LAST_OUT : UNIT_LAST;
+}
+
+/* Keys' worth of a row's projections (Q, the latent, the output): an
+ * attention half at depth 0 still costs a few ms a chunk. */
+#define SLICE_ATTN_FIXED_KEYS 1024
+/* Fewest positions of an expansion part (a few ms at most). */
+#define SLICE_EXPAND_MIN 128
+
+/* What a kind of work for a chunk of rows rows, past earlier positions
+ * (n: the positions of an expansion part), costs in the kind's units:
+ * the attention half grows with rows x keys, the FFN with the rows, the
+ * last layer (K/V of every row, and with logits the attention of one
+ * row, expanding every key) with rows and keys. At depth one attention
+ * half costs several FFN halves (126 rows at ~3.4k keys on ds2-lite:
+ * ~60 ms against ~40), which one average over all units under-predicted. */
+static double unit_work(int kind, int rows, int past, int n)
+{
+    switch (kind) {
+    case UNIT_ATTN: return (double)rows * (double)(past + rows + SLICE_ATTN_FIXED_KEYS);
+    case UNIT_FFN: return (double)rows;
+    case UNIT_EXPAND: return (double)n;
+    default: return (double)(rows + past + rows);
+    }
+}
+
+/* Predicted seconds (0: the kind not timed yet). */
+static double unit_predict(const sched_t *s, int kind, int rows, int past, int n)
+{
+    return s->c_unit[kind] * unit_work(kind, rows, past, n);
+}
+
+/* The slice's budget in seconds: (budget - 1) decode steps; 0 when not
+ * known yet or not by budget (one unit, or o.slice_units). */
+static double slice_budget_s(const sched_t *s, bool dec)
+{
+    return dec && s->o.slice_units <= 0 && s->t_dec > 0 ? (s->o.slice_budget - 1) * s->t_dec : 0;
+}
+
+/* Positions of the next expansion part of unit u (0: none): o.slice_expand
+ * with o.slice_units, else as many as the time left fits (at least
+ * SLICE_EXPAND_MIN, all when the kind has no time yet or less than a
+ * quarter would be left). */
+static int expand_part(const sched_t *s, int keys, int done, double left)
+{
+    const int rest = keys - done;
+    if (rest <= 0 || (s->o.slice_units > 0 && s->o.slice_expand <= 0))
+        return 0;
+    if (s->o.slice_units > 0)
+        return s->o.slice_expand < rest ? s->o.slice_expand : rest;
+    const double c = s->c_unit[UNIT_EXPAND];
+    const double fit = c > 0 && left > 0 ? left / c : c > 0 ? 0 : rest;
+    const int n = fit > rest ? rest : fit < SLICE_EXPAND_MIN ? SLICE_EXPAND_MIN : (int)fit;
+    /* a tail under a quarter joins this part rather than take a step */
+    return n < rest && 4 * (rest - n) >= rest ? n : rest;
+}
+
 /* The next slice of r's chunk, its rows at rows[0 ..): true when it was
  * the last (the chunk is computed, logits in out if its last row wants
- * them). */
+ * them). Work: o.slice_units units at once (after the expansion parts of
+ * o.slice_expand positions, one a slice, of its first unit); else all
+ * units left when nothing decodes; else one piece at a time (a unit, or
+ * a part of the expansion ahead of an attention unit) while the next
+ * one's predicted time still fits the budget (at least one piece; a kind
+ * with no time yet runs first or not at all), each timed for its kind. */
 static ecs_err_t slice_run(sched_t *s, sched_req_t *r, bool dec, model_row_t *rows, float *out,
                            bool *done)
 {
-    if (s->slicing != r) {
+    if (s->slicing != r) { /* a new chunk: nothing of another is kept */
         s->slicing = r;
         s->slice_u = 0;
+        model_slice_expand_drop(s->m);
     }
-    const int k = slice_count(s, dec), l0 = s->slice_u;
-    const double t0 = sched_now();
-    const ecs_err_t e = model_eval_slice(s->m, rows, r->step_rows, l0, l0 + k, s->slice_resid, out);
-    if (e != ECS_OK)
-        return e;
-    time_note(&s->t_unit, (sched_now() - t0) / k);
-    s->slice_u += k;
+    const int R = r->step_rows, P = model_ctx_n_past(r->ctx), u_first = s->slice_u;
+    const bool want_out = rows[R - 1].want_logits;
+    const int left = s->n_units - s->slice_u;
+    const int whole = s->o.slice_units > 0 ? (s->o.slice_units < left ? s->o.slice_units : left)
+                      : !dec                 ? left
+                                             : 0; /* 0: a piece at a time, by the budget */
+    const double budget = slice_budget_s(s, dec), t0 = sched_now();
+    bool first = true;
+    for (double t = t0;; first = false) {
+        const int u = s->slice_u;
+        int x0 = 0;
+        const int keys =
+            !dec && s->o.slice_units <= 0 ? 0 : model_slice_expand_keys(s->m, rows, R, u, &x0);
+        const int nx = expand_part(s, keys, x0, budget - (t - t0));
+        const int k = nx > 0 ? 0 : whole > 0 ? whole : 1;
+        const int kind = nx > 0 ? UNIT_EXPAND : unit_kind(s, u, want_out);
+        const double pred = unit_predict(s, kind, R, P, nx);
+        if (!first && (whole > 0 || pred <= 0 || t - t0 + pred > budget))
+            break;
+        const ecs_err_t e = nx > 0 ? model_slice_expand(s->m, rows, R, u, x0, x0 + nx)
+                                   : model_eval_slice(s->m, rows, R, u, u + k, s->slice_resid, out);
+        if (e != ECS_OK)
+            return e;
+        const double t1 = sched_now();
+        if (k <= 1)
+            time_note(&s->c_unit[kind], (t1 - t) / unit_work(kind, R, P, nx));
+        if (s->slice_log)
+            fprintf(stderr, "slice: unit %d%s %s rows %d past %d%s: %.1f ms (predicted %.1f, "
+                    "budget %.1f, decode step %.1f)\n", u, k > 1 ? "+" : "",
+                    (const char *[]){"attn", "ffn", "last", "last+out", "expand"}[kind], R, P,
+                    nx > 0 ? " part" : "", (t1 - t) * 1e3, pred * 1e3, budget * 1e3,
+                    s->t_dec * 1e3);
+        t = t1;
+        s->slice_u += k;
+        if (s->slice_u == s->n_units || (whole > 0 && k > 0))
+            break;
+    }
     *done = s->slice_u == s->n_units;
     if (*done)
         s->slicing = NULL;
-    if (k < s->n_units) {
+    if (u_first > 0 || !*done) {
         pthread_mutex_lock(&s->mu);
         s->stats.prefill_slices++;
         pthread_mutex_unlock(&s->mu);
@@ -479,7 +587,7 @@ static void step(sched_t *s)
             return;
         }
         if (dec_only && n_prompt_rows == 0)
-            time_note(&s->t_dec, sched_now() - t0);
+            dec_note(s, sched_now() - t0);
         for (int i = 0; i < n; i++)
             n_out += s->rows[i].want_logits;
     }

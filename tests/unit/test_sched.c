@@ -54,9 +54,11 @@ typedef struct {
     sched_t *s;
 } rig_t;
 
-/* slice_units > 0: every chunk in slices of that many layers; 0: by
- * budget (the server's default), 0 and budget 0: off. */
-static rig_t rig_budget(const char *path, int slice_units, double budget)
+/* slice_units > 0: every chunk in slices of that many layers (expand >
+ * 0: a deepseek2 attention unit's expansion of earlier positions ahead of
+ * it in parts of that many positions); 0: by budget (the server's
+ * default), 0 and budget 0: off. */
+static rig_t rig_opts(const char *path, int slice_units, int expand, double budget)
 {
     rig_t g = {0};
     model_opts_t mo = {.n_ctx = N_CTX, .n_threads = 2};
@@ -64,13 +66,18 @@ static rig_t rig_budget(const char *path, int slice_units, double budget)
     cr_assert_eq(tok_load(model_gguf(g.m), &g.tok), ECS_OK, "%s", ecs_errmsg());
     sched_opts_t o = {.n_ctx = N_CTX, .max_running = 4, .max_queue = 8, .chunk = 256,
                       .prefix_cache = true, .slice_units = slice_units,
-                      .slice_budget = budget, .slice_chunk = 128};
+                      .slice_budget = budget, .slice_chunk = 128, .slice_expand = expand};
     cr_assert_eq(sched_new(g.m, g.tok, &o, &g.s), ECS_OK, "%s", ecs_errmsg());
     cr_assert_eq(sched_start(g.s), ECS_OK, "%s", ecs_errmsg());
     return g;
 }
 
-static rig_t rig(const char *path, int slice_units) { return rig_budget(path, slice_units, 0); }
+static rig_t rig_budget(const char *path, int slice_units, double budget)
+{
+    return rig_opts(path, slice_units, 0, budget);
+}
+
+static rig_t rig(const char *path, int slice_units) { return rig_opts(path, slice_units, 0, 0); }
 
 static void rig_free(rig_t *g)
 {
@@ -109,9 +116,10 @@ static void wait_all(rig_t *g, seen_set_t *set)
 
 /* A stream with a short prompt, then a long prompt while it decodes; the
  * records of both, and the slices counted (the model's units in *n_units). */
-static uint64_t workload(const char *path, int slice_units, seen_t out[2], int *n_units)
+static uint64_t workload(const char *path, int slice_units, int expand, seen_t out[2],
+                         int *n_units)
 {
-    rig_t g = rig(path, slice_units);
+    rig_t g = rig_opts(path, slice_units, expand, 0);
     *n_units = model_slice_units(g.m);
     memset(out, 0, 2 * sizeof *out);
     out[0].r = submit(&g, N_SHORT, 1, GEN_SHORT);
@@ -128,41 +136,60 @@ static uint64_t workload(const char *path, int slice_units, seen_t out[2], int *
     return st.prefill_slices;
 }
 
-static void same_records(const char *path)
+/* The same tokens and log-probabilities (bits) as whole. */
+static void same_as(const seen_t whole[2], const seen_t sliced[2], int k, int expand)
+{
+    for (int i = 0; i < 2; i++) {
+        const int want = i ? GEN_LONG : GEN_SHORT;
+        cr_assert_eq(whole[i].n, want);
+        cr_assert_eq(sliced[i].n, want, "request %d: %d tokens", i, sliced[i].n);
+        cr_assert_eq(whole[i].finish, SCHED_FINISH_LENGTH);
+        cr_assert_eq(sliced[i].finish, SCHED_FINISH_LENGTH);
+        for (int t = 0; t < want; t++) {
+            const sched_token_t *a = &whole[i].toks[t], *b = &sliced[i].toks[t];
+            cr_assert_eq(a->id, b->id, "request %d token %d: %d vs %d sliced by %d (expand %d)",
+                         i, t, a->id, b->id, k, expand);
+            cr_assert(!memcmp(&a->logprob, &b->logprob, sizeof a->logprob) &&
+                          !memcmp(a->top_lp, b->top_lp, sizeof a->top_lp) &&
+                          !memcmp(a->top_id, b->top_id, sizeof a->top_id),
+                      "request %d token %d: log-probabilities differ (%.9g vs %.9g) sliced "
+                      "by %d (expand %d)", i, t, a->logprob, b->logprob, k, expand);
+        }
+    }
+}
+
+static void same_records(const char *path, bool mla)
 {
     seen_t whole[2], sliced[2];
     int nu = 0;
     /* whole: the long prompt in 2 chunks of 150 rows (--chunk 256) */
-    cr_assert_eq(workload(path, 0, whole, &nu), 0, "slices counted with slicing off");
+    cr_assert_eq(workload(path, 0, 0, whole, &nu), 0, "slices counted with slicing off");
     for (int k = 1; k <= 3; k += 2) { /* units per slice: every cut; mixed cuts */
-        const uint64_t n = workload(path, k, sliced, &nu);
+        const uint64_t n = workload(path, k, 0, sliced, &nu);
         /* sliced: the short prompt's chunk and the long one's 3 of 100
          * rows (slice_chunk 128), each in ceil(units / k) slices */
         const uint64_t want_n = (uint64_t)(1 + 3) * (uint64_t)((nu + k - 1) / k);
         cr_assert_eq(n, want_n, "%llu slices with %d units per slice, want %llu",
                      (unsigned long long)n, k, (unsigned long long)want_n);
-        for (int i = 0; i < 2; i++) {
-            const int want = i ? GEN_LONG : GEN_SHORT;
-            cr_assert_eq(whole[i].n, want);
-            cr_assert_eq(sliced[i].n, want, "request %d: %d tokens", i, sliced[i].n);
-            cr_assert_eq(whole[i].finish, SCHED_FINISH_LENGTH);
-            cr_assert_eq(sliced[i].finish, SCHED_FINISH_LENGTH);
-            for (int t = 0; t < want; t++) {
-                const sched_token_t *a = &whole[i].toks[t], *b = &sliced[i].toks[t];
-                cr_assert_eq(a->id, b->id, "request %d token %d: %d vs %d sliced by %d", i, t,
-                             a->id, b->id, k);
-                cr_assert(!memcmp(&a->logprob, &b->logprob, sizeof a->logprob) &&
-                              !memcmp(a->top_lp, b->top_lp, sizeof a->top_lp) &&
-                              !memcmp(a->top_id, b->top_id, sizeof a->top_id),
-                          "request %d token %d: log-probabilities differ (%.9g vs %.9g) sliced "
-                          "by %d", i, t, a->logprob, b->logprob, k);
-            }
-        }
+        same_as(whole, sliced, k, 0);
     }
+    /* one unit a slice, each deepseek2 attention unit's expansion of the
+     * earlier positions ahead of it in parts of 37 (cut inside the
+     * expansion's blocks): the long prompt's chunks 2 and 3 (at 100 and
+     * 200 earlier positions) in 3 and 6 parts before each attention unit
+     * (the last layer's only for the final chunk's logits row), a slice
+     * each; the short prompt's chunk and the first one have none */
+    const int x = 37, n_layer = (nu + 1) / 2;
+    const uint64_t n = workload(path, 1, x, sliced, &nu);
+    const uint64_t parts = !mla ? 0 : (uint64_t)(n_layer - 1) * 3 + (uint64_t)n_layer * 6;
+    cr_assert_eq(n, (uint64_t)(1 + 3) * (uint64_t)nu + parts,
+                 "%llu slices with expansion parts of %d, want %llu", (unsigned long long)n, x,
+                 (unsigned long long)((1 + 3) * nu + parts));
+    same_as(whole, sliced, 1, x);
 }
 
-Test(sched_slice, ds2_same_bits) { same_records(DS2_Q8); }
-Test(sched_slice, qwen3moe_same_bits) { same_records(QWEN_Q8); }
+Test(sched_slice, ds2_same_bits) { same_records(DS2_Q8, true); }
+Test(sched_slice, qwen3moe_same_bits) { same_records(QWEN_Q8, false); }
 
 /* Cancelled once its first slice ran (most likely part way through its
  * chunks; wherever it is, every block comes back). */
