@@ -243,10 +243,11 @@ static void print_memory(const args_t *a, const meas_pages_t *pg, bool spawnable
 static void print_pages(const meas_pages_use_t *u)
 {
     const plan_pages_t *p = &u->pages;
-    printf("      pages: %d decode cop%s %.2f GB (%s) read in %.1f s; resident %.1f %% before and "
-           "%.1f %% after the timing%s\n", u->n_files, u->n_files == 1 ? "y" : "ies",
-           GB(u->bytes), u->n_files ? "the workers' own" : "none: the GGUF's routed experts",
-           u->warm_s, 100 * u->before, 100 * u->after,
+    printf("      pages: %d decode cop%s %.2f GB (%s) read in %.1f s, reclaim settled %.1f s "
+           "later; resident %.1f %% before and %.1f %% after the timing%s\n", u->n_files,
+           u->n_files == 1 ? "y" : "ies", GB(u->bytes),
+           u->n_files ? "the workers' own" : "none: the GGUF's routed experts", u->warm_s,
+           u->settle_s, 100 * u->before, 100 * u->after,
            u->warm ? "" : ": COLD, timed from the disk: no prediction for this layout");
     printf("        (room %.2f GB x %.1f; needs %.2f + the planner's %.2f; resident: the "
            "planner's routed experts %.2f, the layouts timed before %.2f => %s%s%s)\n",

@@ -124,6 +124,7 @@ typedef struct {
     int n_files;
     uint64_t bytes;        /* what they read */
     double warm_s;         /* reading them in */
+    double settle_s;       /* then waiting for the kernel's reclaim to stop */
     double before, after;  /* resident shares before and after the timing */
     bool warm;             /* plan_phase_warm(before, after) */
 } meas_pages_use_t;
