@@ -350,6 +350,7 @@ static ecs_err_t dispatch_submit(void *ctx, int tag, int layer, int n_tok, const
                                  int k, const int32_t *ids, const float *w)
 {
     dispatch_t *d = ctx;
+    const uint64_t t_submit = now_ns();
     if (!batch_of(d, tag))
         return ecs_error(ECS_ERR_INVAL, "dispatch: submit with tag %d (0..%d)", tag,
                          MODEL_MAX_MICRO - 1);
@@ -393,6 +394,7 @@ static ecs_err_t dispatch_submit(void *ctx, int tag, int layer, int n_tok, const
     d->step_rows += (uint64_t)n_tok;
     d->imbalance_sum += (double)busiest * d->n_workers / (double)(n_tok * k);
     pthread_mutex_unlock(&d->lock);
+    d->t_submit_ns = t_submit;
     d->t_submitted_ns = now_ns();
     return ECS_OK;
 }
@@ -622,6 +624,7 @@ static ecs_err_t dispatch_wait(void *ctx, int tag, int layer, float *out)
     batch_end(d);
     if (rc != ECS_OK)
         return rc;
+    d->ns_submit += d->t_submitted_ns - d->t_submit_ns;
     d->ns_overlap += w0 - d->t_submitted_ns;
     d->ns_blocked += now_ns() - w0;
     d->ns_rtt_max += rtt_max;
@@ -647,6 +650,7 @@ void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s)
     s->layer_calls = d->layer_calls;
     s->overlapped = d->overlapped;
     s->imbalance = d->layer_calls ? d->imbalance_sum / (double)d->layer_calls : 0;
+    s->ns_submit = d->ns_submit;
     s->ns_overlap = d->ns_overlap;
     s->ns_blocked = d->ns_blocked;
     s->ns_rtt_max = d->ns_rtt_max;

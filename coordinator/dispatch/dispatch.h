@@ -183,11 +183,12 @@ typedef struct {
     uint64_t layer_calls;        /* submits */
     uint64_t overlapped;         /* submits while another micro-batch's calls were out */
     double imbalance;            /* mean over submits of busiest / mean rows per worker */
-    /* where the layers' time went, summed over submits (ns): submit's end
-     * to wait's start (the model's overlapped work), wait blocked on the
+    /* where the layers' time went, summed over submits (ns): submit
+     * itself (grouping, the activations, the sends), submit's end to
+     * wait's start (the model's overlapped work), wait blocked on the
      * calls, the slowest call's round trip and its worker's compute time
      * (the planner's hand-off cost is the round trip less the compute) */
-    uint64_t ns_overlap, ns_blocked, ns_rtt_max, ns_compute_of_max;
+    uint64_t ns_submit, ns_overlap, ns_blocked, ns_rtt_max, ns_compute_of_max;
 } dispatch_stats_t;
 
 void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s);

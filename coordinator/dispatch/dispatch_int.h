@@ -165,7 +165,8 @@ struct dispatch {
      * after the run): submit's end to wait's start (the model's overlapped
      * work: the shared experts), wait blocked on the calls, and per layer
      * the slowest call's round trip and its worker's compute time */
-    uint64_t t_submitted_ns, ns_overlap, ns_blocked, ns_rtt_max, ns_compute_of_max;
+    uint64_t t_submit_ns, t_submitted_ns, ns_submit, ns_overlap, ns_blocked, ns_rtt_max,
+        ns_compute_of_max;
     /* activations as the kernels compute from them (dispatch.c: act_rows) */
     uint32_t *act_type;         /* [n_layer] the rows' type for a worker taking q8, F32: none */
 };

@@ -2,9 +2,11 @@
 # test_plan.sh - ecs-plan runs end to end on a tiny model (deepseek2 and
 # qwen3moe): it prints each measured input (link, both coordinator
 # timings, the recorded routings, kmoe per thread count, other processes'
-# threads, each worker layout's phase with its real workers) and one PLAN
-# line per layout asked for, with positive speeds; bad options are refused
-# with a message. No timing is judged (the numbers depend on the load).
+# threads, each worker layout's phase with its real workers inside the
+# model's own steps, counting every decode call and every prompt call of
+# the prompt's rows) and one PLAN line per layout asked for, with positive
+# speeds; bad options are refused with a message. No timing is judged
+# (the numbers depend on the load).
 # usage: tests/integration/test_plan.sh BUILD_DIR   (from the repo root)
 set -u
 build=${1:?usage: test_plan.sh BUILD_DIR}
@@ -25,11 +27,22 @@ for model in ../shared/models/tiny-ds2-q8_0.gguf ../shared/models/tiny-qwen3moe-
     missing=""
     for pat in "link (ipc" "=> alpha" "returning at once" "whose wait sleeps" "1 thread:" \
         "2 threads:" "other processes' runnable threads" "routings replayed" \
-        "expert phase per MoE layer call" "1 worker x 2 thr: decode" "hand-offs" \
+        "expert phase per MoE layer call" "inside the model's own steps" \
+        "1 worker x 2 thr: decode" "hand-offs" "outside the phases:" \
         "micro-batch overlap" "memory: " "available to the page cache"; do
         grep -qF "$pat" "$tmp/out" || missing="$missing [$pat]"
     done
     [ -z "$missing" ] && ok "$name: inputs printed" || bad "$name: no line with$missing"
+    # the phase timed in the model's own steps (--quick: one round): every
+    # MoE layer of 2 x 4 decode tokens, and the prompt's MoE layers but the
+    # last (which takes one row, forward.c)
+    moe=$(sed -nE '1s/.*layers \(([0-9]+) MoE\).*/\1/p' "$tmp/out")
+    calls=$(sed -nE 's/^ +1 worker x 2 thr: decode .*\[([0-9]+), ([0-9]+) calls\]$/\1 \2/p' "$tmp/out")
+    if [ -n "$moe" ] && [ "$calls" = "$((8 * moe)) $((moe - 1))" ]; then
+        ok "$name: the phase counted $calls calls ($moe MoE layers)"
+    else
+        bad "$name: phase calls '$calls' for $moe MoE layers, want '$((8 * moe)) $((moe - 1))'"
+    fi
     # one PLAN line per layout, speeds > 0; replication is capped at the workers
     got=$(awk '$1 == "PLAN" && $9 > 0 && $11 > 0 && $13 > 0 {printf "%s/%s ", $3, $7}' "$tmp/out")
     if [ "$got" = "0/1 1/1 2/2 " ]; then
@@ -49,15 +62,19 @@ done
 
 # with decode copies (a fresh cache folder: the workers make theirs at
 # load): the pages line counts the workers' own copies, read in and
-# resident around the timing; no layout is withheld as cold
+# resident around the timing; no layout is withheld as cold; the folder
+# holds the one-process copy, the coordinator's (the worker layouts'
+# coordinator is loaded as ecs-run --spawn-workers loads it) and the two
+# workers' copies
 model=../shared/models/tiny-ds2-q8_0.gguf
 if timeout 300 "$plan" -m "$model" --quick --repack "$tmp/cache" --pp 32 --tg 4 --workers 0,2 \
     >"$tmp/out" 2>"$tmp/err"; then
     if grep -q "pages: 2 decode copies .*(the workers' own) read in .* resident 100.0 % before and 100.0 % after" "$tmp/out" &&
-        ! grep -q "^PLAN .* cold" "$tmp/out" && [ "$(ls "$tmp/cache"/*.r16 | wc -l)" -eq 3 ]; then
+        ! grep -q "^PLAN .* cold" "$tmp/out" && [ "$(ls "$tmp/cache"/*.r16 | wc -l)" -eq 4 ] &&
+        [ "$(ls "$tmp/cache"/*.coord.r16 | wc -l)" -eq 1 ]; then
         ok "decode copies: the 2 workers' copies found and resident around the timing"
     else
-        bad "decode copies: $(grep -E 'pages:|^PLAN' "$tmp/out")"
+        bad "decode copies: $(grep -E 'pages:|^PLAN' "$tmp/out"); $(ls "$tmp/cache")"
     fi
 else
     bad "ecs-plan with --repack failed: $(tail -2 "$tmp/err")"

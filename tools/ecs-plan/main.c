@@ -243,10 +243,11 @@ static void print_memory(const args_t *a, const meas_pages_t *pg, bool spawnable
 static void print_pages(const meas_pages_use_t *u)
 {
     const plan_pages_t *p = &u->pages;
-    printf("      pages: %d decode cop%s %.2f GB (%s) read in %.1f s; resident %.1f %% before and "
-           "%.1f %% after the timing%s\n", u->n_files, u->n_files == 1 ? "y" : "ies",
-           GB(u->bytes), u->n_files ? "the workers' own" : "none: the GGUF's routed experts",
-           u->warm_s, 100 * u->before, 100 * u->after,
+    printf("      pages: %d decode cop%s %.2f GB (%s) read in %.1f s, reclaim settled %.1f s "
+           "later; resident %.1f %% before and %.1f %% after the timing%s\n", u->n_files,
+           u->n_files == 1 ? "y" : "ies", GB(u->bytes),
+           u->n_files ? "the workers' own" : "none: the GGUF's routed experts", u->warm_s,
+           u->settle_s, 100 * u->before, 100 * u->after,
            u->warm ? "" : ": COLD, timed from the disk: no prediction for this layout");
     printf("        (room %.2f GB x %.1f; needs %.2f + the planner's %.2f; resident: the "
            "planner's routed experts %.2f, the layouts timed before %.2f => %s%s%s)\n",
@@ -282,7 +283,7 @@ int main(int argc, char **argv)
                        .repack_dir = a.no_repack ? NULL
                                      : a.repack_dir ? a.repack_dir
                                                     : krepack_default_dir(cache, sizeof cache)};
-    model_t *m;
+    model_t *m, *mr = NULL;
     if (model_load(a.model, &mo, &m) != ECS_OK) {
         fprintf(stderr, "ecs-plan: %s\n", ecs_errmsg());
         meas_server_stop(&srv);
@@ -340,10 +341,30 @@ int main(int argc, char **argv)
      * its experts out (wait() sleeps a round trip per MoE layer, not
      * counted), for the layouts with workers */
     plan_inputs_t in_remote;
+    /* the coordinator of the layouts with workers, loaded as ecs-run
+     * --spawn-workers loads it (its own decode copy without the routed
+     * experts, those pages touched first): its timing and the phases run
+     * on it. Timed on the one-process model instead, the full ds2-lite's
+     * phase took 2.47 ms a decode call with 1 worker where ecs-run's took
+     * ~1.6 (docs/benchmarks.md, "The planner's worker decode phase"). */
+    bool any_workers = false;
+    for (int i = 0; i < a.n_layouts; i++)
+        any_workers |= a.workers[i] > 0;
+    if (any_workers) {
+        model_opts_t mro = mo;
+        mro.experts_remote = true;
+        if (model_load(a.model, &mro, &mr) != ECS_OK) {
+            fprintf(stderr, "ecs-plan: the coordinator with remote experts: %s\n", ecs_errmsg());
+            goto out;
+        }
+        (void)model_prefault(mr, true);
+    }
     for (int remote = 0; remote < 2; remote++) {
         meas_coord_t mc;
-        if (meas_coord(m, a.pp, a.tg, a.quick ? 1 : a.reps, remote ? (long)(lk.alpha_s * 1e9) : 0,
-                       &mc)) {
+        if (remote && !mr)
+            mr = m; /* no layout with workers: its figures are printed, never used */
+        if (meas_coord(remote ? mr : m, a.pp, a.tg, a.quick ? 1 : a.reps,
+                       remote ? (long)(lk.alpha_s * 1e9) : 0, &mc)) {
             fprintf(stderr, "ecs-plan: timing the coordinator: %s\n", ecs_errmsg());
             goto out;
         }
@@ -434,32 +455,25 @@ int main(int argc, char **argv)
                                 "threads");
 
     /* 4. the expert phase of each layout with workers, as it runs: real
-     * ecs-worker processes, the shared experts computed meanwhile */
+     * ecs-worker processes behind the model's own steps */
     meas_phase_t ph[MAX_LAYOUTS];
     memset(ph, 0, sizeof ph);
     memset(cold, 0, sizeof cold);
-    /* the coordinator's own work per MoE layer outside the expert phase,
-     * run between the calls (the workers sleep meanwhile, as in a step) */
-    const double gap_dec = (in_remote.dec_s - in_remote.shexp_dec_s) / in.n_layer_moe;
-    const double gap_pp = (in_remote.pp_row_s - in_remote.shexp_pp_row_s) * PLAN_STEP_ROWS /
-                          in.n_layer_moe;
     if (!spawnable)
         printf("  expert phase: modelled (--cores or --transport describe another machine than "
                "the one --spawn-workers would use here)\n");
     else
         printf("  expert phase per MoE layer call with the layout's own workers (real ecs-worker "
-               "processes, the dispatcher's transport, the coordinator computing the shared "
-               "experts meanwhile and busy %.3f ms | %.1f ms between calls; median):\n",
-               gap_dec * 1e3, gap_pp * 1e3);
+               "processes, the dispatcher's transport, inside the model's own steps: pp%d, "
+               "tg%d after it, tg%d; mean per call):\n", a.pp, a.tg, a.tg);
     for (int i = 0; i < a.n_layouts; i++) {
         const int n = a.workers[i];
         if (!n)
             continue;
         if (!spawnable) /* the layout asked for is not this machine's: modelled */
             continue;
-        if (meas_phase(m, n, wthreads(&a, n), a.replication < n ? a.replication : n,
-                       a.no_repack ? "" : mo.repack_dir, gap_dec,
-                       gap_pp, have_trace ? &tr : NULL, a.quick, &pg, &ph[i]))
+        if (meas_phase(m, mr, n, wthreads(&a, n), a.replication < n ? a.replication : n,
+                       a.no_repack ? "" : mo.repack_dir, a.pp, a.tg, a.quick, &pg, &ph[i]))
             goto out;
         cold[i] = !ph[i].pages.warm;
         const meas_phase_t *q = &ph[i];
@@ -467,9 +481,16 @@ int main(int argc, char **argv)
                "%.3f compute + %.3f hand-offs; shared experts %.3f) | %d rows %.2f ms (%.2f = "
                "%.2f + %.2f; %.2f) [%d, %d calls]\n", n, n > 1 ? "s" : "", q->threads,
                q->dec_phase_s * 1e3, q->dec_rtt_s * 1e3, q->dec_compute_s * 1e3,
-               q->dec_handoff_s * 1e3, q->dec_shexp_s * 1e3, PLAN_STEP_ROWS, q->pp_phase_s * 1e3,
+               q->dec_handoff_s * 1e3, q->dec_shexp_s * 1e3, q->pp_rows, q->pp_phase_s * 1e3,
                q->pp_rtt_s * 1e3, q->pp_compute_s * 1e3, q->pp_handoff_s * 1e3,
                q->pp_shexp_s * 1e3, q->calls_dec, q->calls_pp);
+        /* the coordinator's part of those steps, beside the null backend's
+         * that the prediction takes (a check of the sum, not an input) */
+        const double null_dec = in_remote.dec_s + (d0 + a.pp / 2.0) * in_remote.dec_ctx_s -
+                                in_remote.shexp_dec_s; /* at the runs' mean depth */
+        printf("      outside the phases: %.3f ms a token, %.1f ms a prompt step (null backend: "
+               "%.3f, %.1f)\n", q->dec_outside_s * 1e3, q->pp_outside_s * 1e3, null_dec * 1e3,
+               (in_remote.pp_row_s - in_remote.shexp_pp_row_s) * q->pp_rows * 1e3);
         print_pages(&q->pages);
     }
 
@@ -492,7 +513,7 @@ int main(int argc, char **argv)
                                  .batch = 1, .depth = (int)d0, .pp = a.pp, .holders = hold[i],
                                  .samples = 64, .seed = 7, .phase_dec_s = ph[i].dec_phase_s,
                                  .phase_pp_s = ph[i].pp_phase_s,
-                                 .phase_pp_rows = PLAN_STEP_ROWS};
+                                 .phase_pp_rows = ph[i].pp_rows};
         plan_layout_t ld = lay[i];
         ld.depth = a.pp + (int)d0;
         const plan_inputs_t *pi = n ? &in_remote : &in;
@@ -589,6 +610,8 @@ out:
     for (int i = 0; i < a.n_layouts; i++)
         free(hold[i]);
     meas_pages_free(&pg);
+    if (mr != m)
+        model_free(mr);
     model_free(m);
     return rc;
 }

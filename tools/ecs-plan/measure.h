@@ -124,6 +124,7 @@ typedef struct {
     int n_files;
     uint64_t bytes;        /* what they read */
     double warm_s;         /* reading them in */
+    double settle_s;       /* then waiting for the kernel's reclaim to stop */
     double before, after;  /* resident shares before and after the timing */
     bool warm;             /* plan_phase_warm(before, after) */
 } meas_pages_use_t;
@@ -140,29 +141,40 @@ int meas_pages_warm(model_t *m, const dispatch_t *d, meas_pages_use_t *u);
  * layout's files join pg->done. */
 void meas_pages_after(model_t *m, meas_pages_t *pg, meas_pages_use_t *u);
 
-/* The expert phase of one MoE layer as a layout with workers runs it:
- * n_workers real ecs-worker processes spawned through the dispatcher (its
- * transport, its placement, each worker with `threads` threads and its own
- * prefaulted shard), and, between submit and wait, the coordinator
- * computing the layer's real shared experts on its own threads, as
- * forward.c does. Per call: submit to the end of wait (the phase), the
- * slowest call's round trip and its worker's compute (as the worker
- * reports it: the expert rate as a worker runs it, with the other
- * processes competing as they do), the shared experts' time. Between two
- * calls the coordinator's threads stay busy for gap_dec_s / gap_pp_s (its
- * own work per MoE layer outside the phase: attention, router, norms), as
- * in a step: the workers go to sleep meanwhile and must be woken, which is
- * part of what a call costs. Medians over the MoE layers, for a one-row
- * step (decode) and a 512-row step. */
+/* The expert phase of one MoE layer as a layout with workers runs it,
+ * timed inside the model's own steps: n_workers real ecs-worker processes
+ * spawned through the dispatcher (its transport, its placement, each
+ * worker with `threads` threads and its own prefaulted shard) behind the
+ * model, which runs what ecs-run --bench runs (a warm-up; then the prompt
+ * of pp rows, tg greedy tokens after it, tg from an empty context; twice,
+ * once with quick). Per MoE layer call, from submit's start to the end of
+ * wait: the calls out, the coordinator's shared experts meanwhile, the
+ * answers summed (the phase); the slowest call's round trip and its
+ * worker's compute (the worker's own figure) from the dispatcher. Means
+ * over the decode steps' calls and over the prompt steps' calls of pp rows
+ * (a step's time is the sum of its calls: the mean, not the median, is
+ * what adds up). An imitation of a step (the coordinator's threads spun
+ * between calls that replayed recorded routings, the shared experts as a
+ * kmoe call) timed the decode phase 20-40 % slower than real steps do: the
+ * workers' wake-ups and the scheduler's choices depend on what the
+ * coordinator does around the call (docs/planner.md, "What it measures",
+ * 5.). dec_outside_s / pp_outside_s: the same steps' time outside
+ * the phases per token / per prompt step (the coordinator's own work with
+ * its experts out), printed beside the null backend's figure the
+ * prediction takes. */
 typedef struct {
-    int n_workers, threads, calls_dec, calls_pp;
+    int n_workers, threads, calls_dec, calls_pp, pp_rows;
     double dec_phase_s, dec_rtt_s, dec_compute_s, dec_shexp_s;
     double pp_phase_s, pp_rtt_s, pp_compute_s, pp_shexp_s;
-    double dec_handoff_s, pp_handoff_s; /* median of round trip - compute per call */
+    double dec_handoff_s, pp_handoff_s; /* mean round trip - compute of the slowest call */
+    double dec_outside_s, pp_outside_s;
     meas_pages_use_t pages; /* the page cache around it (pg NULL: not looked at) */
 } meas_phase_t;
-int meas_phase(model_t *m, int n_workers, int threads, int replication, const char *worker_repack,
-               double gap_dec_s, double gap_pp_s, const meas_trace_t *tr, bool quick,
-               meas_pages_t *pg, meas_phase_t *out);
+/* m: the planner's one-process model (its pages, pg); coord: the
+ * coordinator the steps run on, loaded as ecs-run --spawn-workers loads
+ * it (experts_remote). */
+int meas_phase(model_t *m, model_t *coord, int n_workers, int threads, int replication,
+               const char *worker_repack, int pp, int tg, bool quick, meas_pages_t *pg,
+               meas_phase_t *out);
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/resident.h"
 #include "coordinator/dispatch/dispatch.h"
@@ -175,6 +176,45 @@ void meas_pages_before_start(model_t *m, meas_pages_t *pg, int replication, meas
         (void)ecs_file_evict(pg->done.path[i], 0, 0);
 }
 
+/* The kernel's reclaim and compaction work so far (/proc/vmstat's page
+ * scans, migrations, khugepaged's collapses): 0 if it cannot be read. */
+static uint64_t vm_work(void)
+{
+    static const char *keys[] = {"pgscan_kswapd", "pgscan_direct", "pgmigrate_success",
+                                 "compact_migrate_scanned", "compact_free_scanned",
+                                 "thp_collapse_alloc"};
+    FILE *f = fopen("/proc/vmstat", "r");
+    uint64_t sum = 0;
+    char name[64];
+    unsigned long long v;
+    while (f && fscanf(f, "%63s %llu", name, &v) == 2)
+        for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+            if (!strcmp(name, keys[i]))
+                sum += v;
+    if (f)
+        fclose(f);
+    return sum;
+}
+
+/* Waits until the kernel stops reclaiming and compacting after the files
+ * were read in (the counters still for two looks 250 ms apart; at most
+ * 15 s): the full model's layouts timed right after a 10 GB shuffle ran
+ * 35-55 % slow as a whole, the coordinator's own work included
+ * (docs/benchmarks.md, "The planner's worker decode phase"). */
+static double settle(void)
+{
+    const double t0 = meas_now();
+    uint64_t last = vm_work();
+    int still = 0;
+    while (still < 2 && meas_now() - t0 < 15) {
+        nanosleep(&(struct timespec){0, 250000000L}, NULL);
+        const uint64_t now = vm_work();
+        still = now == last ? still + 1 : 0;
+        last = now;
+    }
+    return meas_now() - t0;
+}
+
 int meas_pages_warm(model_t *m, const dispatch_t *d, meas_pages_use_t *u)
 {
     if (worker_files(d, &u->files)) {
@@ -190,6 +230,7 @@ int meas_pages_warm(model_t *m, const dispatch_t *d, meas_pages_use_t *u)
             return -1;
         }
     u->warm_s = meas_now() - t0;
+    u->settle_s = settle();
     u->n_files = u->files.n;
     uint64_t r, b;
     files_resident(m, &u->files, &r, &b);

@@ -148,6 +148,44 @@ static const char *busy_note(const stopwatch_t *w, int nth, char *buf, size_t ca
     return buf;
 }
 
+/* The dispatcher's figures summed over the decode runs only (the line
+ * dispatch_print_stats prints at the end mixes in the prompts' calls):
+ * what a decode step's expert phase costs per MoE layer call, beside
+ * ecs-plan's phase (docs/planner.md). */
+static dispatch_stats_t g_dec;
+
+static void dec_stats(const dispatch_t *d, dispatch_stats_t *before, bool end)
+{
+    if (!d)
+        return;
+    dispatch_stats_t s;
+    dispatch_stats(d, &s);
+    if (!end) {
+        *before = s;
+        return;
+    }
+    g_dec.layer_calls += s.layer_calls - before->layer_calls;
+    g_dec.ns_submit += s.ns_submit - before->ns_submit;
+    g_dec.ns_overlap += s.ns_overlap - before->ns_overlap;
+    g_dec.ns_blocked += s.ns_blocked - before->ns_blocked;
+    g_dec.ns_rtt_max += s.ns_rtt_max - before->ns_rtt_max;
+    g_dec.ns_compute_of_max += s.ns_compute_of_max - before->ns_compute_of_max;
+}
+
+static void print_dec_stats(void)
+{
+    const double n = (double)g_dec.layer_calls;
+    if (n <= 0)
+        return;
+    const double sub = g_dec.ns_submit / n, ov = g_dec.ns_overlap / n, bl = g_dec.ns_blocked / n;
+    printf("decode steps' expert phase: %.0f layer calls, per call %.0f us from submit to "
+           "the end of wait = %.0f submit + %.0f overlapped (shared experts) + %.0f blocked; "
+           "slowest call %.0f us round trip = %.0f its worker's compute + %.0f hand-offs\n", n,
+           (sub + ov + bl) / 1e3, sub / 1e3, ov / 1e3, bl / 1e3, g_dec.ns_rtt_max / n / 1e3,
+           g_dec.ns_compute_of_max / n / 1e3,
+           ((double)g_dec.ns_rtt_max - (double)g_dec.ns_compute_of_max) / n / 1e3);
+}
+
 /* Decodes n tokens greedily after whatever c holds, starting from first. */
 static int bench_decode(model_ctx_t *c, int32_t first, int n, float *logits, int V,
                         stopwatch_t *sw)
@@ -251,7 +289,7 @@ static int bench_batch(model_t *m, const args_t *a, const int32_t *toks, int n_t
     return rc;
 }
 
-int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
+int run_bench(model_t *m, model_ctx_t *c, const args_t *a, const dispatch_t *d)
 {
     const arch_hparams_t *hp = model_hparams(m);
     const int V = model_n_vocab(m), n_ctx = model_ctx_n_ctx(c);
@@ -316,8 +354,11 @@ int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
             if (a->profile)
                 print_profile(m, what, a->pp, nth);
             if (a->tg > 0) {
+                dispatch_stats_t ds;
+                dec_stats(d, &ds, false);
                 if ((rc = bench_decode(c, sampler_argmax(logits, V), a->tg, logits, V, &sw)))
                     break;
+                dec_stats(d, &ds, true);
                 snprintf(what, sizeof what, "tg%d @ depth %d", a->tg, a->pp);
                 print_speed(what, a->tg, &sw, gb_tok, bw, nth);
                 if (a->profile)
@@ -326,8 +367,11 @@ int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
         }
         if (a->tg > 0) {
             model_ctx_reset(c);
+            dispatch_stats_t ds;
+            dec_stats(d, &ds, false);
             if ((rc = bench_decode(c, toks[0], a->tg, logits, V, &sw)))
                 break;
+            dec_stats(d, &ds, true);
             snprintf(what, sizeof what, "tg%d", a->tg);
             print_speed(what, a->tg, &sw, gb_tok, bw, nth);
             if (a->profile)
@@ -337,6 +381,7 @@ int run_bench(model_t *m, model_ctx_t *c, const args_t *a)
             break;
         fflush(stdout);
     }
+    print_dec_stats();
     mem_kb_t mk;
     read_mem(&mk);
     const double MiB = 1024.0 * 1024.0;

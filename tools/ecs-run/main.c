@@ -583,7 +583,7 @@ static int run_args(const args_t *ap)
         model_ctx_t *c = NULL;
         int rc = model_ctx_new(m, model_n_ctx_max(m), flags, &c) != ECS_OK
                      ? run_fail("%s", ecs_errmsg())
-                     : run_bench(m, c, &a);
+                     : run_bench(m, c, &a, dsp);
         if (rc == 0)
             rc = run_stdout_check();
         if (dsp)

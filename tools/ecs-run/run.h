@@ -33,8 +33,8 @@ int run_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 double run_now_s(void);
 unsigned run_ctx_flags(const args_t *a);
 
-/* bench.c: --bench */
-int run_bench(model_t *m, model_ctx_t *c, const args_t *a);
+/* bench.c: --bench (d: the dispatcher when the experts run on workers, else NULL) */
+int run_bench(model_t *m, model_ctx_t *c, const args_t *a, const dispatch_t *d);
 
 /* out.c */
 /* SIGINT / SIGTERM set a flag (no SA_RESTART) instead of killing the
