@@ -130,6 +130,10 @@ ecs_err_t mux_new(const mux_opts_t *opts, mux_t **out)
             goto fail;
         }
         zu_last_endpoint(m->ctrl, m->ctrl_ep, sizeof m->ctrl_ep);
+        /* dirty until first read to EAGAIN: a new pipe's first message
+         * does not signal ZMQ_FD (its reader was never seen asleep), so the
+         * monitor's first failed handshake went unread */
+        m->ctrl_dirty = m->ctrl_mon_dirty = true;
     }
     if (pthread_create(&m->thread, NULL, mux_io_main, m) != 0) {
         e = ecs_error(ECS_ERR_INTERNAL, "mux: cannot start the I/O thread");
