@@ -424,5 +424,9 @@ void model_experts_local_finish(model_experts_local_t *l, const float *w, float 
 /* Most jobs one region of the local backend appends, plus one. */
 int model_experts_local_max_jobs(const model_t *m);
 
+/* c's cache may change (or c go): an expansion of its rows run ahead by
+ * model_slice_expand is no longer its (seq.c). */
+void model_ctx_touched(model_ctx_t *c);
+
 
 #endif
