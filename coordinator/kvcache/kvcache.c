@@ -109,6 +109,20 @@ static void lru_append(kvc_t *c, int b)
     c->n_cached++;
 }
 
+/* A restored block is older than anything used since the start, and the
+ * restore goes most recent first: each one goes before the rest. */
+static void lru_prepend(kvc_t *c, int b)
+{
+    c->prev[b] = -1;
+    c->next[b] = c->lru_head;
+    if (c->lru_head >= 0)
+        c->prev[c->lru_head] = b;
+    else
+        c->lru_tail = b;
+    c->lru_head = b;
+    c->n_cached++;
+}
+
 static void unpublish(kvc_t *c, int b)
 {
     for (int *p = &c->bucket[slot_of(c, c->key[b])]; *p >= 0; p = &c->hnext[*p])
@@ -187,9 +201,37 @@ bool kvc_publish(kvc_t *c, int b, uint64_t key)
                 c->free_stack[i] = c->free_stack[--c->n_free];
                 break;
             }
-        lru_append(c, b);
+        lru_prepend(c, b);
     }
     return true;
+}
+
+int kvc_restore(kvc_t *c, uint64_t key)
+{
+    if (c->n_free == 0 || kvc_find(c, key) >= 0)
+        return -1;
+    const int b = c->free_stack[c->n_free - 1];
+    kvc_publish(c, b, key);
+    return b;
+}
+
+int kvc_find(const kvc_t *c, uint64_t key)
+{
+    for (int b = c->bucket[slot_of(c, key)]; b >= 0; b = c->hnext[b])
+        if (c->key[b] == key)
+            return b;
+    return -1;
+}
+
+int kvc_recent(const kvc_t *c, int *out)
+{
+    int n = 0;
+    for (int b = 0; b < c->n; b++)
+        if (c->published[b] && c->refs[b] > 0)
+            out[n++] = b;
+    for (int b = c->lru_tail; b >= 0; b = c->prev[b])
+        out[n++] = b;
+    return n;
 }
 
 bool kvc_key(const kvc_t *c, int b, uint64_t *key)

@@ -47,8 +47,20 @@ void kvc_ref(kvc_t *c, int b);
 /* Drops a reference; at zero the block is cached (if published) or free. */
 void kvc_unref(kvc_t *c, int b);
 /* Publishes full block b under key; false (nothing changes) when another
- * block already has that key or b has one. */
+ * block already has that key or b has one. A free block published this way
+ * (restored from disk) is cached as the least recently used: restore the
+ * most recent first. */
 bool kvc_publish(kvc_t *c, int b, uint64_t key);
+/* A free block published under key as the least recently used cached
+ * block (a block read back from disk: restore the most recent first); -1
+ * when no block is free (nothing is evicted) or key is published. */
+int kvc_restore(kvc_t *c, uint64_t key);
+/* The block published under key, -1 if none; changes nothing. */
+int kvc_find(const kvc_t *c, uint64_t key);
+/* The published blocks into out[n_blocks], most recent first: the
+ * referenced ones, then the cached ones from the most recently used;
+ * returns how many. */
+int kvc_recent(const kvc_t *c, int *out);
 /* The block published under key, -1 if none; marks it recently used. */
 int kvc_lookup(kvc_t *c, uint64_t key);
 /* Whether b is published, and its key. */

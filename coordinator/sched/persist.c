@@ -45,6 +45,34 @@ static void get_block(void *arg, int i, sched_kvrec_t *rec)
     model_kvpool_block_get(sv->s->pool, b, rec->data);
 }
 
+/* The published blocks into order[n_blocks], the most recently used chain
+ * first and each chain from its first block: a restart with a smaller pool
+ * reads the file until it is full, so it keeps the latest conversations
+ * whole (a block without the blocks before it is of no use). Returns how
+ * many; 0 (nothing saved) when out of memory. */
+static int save_order(const sched_t *s, int *order)
+{
+    int *recent = malloc((size_t)s->n_blocks * sizeof *recent);
+    int *chain = malloc((size_t)s->n_blocks * sizeof *chain);
+    bool *done = calloc((size_t)s->n_blocks, sizeof *done);
+    int n = 0;
+    const int n_recent = recent && chain && done ? kvc_recent(s->kvc, recent) : 0;
+    for (int i = 0; i < n_recent; i++) {
+        int len = 0; /* recent[i] and the blocks before it not yet placed */
+        for (int b = recent[i]; b >= 0 && !done[b] && len < s->n_blocks;
+             b = kvc_find(s->kvc, s->blk_parent[b])) {
+            chain[len++] = b;
+            done[b] = true;
+        }
+        while (len > 0)
+            order[n++] = chain[--len];
+    }
+    free(recent);
+    free(chain);
+    free(done);
+    return n;
+}
+
 ecs_err_t sched_cache_save(sched_t *s, const char *dir, int *n_saved, long *n_tokens)
 {
     *n_saved = 0;
@@ -56,12 +84,7 @@ ecs_err_t sched_cache_save(sched_t *s, const char *dir, int *n_saved, long *n_to
     file_path(tmp, sizeof tmp, dir, ".tmp");
     save_t sv = {s, malloc((size_t)s->n_blocks * sizeof *sv.blocks)};
     void *data = malloc(s->block_bytes);
-    int n = 0;
-    for (int b = 0; sv.blocks && b < s->n_blocks; b++) {
-        uint64_t key;
-        if (kvc_key(s->kvc, b, &key))
-            sv.blocks[n++] = b;
-    }
+    const int n = sv.blocks ? save_order(s, sv.blocks) : 0;
     const sched_kvfile_id_t id = file_id(s);
     FILE *f = data && sv.blocks ? fopen(tmp, "wb") : NULL;
     bool ok = f && sched_kvfile_write(f, &id, n, get_block, &sv, data);
@@ -87,16 +110,14 @@ static int put_block(void *arg, const sched_kvrec_t *r)
     sched_t *s = arg;
     if (kvc_n_free(s->kvc) <= sched_blocks_for(s->o.n_ctx))
         return -1;
-    if (kvc_lookup(s->kvc, r->key) >= 0)
+    if (kvc_find(s->kvc, r->key) >= 0)
         return 1; /* already there */
-    const int b = kvc_alloc(s->kvc);
+    const int b = kvc_restore(s->kvc, r->key);
     if (b < 0)
         return 0;
     model_kvpool_block_put(s->pool, b, r->data);
     memcpy(s->blk_toks + (size_t)b * MODEL_KV_BLOCK, r->toks, sizeof r->toks);
     s->blk_parent[b] = r->parent;
-    kvc_publish(s->kvc, b, r->key);
-    kvc_unref(s->kvc, b);
     return 1;
 }
 

@@ -449,6 +449,34 @@ for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
             assert bf16.stop() == 0
 
     check("%s: --prefix-cache-dir keeps the prefix warm across a restart" % name, after_restart)
+
+    def smaller_pool_keeps_latest():
+        other = greedy("Elsewhere, the lakes. " + HISTORY + " Next question 0?", 4)
+        first = Server(binary, path, "--ctx", "1024", "--max-running", "2", "--prefix-cache-dir", cache_dir)
+        try:  # an older conversation, then the latest one
+            for req in (other, turns()[0]):
+                st, r = post_json(first.port, "/v1/completions", req)
+                assert st == 200, r
+            n_latest = r["usage"]["prompt_tokens"] // 64
+            bb = int(re.search(r"(\d+) bytes a block", first.read_log()).group(1))
+        finally:
+            assert first.stop() == 0
+        # room for one context (kept free) and the latest conversation only
+        small = Server(binary, path, "--ctx", "1024", "--max-running", "2", "--prefix-cache-dir",
+                       cache_dir, "--kv-mem", str((1024 // 64 + n_latest) * bb + bb // 2))
+        try:
+            st, r1 = post_json(small.port, "/v1/completions", turns()[1])
+            assert st == 200, r1
+            hit = r1["usage"]["prompt_tokens_details"]["cached_tokens"]
+            # deepseek2 recomputes up to a block so that a chunk keeps MODEL_MLA_EXPAND_ROWS rows
+            assert hit >= (n_latest - 1) * 64 > 0, ("the latest conversation was not restored whole", hit, n_latest,
+                                          small.read_log())
+            assert r1["choices"][0]["text"] == cold[1]["choices"][0]["text"], (r1, cold[1])
+        finally:
+            assert small.stop() == 0
+
+    check("%s: a restart with a smaller pool restores the latest conversation first" % name,
+          smaller_pool_keeps_latest)
     shutil.rmtree(cache_dir, ignore_errors=True)
 
 # ---- API keys ----

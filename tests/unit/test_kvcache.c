@@ -102,3 +102,47 @@ Test(kvcache, key_chain_covers_the_whole_prefix)
     const uint64_t k2 = kvc_chain(ka, a, 64), k2b = kvc_chain(kvc_chain(7, b, 64), a, 64);
     cr_assert_neq(k2, k2b);
 }
+
+Test(kvcache, recent_lists_in_use_then_cached_newest_first)
+{
+    kvc_t *c = make(5);
+    int b[5];
+    for (int i = 0; i < 5; i++) {
+        b[i] = kvc_alloc(c);
+        cr_assert(kvc_publish(c, b[i], 100 + (uint64_t)i));
+    }
+    kvc_unref(c, b[0]);
+    kvc_unref(c, b[1]);
+    kvc_unref(c, b[2]);
+    cr_assert_eq(kvc_lookup(c, 100), b[0], "b0 now the most recently used cached");
+    int out[5];
+    cr_assert_eq(kvc_recent(c, out), 5);
+    cr_assert(out[0] == b[3] && out[1] == b[4], "referenced first");
+    cr_assert(out[2] == b[0] && out[3] == b[2] && out[4] == b[1], "then cached, newest first");
+    cr_assert_eq(kvc_find(c, 101), b[1]);
+    cr_assert_eq(kvc_find(c, 999), -1);
+    int again[5];
+    kvc_recent(c, again);
+    cr_assert_arr_eq(out, again, sizeof out, "kvc_find changes no recency");
+    kvc_free(c);
+}
+
+Test(kvcache, restored_blocks_are_older_than_used_ones_first_restored_newest)
+{
+    kvc_t *c = make(4);
+    const int used = kvc_alloc(c);
+    cr_assert(kvc_publish(c, used, 1));
+    kvc_unref(c, used); /* cached before the restore: used since the start */
+    const int r1 = kvc_restore(c, 10), r2 = kvc_restore(c, 20), r3 = kvc_restore(c, 30);
+    cr_assert(r1 >= 0 && r2 >= 0 && r3 >= 0);
+    cr_assert_eq(kvc_restore(c, 40), -1, "no free block: nothing evicted");
+    cr_assert_eq(kvc_find(c, 1), used, "the used block stays");
+    cr_assert_eq(kvc_n_cached(c), 4);
+    cr_assert_eq(kvc_restore(c, 10), -1, "a published key is not restored twice");
+    int out[4];
+    cr_assert_eq(kvc_recent(c, out), 4);
+    cr_assert(out[0] == used && out[1] == r1 && out[2] == r2 && out[3] == r3,
+              "used, then restored in file order: %d %d %d %d", out[0], out[1], out[2], out[3]);
+    cr_assert_eq(kvc_alloc(c), r3, "the last restored goes first");
+    kvc_free(c);
+}

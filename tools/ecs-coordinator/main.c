@@ -341,9 +341,10 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
     const int per_ctx = (so.n_ctx + MODEL_KV_BLOCK - 1) / MODEL_KV_BLOCK;
     fprintf(stderr,
             "memory: weights %.1f MB mapped, workspace %.1f MB, KV pool %d blocks x %d tokens = "
-            "%.1f MB (%s, %.1f KB/token, %s; %.1f contexts of %d tokens)%s\n",
+            "%.1f MB (%s, %zu bytes a block, %.1f KB/token, %s; %.1f contexts of %d tokens)%s\n",
             wbytes / 1e6, model_workspace_bytes(m) / 1e6, st.kv_blocks, MODEL_KV_BLOCK,
-            st.kv_bytes / 1e6, st.kv_type, st.kv_block_bytes / 1e3 / MODEL_KV_BLOCK,
+            st.kv_bytes / 1e6, st.kv_type, (size_t)st.kv_block_bytes,
+            st.kv_block_bytes / 1e3 / MODEL_KV_BLOCK,
             a->kv_mem ? "--kv-mem" : "from free memory", (double)st.kv_blocks / per_ctx, so.n_ctx,
             st.kv_blocks < per_ctx * a->max_running
                 ? " - less than --max-running whole contexts: long requests may wait or be preempted"
