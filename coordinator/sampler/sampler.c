@@ -360,16 +360,32 @@ int32_t sampler_argmax(const float *l, int32_t n)
     return 0;
 }
 
+/* A NaN or +inf logit, or none above -inf, is an error naming the first
+ * bad one. The scan runs in lanes without an early exit, so that it is
+ * vectorised like sampler_argmax: with the exit it took ~0.2 ms of a
+ * 102400-token row, most of a greedy draw. */
 static ecs_err_t check_logits(const float *l, int32_t n)
 {
-    int32_t finite = 0;
-    for (int32_t i = 0; i < n; i++) {
+    int32_t bad[ARGMAX_LANES] = {0}, finite[ARGMAX_LANES] = {0};
+    int32_t i = 0;
+    for (; i + ARGMAX_LANES <= n; i += ARGMAX_LANES)
+        for (int j = 0; j < ARGMAX_LANES; j++) {
+            bad[j] |= !(l[i + j] < INFINITY); /* NaN or +inf */
+            finite[j] += l[i + j] != -INFINITY;
+        }
+    for (int j = 1; j < ARGMAX_LANES; j++) {
+        bad[0] |= bad[j];
+        finite[0] += finite[j];
+    }
+    for (; i < n; i++) {
+        bad[0] |= !(l[i] < INFINITY);
+        finite[0] += l[i] != -INFINITY;
+    }
+    for (i = 0; bad[0] && i < n; i++)
         if (isnan(l[i]) || l[i] == INFINITY)
             return ecs_error(ECS_ERR_RANGE, "sampler: logit %d is %s", i,
                              isnan(l[i]) ? "NaN" : "+inf");
-        finite += l[i] != -INFINITY;
-    }
-    if (finite == 0)
+    if (finite[0] == 0)
         return ecs_error(ECS_ERR_RANGE, "sampler: every logit is -inf");
     return ECS_OK;
 }

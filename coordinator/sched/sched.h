@@ -77,7 +77,8 @@ typedef struct {
      * unit's expansion of the earlier keys, model_slice_expand) run while
      * the next one's time, predicted by its kind from the recent pieces,
      * fits (slice_budget - 1) recent decode steps (at least one piece).
-     * ECS_SLICE_LOG in the environment prints each piece on stderr.
+     * ECS_SLICE_LOG in the environment prints each piece on stderr, and
+     * each step's rows (prompt rows among them), waiting requests, time.
      * 0: off (a chunk runs through every
      * layer in the step that carries it); else >= 1. With nothing decoding
      * a chunk runs through every layer at once. */

@@ -104,7 +104,7 @@ struct sched {
      * step slowed by the host does not stretch the next slices) */
     double dec_ring[SCHED_DEC_RING];
     int dec_n, dec_i; /* how many are there (up to the ring), the next one's place */
-    bool slice_log; /* ECS_SLICE_LOG set: each slice's units and times on stderr */
+    bool slice_log; /* ECS_SLICE_LOG set: each slice and step, rows and times, on stderr */
     sched_req_t *running, *running_tail; /* scheduler thread only */
     int n_running;
     pthread_t thread;

@@ -284,3 +284,26 @@ void kcpu_swiglu(float *g, const float *u, int64_t n)
         return;
     swiglu_plain(g, u, n);
 }
+
+/* ---------------------------------------------------------- log-sum-exp */
+
+/* libm's exp of each value less the max, in double: the sampled rows'
+ * log-probabilities as they were before kcpu_logsumexp. */
+static float logsumexp_plain(const float *x, int64_t n)
+{
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++)
+        sum += exp((double)(x[i] - mx));
+    return mx + (float)log(sum);
+}
+
+float kcpu_logsumexp(const float *x, int64_t n)
+{
+    float out;
+    if (kcpu_isa() >= KCPU_ISA_AVX512 && kcpu_logsumexp_avx512(x, n, &out))
+        return out;
+    return logsumexp_plain(x, n);
+}

@@ -1351,3 +1351,43 @@ Test(kernels, r16_q4_K_extreme_levels_exact)
     }
     free(w), free(act), free(packed);
 }
+
+/* ---- log-sum-exp (a sampled row's log-probabilities) ---- */
+
+/* Every ISA within a few float ulps of a long double reference (the
+ * scalar path is libm's exp in double, the scheduler's loop before; AVX-512
+ * the vector exp), each giving the same bits every call. Lengths with and
+ * without a tail, -inf values (masked tokens), one finite value. */
+Test(kernels, logsumexp_matches_reference)
+{
+    const int lens[] = {1, 15, 16, 17, 1000, 102400};
+    float *x = malloc(102400 * sizeof *x);
+    cr_assert(x);
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const int n = lens[li];
+        for (int i = 0; i < n; i++)
+            x[i] = (i % 97 == 5) ? -INFINITY : 30.0f * sinf(0.37f * (float)i) - 4.0f;
+        long double top = x[0], z = 0;
+        for (int i = 1; i < n; i++)
+            top = fmaxl(top, x[i]);
+        for (int i = 0; i < n; i++)
+            z += expl((long double)x[i] - top);
+        const float want = (float)(top + logl(z));
+        for (int isa = 0; isa <= (int)best_isa(); isa++) {
+            kcpu_set_isa((kcpu_isa_t)isa);
+            const float got = kcpu_logsumexp(x, n), again = kcpu_logsumexp(x, n);
+            cr_assert(!memcmp(&got, &again, sizeof got), "n %d isa %d: not deterministic", n, isa);
+            cr_assert_float_eq(got, want, 4e-6f * fabsf(want) + 1e-6f, "n %d isa %d: %.9g vs %.9Lg",
+                               n, isa, got, (long double)want);
+        }
+        kcpu_set_isa(best_isa());
+    }
+    x[0] = 3.5f; /* one finite value among -inf: log(e^0) exactly */
+    for (int i = 1; i < 40; i++)
+        x[i] = -INFINITY;
+    for (int isa = 0; isa <= (int)best_isa(); isa++) {
+        kcpu_set_isa((kcpu_isa_t)isa);
+        cr_assert_eq(kcpu_logsumexp(x, 40), 3.5f, "isa %d", isa);
+    }
+    free(x);
+}
