@@ -233,7 +233,8 @@ static void print_memory(const args_t *a, const meas_pages_t *pg, bool spawnable
     uint64_t layouts = 0, largest = 0;
     for (int i = 0; spawnable && i < a->n_layouts; i++) {
         const int n = a->workers[i], r = layout_replication(a, n);
-        const uint64_t b = n && !pg->no_repack ? pg->routed_bytes * (uint64_t)meas_copies(n, r) : 0;
+        const uint64_t b =
+            n && !pg->no_repack ? pg->routed_bytes * (uint64_t)meas_copies(n, r) : 0;
         layouts += b;
         largest = b > largest ? b : largest;
     }
