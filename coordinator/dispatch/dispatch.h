@@ -94,8 +94,10 @@ ecs_err_t placement_write(const placement_t *p, FILE *f);
  * pairs). clone: a copy. union: every holder of a or of b. without:
  * worker wi holds nothing, each of its pairs goes to the usable worker not
  * holding it that holds the fewest of that layer (ECS_ERR_NOTFOUND if a
- * pair would lose its last holder). with: wi takes pairs from the usable
- * holders with the most of each layer until the layer is even.
+ * pair would lose its last holder; a pair every usable worker holds
+ * already keeps one holder fewer). with: wi holds again each pair below
+ * the replication, then takes pairs from the usable holders with the most
+ * of each layer until the layer is even.
  * same_share: whether wi holds the same pairs in a and b. */
 ecs_err_t placement_clone(const placement_t *p, placement_t **out);
 ecs_err_t placement_union(const placement_t *a, const placement_t *b, placement_t **out);

@@ -555,6 +555,15 @@ static ecs_err_t drain_layer(placement_t *q, int l, int wi, const bool *usable, 
 /* Worker wi takes its even share of layer l from the usable holders. */
 static ecs_err_t fill_layer(placement_t *q, int l, int wi, const bool *usable, int *cnt)
 {
+    /* first the pairs its drain left below the replication (every other
+     * worker held them already, as when each spawned worker holds every
+     * expert, --replication auto): wi holds them again, as copies */
+    for (int e = 0; e < q->shape.n_expert; e++) {
+        const size_t c = cell(q, l, e);
+        if (!holds(q, c, wi) && q->n_holders[c] < q->replication &&
+            add_holder(q, l, e, wi) == ECS_OK)
+            cnt[wi]++;
+    }
     int total = cnt[wi], n = 1;
     for (int i = 0; i < q->n_workers; i++)
         if (i != wi && usable[i]) {

@@ -225,6 +225,28 @@ Test(placement, without_and_with_keep_replication_and_balance)
     placement_free(b);
 }
 
+/* Every worker holding every expert (--replication auto's spawned
+ * layout): a drain cannot move w1's pairs (the others hold them), so they
+ * keep one holder fewer; the undrain gives w1 all of them back, not a
+ * share moved off w0. */
+Test(placement, undrain_restores_full_replication)
+{
+    placement_worker_t w[] = {{"w0", 1}, {"w1", 1}};
+    placement_t *p, *d, *b;
+    cr_assert_eq(placement_make(&ds2, w, 2, 2, &p), ECS_OK, "%s", ecs_errmsg());
+    const bool usable[] = {true, false}, all[] = {true, true};
+    cr_assert_eq(placement_without(p, 1, usable, &d), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(placement_held(d, 1), 0);
+    cr_assert_eq(placement_held(d, 0), 26 * 64);
+    cr_assert_eq(placement_with(d, 1, all, &b), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(placement_held(b, 0), 26 * 64, "w0 lost pairs to the undrain");
+    cr_assert_eq(placement_held(b, 1), 26 * 64, "w1 got %d pairs back", placement_held(b, 1));
+    cr_assert(placement_same_share(b, p, 1) && placement_same_share(b, p, 0));
+    placement_free(p);
+    placement_free(d);
+    placement_free(b);
+}
+
 Test(placement, without_refuses_to_orphan_a_pair)
 {
     placement_worker_t w[] = {{"w0", 1}, {"w1", 1}};
