@@ -381,6 +381,60 @@ static int by_id(const void *a, const void *b)
     return strcmp(((const dispatch_worker_t *)a)->id, ((const dispatch_worker_t *)b)->id);
 }
 
+/* Whether every registered worker is a process this one spawned (its id
+ * and its pid), so on this host, mapping the same files. */
+static bool all_spawned(const dispatch_t *d)
+{
+    for (int i = 0; i < d->n_workers; i++) {
+        const int c = d->w[i].child;
+        if (c < 0 || c >= d->n_spawned || d->children[c].pid != d->w[i].pid)
+            return false;
+    }
+    return d->n_workers > 0;
+}
+
+/* --replication auto. Spawned workers map the GGUF (and, holding the same
+ * experts, the same decode copy) from this host's page cache, so a replica
+ * costs no memory and takes each expert's rows to its least busy holder:
+ * 2 workers decoded the full ds2-lite at 0.87x/0.85x of one process
+ * replicated against 0.82x/0.79x uniform (docs/benchmarks.md). Only their
+ * declared --mem-budget can limit it. Workers started by hand may be on
+ * other hosts (or in containers whose hostname says nothing about the
+ * page cache): they keep 1, the memory an operator sized them for. */
+static ecs_err_t auto_replication(dispatch_t *d, const dispatch_shape_t *s,
+                                  const placement_worker_t *pw, int *repl)
+{
+    uint64_t budget[PLACEMENT_MAX_WORKERS], bytes[ARCH_MAX_LAYERS] = {0}, copy = 0, least = 0;
+    for (int i = 0; i < d->n_workers; i++) {
+        budget[i] = d->w[i].mem_budget;
+        least = budget[i] && (!least || budget[i] < least) ? budget[i] : least;
+    }
+    for (int l = s->first_moe; l < s->n_layer; l++)
+        for (int k = ARCH_EXPS_GATE; k <= ARCH_EXPS_DOWN; k++) {
+            const gguf_tensor_t *t;
+            ecs_err_t rc = arch_exps_tensor(model_gguf(d->m), &d->hp, l, (arch_exps_t)k, &t);
+            if (rc != ECS_OK)
+                return ecs_error(rc, "dispatch: %s", ecs_errmsg());
+            bytes[l] += t->nbytes / (uint64_t)s->n_expert;
+            copy += t->nbytes;
+        }
+    const bool spawned = all_spawned(d);
+    ecs_err_t rc = placement_auto_replication(s, pw, d->n_workers, spawned, budget, bytes, repl);
+    if (rc != ECS_OK)
+        return rc;
+    if (!spawned)
+        logmsg(d, "replication: auto -> 1 (workers this coordinator did not spawn may not "
+               "share its page cache; --replication R to replicate)");
+    else if (*repl >= d->n_workers || *repl >= PLACEMENT_MAX_HOLDERS)
+        logmsg(d, "replication: auto -> %d (spawned workers on one host share the page cache)",
+               *repl);
+    else
+        logmsg(d, "replication: auto -> %d (a whole copy of the routed experts, %.1f MiB, is "
+               "over the workers' --mem-budget of %.1f MiB)", *repl, copy / 1048576.0,
+               least / 1048576.0);
+    return ECS_OK;
+}
+
 /* The placement depends on the worker set and the options only, never on
  * the order the workers registered in: coordinators that share workers
  * (M:N) compute the same one, so a worker is never asked to hold two
@@ -400,9 +454,12 @@ static ecs_err_t make_placement(dispatch_t *d)
     }
     dispatch_shape_t s = {.n_layer = d->hp.n_layer, .first_moe = d->hp.n_layer_dense,
                           .n_expert = d->hp.n_expert};
-    const int repl = d->o.replication > 0 ? d->o.replication : 1;
     if (d->o.placement_file)
         return placement_load(&s, d->o.placement_file, pw, d->n_workers, &d->pl);
+    int repl = d->o.replication;
+    ecs_err_t rc = repl > 0 ? ECS_OK : auto_replication(d, &s, pw, &repl);
+    if (rc != ECS_OK)
+        return rc;
     return placement_make(&s, pw, d->n_workers, repl, &d->pl);
 }
 

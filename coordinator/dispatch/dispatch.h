@@ -58,6 +58,16 @@ typedef struct placement placement_t;
  * proportional to the weights in every layer; deterministic. */
 ecs_err_t placement_make(const dispatch_shape_t *s, const placement_worker_t *w, int n_workers,
                          int replication, placement_t **out);
+/* --replication auto: workers this process spawned (spawned: all of them)
+ * share its host's page cache, so every one holds every expert (R =
+ * n_workers, at most PLACEMENT_MAX_HOLDERS) unless a worker's budget[wi]
+ * (bytes, 0: none) cannot hold its placement_make share, an expert of
+ * layer l weighing expert_bytes[l]: then the largest R whose shares fit,
+ * 1 at least (a deal over a budget at 1 is the workers' to refuse, naming
+ * the experts). Workers started by hand: 1. */
+ecs_err_t placement_auto_replication(const dispatch_shape_t *s, const placement_worker_t *w,
+                                     int n_workers, bool spawned, const uint64_t *budget,
+                                     const uint64_t *expert_bytes, int *out);
 /* Reads a placement file naming the workers in w (see above). */
 ecs_err_t placement_load(const dispatch_shape_t *s, const char *path,
                          const placement_worker_t *w, int n_workers, placement_t **out);
@@ -84,8 +94,10 @@ ecs_err_t placement_write(const placement_t *p, FILE *f);
  * pairs). clone: a copy. union: every holder of a or of b. without:
  * worker wi holds nothing, each of its pairs goes to the usable worker not
  * holding it that holds the fewest of that layer (ECS_ERR_NOTFOUND if a
- * pair would lose its last holder). with: wi takes pairs from the usable
- * holders with the most of each layer until the layer is even.
+ * pair would lose its last holder; a pair every usable worker holds
+ * already keeps one holder fewer). with: wi holds again each pair below
+ * the replication, then takes pairs from the usable holders with the most
+ * of each layer until the layer is even.
  * same_share: whether wi holds the same pairs in a and b. */
 ecs_err_t placement_clone(const placement_t *p, placement_t **out);
 ecs_err_t placement_union(const placement_t *a, const placement_t *b, placement_t **out);
@@ -109,7 +121,9 @@ typedef struct {
     const char *worker_budget;  /* --mem-budget for spawned workers, NULL: none */
     const char *worker_repack;  /* spawned workers' --repack DIR; "": --no-repack; NULL: theirs */
     int min_workers;            /* registrations to wait for; 0: spawn_workers or 1 */
-    int replication;            /* holders per expert; 0: 1 */
+    int replication;            /* holders per expert; 0: auto (when every worker is one
+                                 * this process spawned, each holds every expert if its
+                                 * budget lets it, else the most that fit; otherwise 1) */
     dispatch_weighting_t weighting;
     const char *placement_file; /* explicit placement (worker ids); NULL: made */
     int start_timeout_ms;       /* registration and loading; 0: 300 s */
@@ -224,7 +238,9 @@ void dispatch_op_status(dispatch_t *d, char *buf, size_t cap);
     "  --control ADDR     take workers' registrations here (tcp://HOST:PORT, ipc://PATH;\n"  \
     "                     workers started by hand: ecs-worker --coordinator ADDR)\n"         \
     "  --min-workers N    workers to wait for before serving (default: the spawned, or 1)\n" \
-    "  --replication R    holders per expert (default 1)\n"                                  \
+    "  --replication R|auto  holders per expert, 1-8; auto (default): spawned workers\n"  \
+    "                     each hold every expert (they share this host's page cache),\n"  \
+    "                     fewer if --worker-mem-budget is too small; by hand: 1\n"        \
     "  --placement P      uniform (default), capacity (shares by memory budget or\n"         \
     "                     threads), or a placement file (docs/operations.md)\n"              \
     "  --worker-threads N threads of each spawned worker (default: cores / N)\n"             \

@@ -59,8 +59,13 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
         if (!ecs_parse_int(v, 0, 256, &o->spawn_workers))
             goto bad;
     } else if (!strcmp(opt, "--replication")) {
-        if (!ecs_parse_int(v, 1, PLACEMENT_MAX_HOLDERS, &o->replication))
-            goto bad;
+        if (!strcmp(v, "auto")) {
+            o->replication = 0;
+        } else if (!ecs_parse_int(v, 1, PLACEMENT_MAX_HOLDERS, &o->replication)) {
+            ecs_error(ECS_ERR_RANGE, "--replication: bad value '%s' (auto, or 1 to %d holders "
+                      "per expert)", v, PLACEMENT_MAX_HOLDERS);
+            return -1;
+        }
     } else if (!strcmp(opt, "--min-workers")) {
         if (!ecs_parse_int(v, 1, PLACEMENT_MAX_WORKERS, &o->min_workers))
             goto bad;

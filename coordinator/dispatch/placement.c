@@ -173,6 +173,38 @@ ecs_err_t placement_make(const dispatch_shape_t *s, const placement_worker_t *w,
     return ECS_OK;
 }
 
+ecs_err_t placement_auto_replication(const dispatch_shape_t *s, const placement_worker_t *w,
+                                     int n_workers, bool spawned, const uint64_t *budget,
+                                     const uint64_t *expert_bytes, int *out)
+{
+    *out = 1;
+    int most = spawned ? n_workers : 1;
+    if (most > PLACEMENT_MAX_HOLDERS)
+        most = PLACEMENT_MAX_HOLDERS;
+    /* the deal itself, not R/n of the bytes: the shares are rounded per
+     * layer and the layers' experts may differ in size */
+    for (int r = most; r > 1; r--) {
+        placement_t *p;
+        ecs_err_t rc = placement_make(s, w, n_workers, r, &p);
+        if (rc != ECS_OK)
+            return rc;
+        bool fits = true;
+        for (int wi = 0; fits && wi < n_workers; wi++) {
+            uint64_t need = 0;
+            for (int l = s->first_moe; l < s->n_layer; l++)
+                for (int e = 0; e < s->n_expert; e++)
+                    need += holds(p, cell(p, l, e), wi) ? expert_bytes[l] : 0;
+            fits = !budget[wi] || need <= budget[wi];
+        }
+        placement_free(p);
+        if (fits) {
+            *out = r;
+            break;
+        }
+    }
+    return ECS_OK;
+}
+
 /* ---- placement files ---- */
 
 /* Parses one item "a", "a-b" or "*" of a list (inclusive; limit exclusive). */
@@ -523,6 +555,15 @@ static ecs_err_t drain_layer(placement_t *q, int l, int wi, const bool *usable, 
 /* Worker wi takes its even share of layer l from the usable holders. */
 static ecs_err_t fill_layer(placement_t *q, int l, int wi, const bool *usable, int *cnt)
 {
+    /* first the pairs its drain left below the replication (every other
+     * worker held them already, as when each spawned worker holds every
+     * expert, --replication auto): wi holds them again, as copies */
+    for (int e = 0; e < q->shape.n_expert; e++) {
+        const size_t c = cell(q, l, e);
+        if (!holds(q, c, wi) && q->n_holders[c] < q->replication &&
+            add_holder(q, l, e, wi) == ECS_OK)
+            cnt[wi]++;
+    }
     int total = cnt[wi], n = 1;
     for (int i = 0; i < q->n_workers; i++)
         if (i != wi && usable[i]) {

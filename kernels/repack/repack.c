@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -396,7 +397,9 @@ static int clean_stale(const char *dir, const char *name)
     return n;
 }
 
-ecs_err_t krepack_open(const krepack_opts_t *o, kcpu_mat_t *const *mats, int n, krepack_t **out)
+/* krepack_open with the directory locked. */
+static ecs_err_t open_locked(const krepack_opts_t *o, kcpu_mat_t *const *mats, int n,
+                             krepack_t **out)
 {
     *out = NULL;
     const struct stat *st = gguf_stat(o->src);
@@ -446,6 +449,34 @@ ecs_err_t krepack_open(const krepack_opts_t *o, kcpu_mat_t *const *mats, int n, 
     free(table);
     *out = k;
     return ECS_OK;
+}
+
+/* The cache directory, locked (flock, exclusive) until close: processes
+ * opening copies there take turns, so replicated workers assigned the same
+ * experts (--replication auto on one host) find the copy the first one
+ * made instead of each writing its own at the same time (on a cold start
+ * of the full ds2-lite: two copies of ~9 GB, more than this host's page
+ * cache holds beside the GGUF). -1 if it cannot be opened or locked: the
+ * copies are then made unlocked, as before. */
+static int lock_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT && make_dirs(dir) == 0)
+        fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0 && flock(fd, LOCK_EX) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+ecs_err_t krepack_open(const krepack_opts_t *o, kcpu_mat_t *const *mats, int n, krepack_t **out)
+{
+    const int lock = lock_dir(o->dir);
+    ecs_err_t rc = open_locked(o, mats, n, out);
+    if (lock >= 0)
+        close(lock); /* and the lock with it */
+    return rc;
 }
 
 void krepack_close(krepack_t *k)

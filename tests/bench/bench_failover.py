@@ -7,7 +7,9 @@ that is one re-sent call; without, the restart and load), the restart
 ... in X ms"). Standard library only.
 
 usage: bench_failover.py BUILD MODEL [ROUNDS] [ecs-run args...]   (FAILOVER_TOKENS=400)
-       e.g. bench_failover.py build m.gguf 3 --replication 2"""
+       e.g. bench_failover.py build m.gguf 3 --replication 1 (the restart
+       path: without it the 2 spawned workers each hold every expert, the
+       default, and the dead worker's calls go to the other)"""
 import os
 import random
 import re

@@ -8,8 +8,11 @@
 #   MODEL   default models/ds2-lite-q4_k_m.gguf (made by bench_model.sh)
 #   ROUNDS  default 3
 #   LAYOUTS (environment) other layouts to compare with one process, split
-#           at ';', e.g. LAYOUTS="--spawn-workers 2;--spawn-workers 2
-#           --replication 2" (default: 1 worker; 2 workers)
+#           at ';', e.g. LAYOUTS="--spawn-workers 2 --replication 1;
+#           --spawn-workers 2" (default: 1 worker; 2 workers uniform, each
+#           half the experts; 2 workers with the default replication,
+#           auto: each holds every expert). Name --replication in each
+#           layout whose figures must stay comparable across versions.
 set -euo pipefail
 build=${1:?usage: bench_workers.sh BUILD_DIR [MODEL] [ROUNDS] [-- ARGS]}
 model=${2:-models/ds2-lite-q4_k_m.gguf}
@@ -21,8 +24,9 @@ run="$build/bin/ecs-run"
 [ -f "$model" ] || { echo "bench_workers: no model $model (run make bench once)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-layouts=("" "--spawn-workers 1" "--spawn-workers 2")
-names=("one-process" "1 worker" "2 workers")
+layouts=("" "--spawn-workers 1" "--spawn-workers 2 --replication 1"
+         "--spawn-workers 2 --replication auto")
+names=("one-process" "1 worker" "2 workers uniform" "2 workers auto (replicated)")
 if [ -n "${LAYOUTS:-}" ]; then
     IFS=';' read -r -a more <<<"$LAYOUTS"
     layouts=("" "${more[@]}")

@@ -49,7 +49,10 @@ def complete(port, prompt):
     return st, body["choices"][0]["text"] if st == 200 else json.dumps(body)
 
 
-srv = Server(binary, model, "--spawn-workers", "3", "--worker-threads", "1", "--admin", admin)
+# uniform (--replication 1): a drain must move the experts (the default
+# would hold every expert on every spawned worker already)
+srv = Server(binary, model, "--spawn-workers", "3", "--worker-threads", "1", "--admin", admin,
+             "--replication", "1")
 try:
     ref = {p: complete(srv.port, p)[1] for p in prompts}
     rc, out, err = ecsctl("status")

@@ -18,7 +18,9 @@ model = os.path.join(root, "..", "shared", "models", "tiny-ds2-q8_0.gguf")
 req = {"prompt": "Once upon a time there was", "max_tokens": 300, "temperature": 0,
        "ignore_eos": True}
 
-srv = Server(binary, model, "--spawn-workers", "2", "--worker-threads", "1")
+# uniform (--replication 1): the stream's calls to w1 wait for its restart,
+# the path this test is for (the default's replica path: test_supervise.sh)
+srv = Server(binary, model, "--spawn-workers", "2", "--worker-threads", "1", "--replication", "1")
 try:
     t0 = time.time()
     clean, _ = stream_text(srv.port, "/v1/completions", req)

@@ -64,23 +64,29 @@ done
 # load): the pages line counts the workers' own copies, read in and
 # resident around the timing; no layout is withheld as cold; the folder
 # holds the one-process copy, the coordinator's (the worker layouts'
-# coordinator is loaded as ecs-run --spawn-workers loads it) and the two
-# workers' copies
+# coordinator is loaded as ecs-run --spawn-workers loads it) and the
+# workers' copies: two with --replication 1, then (the default, auto:
+# both workers hold every expert) one more, which both map
 model=../shared/models/tiny-ds2-q8_0.gguf
-if timeout 300 "$plan" -m "$model" --quick --repack "$tmp/cache" --pp 32 --tg 4 --workers 0,2 \
-    >"$tmp/out" 2>"$tmp/err"; then
-    if grep -q "pages: 2 decode copies .*(the workers' own) read in .* resident 100.0 % before and 100.0 % after" "$tmp/out" &&
-        ! grep -q "^PLAN .* cold" "$tmp/out" && [ "$(ls "$tmp/cache"/*.r16 | wc -l)" -eq 4 ] &&
-        [ "$(ls "$tmp/cache"/*.coord.r16 | wc -l)" -eq 1 ]; then
-        ok "decode copies: the 2 workers' copies found and resident around the timing"
+for case in "1:2:4" "auto:1:5"; do
+    IFS=: read -r repl ncop nfiles <<<"$case"
+    if timeout 300 "$plan" -m "$model" --quick --repack "$tmp/cache" --pp 32 --tg 4 --workers 0,2 \
+        --replication "$repl" >"$tmp/out" 2>"$tmp/err"; then
+        if grep -q "pages: $ncop decode cop[a-z]* .*(the workers' own) read in .* resident 100.0 % before and 100.0 % after" "$tmp/out" &&
+            grep -q "^PLAN workers 2 threads [0-9]* replication $([ "$repl" = auto ] && echo 2 || echo "$repl") " "$tmp/out" &&
+            ! grep -q "^PLAN .* cold" "$tmp/out" && [ "$(ls "$tmp/cache"/*.r16 | wc -l)" -eq "$nfiles" ] &&
+            [ "$(ls "$tmp/cache"/*.coord.r16 | wc -l)" -eq 1 ]; then
+            ok "decode copies, --replication $repl: the workers' $ncop cop(ies) found and resident around the timing"
+        else
+            bad "decode copies, --replication $repl: $(grep -E 'pages:|^PLAN' "$tmp/out"); $(ls "$tmp/cache")"
+        fi
     else
-        bad "decode copies: $(grep -E 'pages:|^PLAN' "$tmp/out"); $(ls "$tmp/cache")"
+        bad "ecs-plan with --repack, --replication $repl failed: $(tail -2 "$tmp/err")"
     fi
-else
-    bad "ecs-plan with --repack failed: $(tail -2 "$tmp/err")"
-fi
+done
 
 for args in "--workers 1,x" "--transport udp" "--pp 0" "--pp 513" "--bogus 1" "--ext-threads -1" \
+    "--replication 0" "--replication two" \
     "--threads"; do
     # shellcheck disable=SC2086
     if "$plan" -m ../shared/models/tiny-ds2-q8_0.gguf $args >"$tmp/out" 2>"$tmp/err"; then

@@ -2,8 +2,10 @@
 # test_supervise.sh - a worker's death loses no call and changes no output:
 # kill -9 a spawned worker in the middle of a teacher-forced run, with a
 # replica (its calls go to the replica) and without (the supervisor
-# restarts it and its held calls wait for it), also with two micro-batches'
-# calls out at once; SIGSTOP a worker until it is
+# restarts it and its held calls wait for it: --replication 1, since the
+# default replicates every expert on every spawned worker), with the
+# default (auto: the other worker holds every expert), also with two
+# micro-batches' calls out at once; SIGSTOP a worker until it is
 # declared dead, then SIGCONT it; a worker that dies at every restart is
 # backed off, reported, and the run fails with an error naming the missing
 # experts instead of hanging; ecs-coordinator streams a greedy completion
@@ -55,10 +57,13 @@ wait_started() { # err-file id
     return 1
 }
 
-# 1. kill -9 with a replica, 2. without one; again with steps of 2 rows cut
-#    into 2 micro-batches (two layer calls out at once when w1 dies)
-for case in "replica:--replication 2" "restart:" \
-    "replica-mb:--replication 2 --step 2 --micro-batches 2" "restart-mb:--step 2 --micro-batches 2"; do
+# 1. kill -9 with a replica, 2. without one (uniform: --replication 1), 3.
+#    the default (auto: 2 spawned workers each hold every expert); again
+#    with steps of 2 rows cut into 2 micro-batches (two layer calls out at
+#    once when w1 dies)
+for case in "replica:--replication 2" "restart:--replication 1" "default:" \
+    "replica-mb:--replication 2 --step 2 --micro-batches 2" \
+    "restart-mb:--replication 1 --step 2 --micro-batches 2"; do
     name=${case%%:*}; extra=${case#*:}
     out="$tmp/$name.json"
     timeout 120 "$run" "${common[@]}" --dump-logits "$out" --spawn-workers 2 --worker-threads 1 \
@@ -72,6 +77,12 @@ for case in "replica:--replication 2" "restart:" \
     [ "${name%-mb}" = restart ] && { grep -q "w1 is back (restarted" "$out.err" \
         && ok "$name: w1 was restarted and got its experts back" \
         || bad "$name: no restart of w1 seen"; }
+    # with every expert on w0 too, no call waits for w1's restart: they are
+    # sent again to w0 (a layer's call has w1's experts only if w1 was the
+    # least busy holder of them)
+    [ "$name" = default ] && { grep -q "replication: auto -> 2" "$out.err" \
+        && ok "$name: auto replicated on both spawned workers" \
+        || bad "$name: the default did not replicate: $(grep replication "$out.err" | head -1)"; }
 done
 
 # 3. SIGSTOP until declared dead (liveness), then SIGCONT: it is taken back
@@ -104,7 +115,7 @@ chmod +x "$tmp/wrap.sh"
 out="$tmp/loop.json"
 t0=$(date +%s%N)
 timeout 120 "$run" "${common[@]}" --dump-logits "$out" --spawn-workers 2 --worker-threads 1 \
-    --worker-bin "$tmp/wrap.sh" 2>"$out.err" &
+    --replication 1 --worker-bin "$tmp/wrap.sh" 2>"$out.err" &
 r=$!; pids+=("$r")
 wait_started "$out.err" w1 || bad "loop: workers did not start: $(tail -3 "$out.err")"
 kill -9 "$(worker_pid "$out.err" w1)"
@@ -126,7 +137,7 @@ grep -E "restarting worker w1" "$out.err" | sed 's/^/     [loop] /'
 #     fails at its deadline naming the missing experts and their holder
 out="$tmp/deadline.json"
 timeout 120 "$run" "${common[@]}" --dump-logits "$out" --spawn-workers 2 --worker-threads 1 \
-    --call-timeout 3000 2>"$out.err" &
+    --replication 1 --call-timeout 3000 2>"$out.err" &
 r=$!; pids+=("$r")
 wait_started "$out.err" w1 || bad "deadline: workers did not start"
 victim=$(worker_pid "$out.err" w1)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_workers.sh - routed experts on ecs-worker daemons give the local
-# backend's logits bit for bit, whatever the layout: 1 worker, 3 uniform,
-# 3 with replication 2, capacity-weighted, a placement file, ipc and tcp,
+# backend's logits bit for bit, whatever the layout: 1 worker, 3 uniform
+# (--replication 1), 3 with replication 2, 3 with the default (auto: each
+# spawned worker holds every expert), capacity-weighted, a placement
+# file, ipc and tcp,
 # deepseek2 and qwen3moe; greedy text identical; a worker over its memory
 # budget is refused and the coordinator says which experts lack a holder;
 # a worker with another model is refused; garbage sent to both daemons is
@@ -58,20 +60,27 @@ w0 * 0-7
 w1 * 8-15
 w2 3 *
 EOF
-    layouts=("--spawn-workers 1" "--spawn-workers 3" "--spawn-workers 3 --replication 2"
-             "--spawn-workers 2 --placement capacity --worker-mem-budget 64M"
+    layouts=("--spawn-workers 1" "--spawn-workers 3 --replication 1"
+             "--spawn-workers 3 --replication 2" "--spawn-workers 3"
+             "--spawn-workers 2 --placement capacity --worker-mem-budget 64M --replication 1"
              "--spawn-workers 3 --placement $tmp/placement"
              "--spawn-workers 2 --wire-act f32"
              "--spawn-workers 1 --micro-batches 2" "--spawn-workers 2 --micro-batches 2"
              "--spawn-workers 2 --micro-batches 3"
-             "--spawn-workers 1 --data-plane zmq" "--spawn-workers 3 --data-plane zmq"
+             "--spawn-workers 1 --data-plane zmq" "--spawn-workers 3 --replication 1 --data-plane zmq"
              "--spawn-workers 3 --replication 2 --data-plane zmq"
-             "--spawn-workers 2 --micro-batches 2 --data-plane zmq"
+             "--spawn-workers 2 --micro-batches 2 --replication 1 --data-plane zmq"
              "--spawn-workers 2 --data-plane shm --wire-act f32")
     for lay in "${layouts[@]}"; do
         out="$tmp/$name-w.json"
         if ! dump "$model" "$out" $lay; then
             bad "$name [$lay]: ecs-run failed: $(tail -3 "$out.err")"
+        elif n=$(sed -n 's/.*--spawn-workers \([0-9]*\).*/\1/p' <<<"$lay") &&
+            [[ "$lay" != *--replication* && "$lay" != *"--placement $tmp"* ]] &&
+            ! grep -q "replication: auto -> $n (spawned workers on one host" "$out.err"; then
+            bad "$name [$lay]: the default did not replicate on all $n spawned workers: $(grep replication "$out.err" | head -1)"
+        elif [[ "$lay" == *--replication* || "$lay" == *"--placement $tmp"* ]] && grep -q "replication: auto" "$out.err"; then
+            bad "$name [$lay]: an explicit layout went through --replication auto"
         elif [[ "$lay" != *"--data-plane zmq"* ]] && ! grep -q "through shared memory" "$out.err"; then
             bad "$name [$lay]: no worker took the shared-memory plane (the default): $(grep -i plane "$out.err" | head -2)"
         elif [[ "$lay" == *"--data-plane zmq"* ]] && grep -q "through shared memory" "$out.err"; then
@@ -149,14 +158,26 @@ q4="$tmp/ds2-q4.gguf"
 export ECS_CACHE_DIR="$tmp/cache"
 if "$build/bin/ecs-mkmodel" --arch deepseek2 --preset tiny --types q4_k_m --seed 3 -o "$q4" >/dev/null 2>&1; then
     timeout 120 "$run" -m "$q4" --threads 2 --tokens "$toks" --dump-logits "$tmp/q4a.json" 2>/dev/null
+    ncopies() { ls "$tmp/cache"/ds2-q4.gguf.*.r16 2>/dev/null | grep -vc '\.coord\.r16$'; }
+    # the default (replicated): both workers hold every expert, so they map
+    # one copy, which one of them made while the other waited (a lock on
+    # the cache directory), and the coordinator has its own without the
+    # routed experts
+    timeout 120 "$run" -m "$q4" --threads 2 --tokens "$toks" --dump-logits "$tmp/q4r.json" \
+        --spawn-workers 2 2>"$tmp/q4r.err"
+    copies=$(ncopies) made=$(grep -c "ecs-worker: made " "$tmp/q4r.err")
+    if [ -s "$tmp/q4a.json" ] && cmp -s "$tmp/q4a.json" "$tmp/q4r.json" && [ "$copies" -eq 1 ] &&
+        [ "$made" -eq 1 ] && [ -s "$tmp/cache/ds2-q4.gguf.coord.r16" ]; then
+        ok "q4_k_m, 2 replicated workers: one shared copy made once (+ the coordinator's): logits identical"
+    else
+        bad "q4_k_m replicated: copies=$copies made=$made, $(tail -2 "$tmp/q4r.err")"
+    fi
+    # uniform: one copy per worker (named by a hash of its matrices)
     timeout 120 "$run" -m "$q4" --threads 2 --tokens "$toks" --dump-logits "$tmp/q4b.json" \
-        --spawn-workers 2 2>"$tmp/q4.err"
-    # one copy per worker (named by a hash of its matrices), and the
-    # coordinator's own without the routed experts
-    copies=$(ls "$tmp/cache"/ds2-q4.gguf.*.r16 2>/dev/null | grep -vc '\.coord\.r16$')
-    if [ -s "$tmp/q4a.json" ] && cmp -s "$tmp/q4a.json" "$tmp/q4b.json" && [ "$copies" -eq 2 ] &&
-        [ -s "$tmp/cache/ds2-q4.gguf.coord.r16" ]; then
-        ok "q4_k_m with interleaved copies (one per worker, $copies files, + the coordinator's): logits identical"
+        --spawn-workers 2 --replication 1 2>"$tmp/q4.err"
+    copies=$(ncopies)
+    if cmp -s "$tmp/q4a.json" "$tmp/q4b.json" && [ "$copies" -eq 3 ]; then
+        ok "q4_k_m with interleaved copies (one per uniform worker, $copies files with the shared one): logits identical"
     else
         bad "q4_k_m with copies: copies=$copies, $(tail -2 "$tmp/q4.err")"
     fi
@@ -256,6 +277,32 @@ else
     wait "$w1"; r1=$?; wait "$w2"; r2=$?
     [ "$r1" -eq 0 ] && [ "$r2" -eq 0 ] && ok "workers exit 0 on SIGTERM" || bad "worker exit codes $r1 $r2"
 fi
+
+# 3b. the default's budget: 3 spawned workers whose --mem-budget holds two
+#     thirds of the routed experts (4.8 MiB a copy) hold each expert twice
+if dump "$ds2" "$tmp/b2.json" --spawn-workers 3 --worker-mem-budget 4M &&
+    grep -q "replication: auto -> 2 (a whole copy of the routed experts" "$tmp/b2.json.err" &&
+    cmp -s "$tmp/tiny-ds2-q8_0-local.json" "$tmp/b2.json"; then
+    ok "auto under a budget: $(grep -o 'replication: auto.*' "$tmp/b2.json.err"), logits identical"
+else
+    bad "auto under a budget: $(grep -o 'replication: auto.*' "$tmp/b2.json.err") $(tail -2 "$tmp/b2.json.err")"
+fi
+# workers started by hand keep 1 (the tcp run above)
+if grep -q "replication: auto -> 1 (workers this coordinator did not spawn" "$tmp/coord.err"; then
+    ok "workers started by hand: $(grep -o 'replication: auto -> 1' "$tmp/coord.err")"
+else
+    bad "hand-started workers' replication: $(grep replication "$tmp/coord.err")"
+fi
+for v in 0 9 two; do
+    if timeout 30 "$run" -m "$ds2" --threads 2 --no-repack --tokens 1,2,3 --spawn-workers 2 \
+            --replication "$v" >/dev/null 2>"$tmp/rv.err"; then
+        bad "--replication $v was accepted"
+    elif grep -q -- "--replication: bad value '$v' (auto, or 1 to 8" "$tmp/rv.err"; then
+        ok "--replication $v refused: $(head -1 "$tmp/rv.err" | cut -c1-100)"
+    else
+        bad "--replication $v: $(tail -2 "$tmp/rv.err")"
+    fi
+done
 
 # 4. a budget too small: refused, and the coordinator names the orphans
 if timeout 60 "$run" -m "$ds2" --threads 2 --no-repack --tokens 1,2,3 --dump-logits "$tmp/x.json" \

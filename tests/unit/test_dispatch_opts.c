@@ -1,6 +1,7 @@
 /* test_dispatch_opts.c - the wire options of the dispatcher's command line:
  * --wire-act (q8 default, f32) and --wire-result (f32 default, bf16) are
  * taken with their values and a bad value is refused naming the option;
+ * --replication takes auto or 1..8;
  * --micro-batches needs workers; --data-plane defaults to auto. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -77,4 +78,28 @@ Test(dispatch_opts, data_plane)
     cr_assert_eq(dispatch_parse_opt(&o, "--data-plane", "rdma"), -1);
     cr_assert(strstr(ecs_errmsg(), "--data-plane"), "%s", ecs_errmsg());
     unsetenv("ECS_DATA_PLANE");
+}
+
+/* --replication: auto (0, the default) or 1..PLACEMENT_MAX_HOLDERS; a bad
+ * value is refused naming the option and what it takes. */
+Test(dispatch_opts, replication)
+{
+    dispatch_opts_t o = {0};
+    cr_assert(dispatch_opt_takes_value("--replication"));
+    cr_assert_eq(o.replication, 0, "auto is the zero value");
+    cr_assert_eq(dispatch_parse_opt(&o, "--replication", "2"), 1);
+    cr_assert_eq(o.replication, 2);
+    cr_assert_eq(dispatch_parse_opt(&o, "--replication", "auto"), 1);
+    cr_assert_eq(o.replication, 0);
+    cr_assert_eq(dispatch_parse_opt(&o, "--replication", "8"), 1);
+    cr_assert_eq(o.replication, PLACEMENT_MAX_HOLDERS);
+    const char *bad[] = {"0", "9", "-1", "two", "", "2x", "Auto"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        o.replication = 3;
+        cr_assert_eq(dispatch_parse_opt(&o, "--replication", bad[i]), -1, "'%s'", bad[i]);
+        cr_assert(strstr(ecs_errmsg(), "--replication: bad value") &&
+                  strstr(ecs_errmsg(), "auto, or 1 to 8"), "%s", ecs_errmsg());
+        cr_assert_eq(o.replication, 3, "'%s' left the value alone", bad[i]);
+    }
+    cr_assert_eq(dispatch_parse_opt(&o, "--replication", NULL), -1);
 }

@@ -225,6 +225,28 @@ Test(placement, without_and_with_keep_replication_and_balance)
     placement_free(b);
 }
 
+/* Every worker holding every expert (--replication auto's spawned
+ * layout): a drain cannot move w1's pairs (the others hold them), so they
+ * keep one holder fewer; the undrain gives w1 all of them back, not a
+ * share moved off w0. */
+Test(placement, undrain_restores_full_replication)
+{
+    placement_worker_t w[] = {{"w0", 1}, {"w1", 1}};
+    placement_t *p, *d, *b;
+    cr_assert_eq(placement_make(&ds2, w, 2, 2, &p), ECS_OK, "%s", ecs_errmsg());
+    const bool usable[] = {true, false}, all[] = {true, true};
+    cr_assert_eq(placement_without(p, 1, usable, &d), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(placement_held(d, 1), 0);
+    cr_assert_eq(placement_held(d, 0), 26 * 64);
+    cr_assert_eq(placement_with(d, 1, all, &b), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(placement_held(b, 0), 26 * 64, "w0 lost pairs to the undrain");
+    cr_assert_eq(placement_held(b, 1), 26 * 64, "w1 got %d pairs back", placement_held(b, 1));
+    cr_assert(placement_same_share(b, p, 1) && placement_same_share(b, p, 0));
+    placement_free(p);
+    placement_free(d);
+    placement_free(b);
+}
+
 Test(placement, without_refuses_to_orphan_a_pair)
 {
     placement_worker_t w[] = {{"w0", 1}, {"w1", 1}};
@@ -235,4 +257,54 @@ Test(placement, without_refuses_to_orphan_a_pair)
     cr_assert_null(d);
     cr_assert(strstr(ecs_errmsg(), "w1"), "%s", ecs_errmsg());
     placement_free(p);
+}
+
+/* --replication auto: spawned workers hold every expert unless a budget
+ * cannot hold their share, then the largest replication that fits, 1 at
+ * least; workers started by hand keep 1. */
+Test(placement, auto_replication)
+{
+    placement_worker_t w[10] = {{"w0", 1}, {"w1", 1}, {"w2", 1}, {"w3", 1}, {"w4", 1},
+                                {"w5", 1}, {"w6", 1}, {"w7", 1}, {"w8", 1}, {"w9", 1}};
+    uint64_t bytes[27] = {0}, none[10] = {0}, b[10];
+    for (int l = ds2.first_moe; l < ds2.n_layer; l++)
+        bytes[l] = 1000; /* a whole copy: 26 x 64 x 1000 bytes */
+    const uint64_t copy = 26u * 64u * 1000u;
+    int r = -1;
+    cr_assert_eq(placement_auto_replication(&ds2, w, 2, true, none, bytes, &r), ECS_OK);
+    cr_assert_eq(r, 2, "2 spawned, no budget: each holds every expert (%d)", r);
+    cr_assert_eq(placement_auto_replication(&ds2, w, 3, true, none, bytes, &r), ECS_OK);
+    cr_assert_eq(r, 3);
+    cr_assert_eq(placement_auto_replication(&ds2, w, 10, true, none, bytes, &r), ECS_OK);
+    cr_assert_eq(r, PLACEMENT_MAX_HOLDERS, "capped at the holders a pair can have (%d)", r);
+    cr_assert_eq(placement_auto_replication(&ds2, w, 1, true, none, bytes, &r), ECS_OK);
+    cr_assert_eq(r, 1);
+    for (int i = 0; i < 3; i++)
+        b[i] = copy; /* exactly a whole copy fits */
+    cr_assert_eq(placement_auto_replication(&ds2, w, 3, true, b, bytes, &r), ECS_OK);
+    cr_assert_eq(r, 3);
+    for (int i = 0; i < 3; i++)
+        b[i] = copy - 1; /* a byte short: two thirds of a copy (~1110 pairs) fit */
+    cr_assert_eq(placement_auto_replication(&ds2, w, 3, true, b, bytes, &r), ECS_OK);
+    cr_assert_eq(r, 2, "%d", r);
+    for (int i = 0; i < 3; i++)
+        b[i] = 1000000; /* under two thirds, over one third (~555 pairs) */
+    cr_assert_eq(placement_auto_replication(&ds2, w, 3, true, b, bytes, &r), ECS_OK);
+    cr_assert_eq(r, 1, "%d", r);
+    for (int i = 0; i < 3; i++)
+        b[i] = 100; /* nothing fits: 1, for the workers to refuse naming the experts */
+    cr_assert_eq(placement_auto_replication(&ds2, w, 3, true, b, bytes, &r), ECS_OK);
+    cr_assert_eq(r, 1);
+    /* one worker's budget limits the rest: w1 holds its share of each R */
+    uint64_t one[3] = {0, 1200000, 0};
+    cr_assert_eq(placement_auto_replication(&ds2, w, 3, true, one, bytes, &r), ECS_OK);
+    cr_assert_eq(r, 2, "%d", r);
+    /* started by hand: 1 whatever the budgets */
+    cr_assert_eq(placement_auto_replication(&ds2, w, 3, false, none, bytes, &r), ECS_OK);
+    cr_assert_eq(r, 1);
+    /* the layers' sizes count, not just the pairs: a heavy layer tips it */
+    b[0] = b[1] = copy - 1;
+    bytes[5] = 2000; /* the copy is now copy + 64000 bytes; two thirds still fit */
+    cr_assert_eq(placement_auto_replication(&ds2, w, 2, true, b, bytes, &r), ECS_OK);
+    cr_assert_eq(r, 1, "2 workers each needing a copy + 64000 over a copy - 1: %d", r);
 }

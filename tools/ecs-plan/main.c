@@ -44,6 +44,15 @@ static double wire_act_bytes(const model_t *m)
     return (double)wire_row_bytes(wire_act_type(g->type, u->type, n), n);
 }
 
+/* The holders per expert of a layout of n workers: --replication capped
+ * at n; auto (0), like the dispatcher's for spawned workers without a
+ * budget, every worker holding every expert. */
+static int layout_replication(const args_t *a, int n)
+{
+    const int r = a->replication > 0 ? a->replication : PLAN_MAX_REPLICATION;
+    return r < n ? r : n;
+}
+
 static int usage(FILE *f)
 {
     fprintf(f,
@@ -52,7 +61,9 @@ static int usage(FILE *f)
             "                      (default 0,1,2,3)\n"
             "  --worker-threads N  threads per worker (default: cores / workers, >= 1,\n"
             "                      as ecs-run --spawn-workers)\n"
-            "  --replication R     holders per expert (default 1; capped at the workers)\n"
+            "  --replication R     holders per expert, or auto (default: every worker holds\n"
+            "                      every expert, as ecs-run --spawn-workers; capped at the\n"
+            "                      workers)\n"
             "  --threads N         the coordinator's threads (default: all CPUs)\n"
             "  --cores N           cores all processes share (default: online CPUs)\n"
             "  --pp N              prompt tokens (default 512, at most 512)\n"
@@ -72,7 +83,7 @@ static int parse(int argc, char **argv, args_t *a)
 {
     memset(a, 0, sizeof *a);
     a->transport = "ipc";
-    a->replication = 1, a->pp = 512, a->tg = 32, a->batch = 1, a->reps = 5;
+    a->replication = 0, a->pp = 512, a->tg = 32, a->batch = 1, a->reps = 5;
     a->n_layouts = 4;
     a->ext_threads = -1;
     for (int i = 0; i < 4; i++)
@@ -108,7 +119,9 @@ static int parse(int argc, char **argv, args_t *a)
                  : !strcmp(o, "--batch")          ? &a->batch
                  : !strcmp(o, "--reps")           ? &a->reps
                                                   : NULL;
-        if (num) {
+        if (num == &a->replication && !strcmp(v, "auto")) {
+            a->replication = 0;
+        } else if (num) {
             char *end;
             long l = strtol(v, &end, 10);
             if (*end || l < 1 || l > 4096) {
@@ -219,8 +232,9 @@ static void print_memory(const args_t *a, const meas_pages_t *pg, bool spawnable
     const uint64_t room = ecs_mem_available(), mine = pg->gguf_bytes + pg->copy_bytes;
     uint64_t layouts = 0, largest = 0;
     for (int i = 0; spawnable && i < a->n_layouts; i++) {
-        const int n = a->workers[i], r = a->replication < n ? a->replication : n;
-        const uint64_t b = n && !pg->no_repack ? pg->routed_bytes * (uint64_t)r : 0;
+        const int n = a->workers[i], r = layout_replication(a, n);
+        const uint64_t b =
+            n && !pg->no_repack ? pg->routed_bytes * (uint64_t)meas_copies(n, r) : 0;
         layouts += b;
         largest = b > largest ? b : largest;
     }
@@ -472,7 +486,7 @@ int main(int argc, char **argv)
             continue;
         if (!spawnable) /* the layout asked for is not this machine's: modelled */
             continue;
-        if (meas_phase(m, mr, n, wthreads(&a, n), a.replication < n ? a.replication : n,
+        if (meas_phase(m, mr, n, wthreads(&a, n), layout_replication(&a, n),
                        a.no_repack ? "" : mo.repack_dir, a.pp, a.tg, a.quick, &pg, &ph[i]))
             goto out;
         cold[i] = !ph[i].pages.warm;
@@ -505,7 +519,7 @@ int main(int argc, char **argv)
     int16_t *hold[MAX_LAYOUTS] = {0};
     for (int i = 0; i < a.n_layouts; i++) {
         const int n = a.workers[i];
-        const int r = n ? (a.replication < n ? a.replication : n) : 1;
+        const int r = n ? layout_replication(&a, n) : 1;
         if (n)
             hold[i] = holders(hp, n, r);
         lay[i] = (plan_layout_t){.n_workers = n, .worker_threads = n ? wthreads(&a, n) : 0,

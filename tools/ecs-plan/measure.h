@@ -131,9 +131,15 @@ typedef struct {
 
 void meas_pages_init(model_t *m, bool no_repack, meas_pages_t *pg);
 void meas_pages_free(meas_pages_t *pg);
-/* Before a layout of `replication` holders per expert starts its workers:
- * the arithmetic and the drops. */
-void meas_pages_before_start(model_t *m, meas_pages_t *pg, int replication, meas_pages_use_t *u);
+/* How many times n_workers workers with `replication` holders per expert
+ * hold the routed experts in their decode copies: a copy is named after
+ * its worker's experts, so when every worker holds every expert
+ * (replication n_workers, --replication auto's spawned layout) they all
+ * map one file, else R different ones. */
+int meas_copies(int n_workers, int replication);
+/* Before a layout whose workers' decode copies hold every routed expert
+ * `copies` times starts its workers: the arithmetic and the drops. */
+void meas_pages_before_start(model_t *m, meas_pages_t *pg, int copies, meas_pages_use_t *u);
 /* Its workers are up: finds their files, reads them in, takes the
  * resident share (-1: a worker's files could not be listed or read). */
 int meas_pages_warm(model_t *m, const dispatch_t *d, meas_pages_use_t *u);

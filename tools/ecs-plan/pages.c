@@ -152,7 +152,12 @@ static void files_resident(model_t *m, const meas_files_t *fs, uint64_t *res, ui
     }
 }
 
-void meas_pages_before_start(model_t *m, meas_pages_t *pg, int replication, meas_pages_use_t *u)
+int meas_copies(int n_workers, int replication)
+{
+    return replication >= n_workers ? 1 : replication;
+}
+
+void meas_pages_before_start(model_t *m, meas_pages_t *pg, int copies, meas_pages_use_t *u)
 {
     memset(u, 0, sizeof *u);
     tally_t own = {0, 0};
@@ -164,10 +169,10 @@ void meas_pages_before_start(model_t *m, meas_pages_t *pg, int replication, meas
         (void)ecs_file_resident(pg->done.path[i], &r, NULL);
         others += r;
     }
-    /* the workers' copies hold every routed expert `replication` times */
+    /* the workers' copies hold every routed expert `copies` times */
     const plan_pages_t p = {.room = ecs_mem_available(), .keep = pg->keep_bytes,
                             .own_routed = own.resident, .others = others,
-                            .need = pg->routed_bytes * (uint64_t)replication};
+                            .need = pg->routed_bytes * (uint64_t)copies};
     u->pages = p;
     u->evict = plan_pages_evict(&p);
     if (u->evict & PLAN_EVICT_OWN)

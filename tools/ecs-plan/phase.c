@@ -203,7 +203,7 @@ int meas_phase(model_t *m, model_t *coord, int n_workers, int threads, int repli
      * (and read) them; once they are up, those copies read in: a timing
      * of cold copies would time the disk */
     if (pg)
-        meas_pages_before_start(m, pg, replication, &o->pages);
+        meas_pages_before_start(m, pg, meas_copies(n_workers, replication), &o->pages);
     if (dispatch_start(coord, &dopt, &d) != ECS_OK)
         goto done;
     if (pg && meas_pages_warm(m, d, &o->pages)) {
