@@ -423,42 +423,35 @@ static void split_block(void *arg, int item, int ith)
 
 /* Query j: its blocks' outputs, each scaled by exp(its max - the max),
  * summed in block order and divided by the sum of the blocks' sums so
- * scaled. */
+ * scaled (model_simd_t.wsum: one read of each block's row, o written
+ * once). The blocks it sees are the first ceil(len / block) ones (the
+ * others' max is -inf). */
 static void split_merge(void *arg, int j, int ith)
 {
     const split_t *sp = arg;
     const model_ws_t *ws = &sp->a->m->ws;
-    const int dv = sp->a->dv, q = ws->att_qmax;
-    (void)ith;
+    const int q = ws->att_qmax;
+    const size_t bs = (size_t)q * (ws->dvp + 2); /* floats between blocks */
+    const int nb = (sp->len[j] + MODEL_SPLIT_KEYS - 1) / MODEL_SPLIT_KEYS;
+    const float *mx = sp->O + (size_t)q * ws->dvp + j;
+    /* the weights, in this thread's scores scratch (idle in this region) */
+    float *w = thr(sp->a->m, ith) + (size_t)q * ws->dkp;
     float M = -INFINITY;
-    for (int b = 0; b < sp->nblk; b++) {
-        const float mb = blk_o(sp, b)[(size_t)q * ws->dvp + j];
-        M = mb > M ? mb : M;
-    }
+    for (int b = 0; b < nb; b++)
+        M = mx[b * bs] > M ? mx[b * bs] : M;
     double L = 0.0;
-    for (int b = 0; b < sp->nblk; b++) {
-        const float *mx = blk_o(sp, b) + (size_t)q * ws->dvp;
-        if (mx[j] != -INFINITY)
-            L += (double)expf(mx[j] - M) * (double)mx[q + j];
+    for (int b = 0; b < nb; b++) {
+        w[b] = expf(mx[b * bs] - M);
+        L += (double)w[b] * (double)mx[b * bs + q];
     }
-    float *o = sp->out0 + (size_t)j * dv;
-    memset(o, 0, (size_t)dv * sizeof *o);
-    for (int b = 0; b < sp->nblk; b++) {
-        const float *ob = blk_o(sp, b), mb = ob[(size_t)q * ws->dvp + j];
-        if (mb == -INFINITY) /* a block past the query's keys */
-            continue;
-        const float w = expf(mb - M);
-        ob += (size_t)j * ws->dvp;
-        for (int d = 0; d < dv; d++)
-            o[d] += w * ob[d];
-    }
-    const float inv = (float)(1.0 / L);
-    for (int d = 0; d < dv; d++)
-        o[d] *= inv;
+    model_simd()->wsum(sp->out0 + (size_t)j * sp->a->dv, sp->a->dv, sp->O + (size_t)j * ws->dvp,
+                       bs, w, nb, (float)(1.0 / L));
 }
 
-/* Tile tl (all heads: a->hg == n_head) by the key split. */
-static void split_attend(const attn_run_t *a, const tile_t *tl)
+/* Tile tl (all heads: a->hg == n_head) by the key split: its queries,
+ * then the region of its blocks into sp; the merge (split_merge over
+ * sp->nq queries) is the caller's. */
+static void split_attend(const attn_run_t *a, const tile_t *tl, split_t *spp)
 {
     model_t *m = a->m;
     const model_ws_t *ws = &m->ws;
@@ -486,8 +479,8 @@ static void split_attend(const attn_run_t *a, const tile_t *tl)
         for (int d = 0; d < a->dk; d++)
             qt[(size_t)d * 16] = tmp[d];
     }
-    kcpu_par_for(m->tp, sp.nblk, split_block, &sp);
-    kcpu_par_for(m->tp, sp.nq, split_merge, &sp);
+    *spp = sp;
+    kcpu_par_for(m->tp, sp.nblk, split_block, spp);
 }
 
 /* Region items over heads of a fused_t: absorption, then the values. */
@@ -503,6 +496,22 @@ static void split_values(void *arg, int h, int ith)
     const fused_t *f = arg;
     (void)ith;
     values_head(f->a.m, f->ly, f->attv, h, f->n);
+}
+
+typedef struct {
+    const fused_t *f;
+    const split_t *sp;
+} merge_values_t;
+
+/* One tile: head h's queries (row r: query r * n_head + h) merged, then
+ * its values, in one item: a region fewer per layer, and the merged rows
+ * are quantized where they were written. */
+static void split_merge_values(void *arg, int h, int ith)
+{
+    const merge_values_t *mv = arg;
+    for (int j = h; j < mv->sp->nq; j += mv->f->a.hg)
+        split_merge((void *)mv->sp, j, ith);
+    values_head(mv->f->a.m, mv->f->ly, mv->f->attv, h, mv->f->n);
 }
 
 /* The key split for a decode step of n rows, when some sequence is deep
@@ -528,8 +537,18 @@ static bool split_run(model_t *m, const model_layer_t *ly, const model_layer_ext
                  .ly = ly, .ex = ex, .attv = attv, .n = n};
     f.a.n_tiles = make_tiles(rows, n, NULL, max_rows, tiles);
     kcpu_par_for(m->tp, nh, split_absorb, &f);
-    for (int t = 0; t < f.a.n_tiles; t++)
-        split_attend(&f.a, &tiles[t]);
+    split_t sp;
+    if (f.a.n_tiles == 1) {
+        split_attend(&f.a, &tiles[0], &sp);
+        const merge_values_t mv = {&f, &sp};
+        kcpu_par_for(m->tp, nh, split_merge_values, (void *)&mv);
+        return true;
+    }
+    /* tiles share the blocks' outputs (ws.split_o): each merged first */
+    for (int t = 0; t < f.a.n_tiles; t++) {
+        split_attend(&f.a, &tiles[t], &sp);
+        kcpu_par_for(m->tp, sp.nq, split_merge, &sp);
+    }
     kcpu_par_for(m->tp, nh, split_values, &f);
     return true;
 }
