@@ -125,6 +125,7 @@ static int pool_bench(const model_simd_t *sd, model_kvt_t kt, const char *kv, co
     for (int r = 0; r < REPS; r++)
         for (int v = 0; v < 2; v++) {
             ecs_threadpool_t *pool = v ? tp : NULL;
+            memset(p.items, 0, sizeof p.items);
             const double t0 = now();
             for (int c = 0; c < NC; c++) {
                 p.K = kv + (size_t)c * T * DK * 2;
@@ -144,7 +145,7 @@ static int pool_bench(const model_simd_t *sd, model_kvt_t kt, const char *kv, co
             tm[v][r] = (now() - t0) / NC;
             if (v)
                 for (int i = 0; i < th; i++)
-                    items[i] += p.items[i], p.items[i] = 0;
+                    items[i] += p.items[i];
         }
     double sum[2] = {0, 0};
     for (int v = 0; v < 2; v++)
