@@ -5,7 +5,8 @@
  *   two-pass: scores for all keys, softmax, then P.V re-reading the cache
  *             64 value columns at a time (the split before 2026-12-02 03:40);
  *   one-pass: per block of MODEL_SPLIT_KEYS keys scores, block softmax and
- *             P.V while the block is in L2, then the blocks merged.
+ *             P.V while the block is in L2, then the blocks merged (as
+ *             attn.c: the weights, then model_simd_t.wsum).
  * The caches rotate over NC layers (27 x 4.7 MB at T 4096 in BF16: more
  * than L3, as on the full model); ns per key and query head, best and
  * median of the repetitions. Timing only: the bits are test_attn's.
@@ -29,6 +30,23 @@
 #define DK 576
 #define DV 512
 
+
+/* Query j's merge of nb blocks (O: per block NQ rows of DV, the max, the
+ * sum), as attn.c's split_merge: the weights, then model_simd_t.wsum. */
+static void merge(const model_simd_t *sd, const float *O, int nb, int j, float *out)
+{
+    const size_t bs = (size_t)NQ * (DV + 2);
+    float w[1024];
+    float M = -INFINITY;
+    double L = 0.0;
+    for (int b = 0; b < nb; b++)
+        M = fmaxf(M, O[b * bs + NQ * DV + j]);
+    for (int b = 0; b < nb; b++) {
+        w[b] = expf(O[b * bs + NQ * DV + j] - M);
+        L += (double)w[b] * O[b * bs + NQ * DV + NQ + j];
+    }
+    sd->wsum(out + (size_t)j * DV, DV, O + (size_t)j * DV, bs, w, nb, (float)(1.0 / L));
+}
 
 #define MAXTH 8
 
@@ -69,21 +87,7 @@ static void pool_merge(void *arg, int j, int ith)
 {
     const pool_run_t *p = arg;
     (void)ith;
-    float M = -INFINITY;
-    double L = 0.0;
-    for (int b = 0; b < p->nb; b++)
-        M = fmaxf(M, p->O[(size_t)b * NQ * (DV + 2) + NQ * DV + j]);
-    float *o = p->out + (size_t)j * DV;
-    memset(o, 0, DV * sizeof *o);
-    for (int b = 0; b < p->nb; b++) {
-        const float *Ob = p->O + (size_t)b * NQ * (DV + 2);
-        const float w = expf(Ob[NQ * DV + j] - M);
-        L += (double)w * Ob[NQ * DV + NQ + j];
-        for (int d = 0; d < DV; d++)
-            o[d] += w * Ob[(size_t)j * DV + d];
-    }
-    for (int d = 0; d < DV; d++)
-        o[d] *= (float)(1.0 / L);
+    merge(p->sd, p->O, p->nb, j, p->out);
 }
 
 static double now(void)
@@ -180,7 +184,8 @@ int main(int argc, char **argv)
     const int NC = argc > 3 ? atoi(argv[3]) : 27, REPS = argc > 4 ? atoi(argv[4]) : 10;
     const int B = argc > 5 ? atoi(argv[5]) : MODEL_SPLIT_KEYS;
     const int TH = argc > 6 ? atoi(argv[6]) : 1;
-    if (T < 16 || NC < 1 || REPS < 1 || B < 16 || B % 16 || TH < 1 || TH > MAXTH) {
+    if (T < 16 || NC < 1 || REPS < 1 || B < 16 || B % 16 || TH < 1 || TH > MAXTH ||
+        (T + B - 1) / B > 1024) {
         fprintf(stderr, "usage: bench_attn_depth [T] [bf16|f16] [NC] [REPS] [B] [TH]\n");
         return 2;
     }
@@ -257,23 +262,8 @@ int main(int argc, char **argv)
                                false);
                         ph[0] += b1 - a, ph[1] += b2 - b1, ph[2] += now() - b2;
                     }
-                    for (int j = 0; j < NQ; j++) { /* the merge, as split_merge */
-                        float M = -INFINITY;
-                        double L = 0.0;
-                        for (int b = 0; b < nb; b++)
-                            M = fmaxf(M, O[(size_t)b * NQ * (DV + 2) + NQ * DV + j]);
-                        float *o = out + (size_t)j * DV;
-                        memset(o, 0, DV * sizeof *o);
-                        for (int b = 0; b < nb; b++) {
-                            const float *Ob = O + (size_t)b * NQ * (DV + 2);
-                            const float w = expf(Ob[NQ * DV + j] - M);
-                            L += (double)w * Ob[NQ * DV + NQ + j];
-                            for (int d = 0; d < DV; d++)
-                                o[d] += w * Ob[(size_t)j * DV + d];
-                        }
-                        for (int d = 0; d < DV; d++)
-                            o[d] *= (float)(1.0 / L);
-                    }
+                    for (int j = 0; j < NQ; j++)
+                        merge(sd, O, nb, j, out);
                 }
             }
             tm[v][r] = (now() - t0) / NC;
