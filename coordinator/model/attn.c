@@ -363,9 +363,12 @@ static void fused_item(void *arg, int item, int ith)
  * each item all heads of a tile and one fixed block of MODEL_SPLIT_KEYS
  * keys, through scores, a block softmax and P.V while the block is in L2
  * (one pass over the cache: the latent values are the keys' first dv
- * values); a second region merges each query's blocks in block order,
- * rescaled to the common max (an online softmax, as flash attention).
- * Item boundaries depend on neither the thread count nor the timing, so
+ * values); then each query's blocks are merged in block order, rescaled
+ * to the common max (an online softmax, as flash attention). With one
+ * tile (one sequence) a layer is three regions: per head its absorption
+ * and its queries put for the blocks; the blocks; per head the merge of
+ * its queries and its W_v (no serial part between them but the zeroing
+ * of the queries). Item boundaries depend on neither the thread count nor the timing, so
  * neither do the bits. Rounding stays llama.cpp's: the query to the cache
  * type before Q.K, each probability before P.V (here exp(s - the block's
  * max), the division by the sum after P.V, in F32). */
@@ -423,71 +426,81 @@ static void split_block(void *arg, int item, int ith)
 
 /* Query j: its blocks' outputs, each scaled by exp(its max - the max),
  * summed in block order and divided by the sum of the blocks' sums so
- * scaled. */
+ * scaled (model_simd_t.wsum: one read of each block's row, o written
+ * once). The blocks it sees are the first ceil(len / block) ones (the
+ * others' max is -inf). */
 static void split_merge(void *arg, int j, int ith)
 {
     const split_t *sp = arg;
     const model_ws_t *ws = &sp->a->m->ws;
-    const int dv = sp->a->dv, q = ws->att_qmax;
-    (void)ith;
+    const int q = ws->att_qmax;
+    const size_t bs = (size_t)q * (ws->dvp + 2); /* floats between blocks */
+    const int nb = (sp->len[j] + MODEL_SPLIT_KEYS - 1) / MODEL_SPLIT_KEYS;
+    const float *mx = sp->O + (size_t)q * ws->dvp + j;
+    /* the weights, in this thread's scores scratch (idle in this region) */
+    float *w = thr(sp->a->m, ith) + (size_t)q * ws->dkp;
     float M = -INFINITY;
-    for (int b = 0; b < sp->nblk; b++) {
-        const float mb = blk_o(sp, b)[(size_t)q * ws->dvp + j];
-        M = mb > M ? mb : M;
-    }
+    for (int b = 0; b < nb; b++)
+        M = mx[b * bs] > M ? mx[b * bs] : M;
     double L = 0.0;
-    for (int b = 0; b < sp->nblk; b++) {
-        const float *mx = blk_o(sp, b) + (size_t)q * ws->dvp;
-        if (mx[j] != -INFINITY)
-            L += (double)expf(mx[j] - M) * (double)mx[q + j];
+    for (int b = 0; b < nb; b++) {
+        w[b] = expf(mx[b * bs] - M);
+        L += (double)w[b] * (double)mx[b * bs + q];
     }
-    float *o = sp->out0 + (size_t)j * dv;
-    memset(o, 0, (size_t)dv * sizeof *o);
-    for (int b = 0; b < sp->nblk; b++) {
-        const float *ob = blk_o(sp, b), mb = ob[(size_t)q * ws->dvp + j];
-        if (mb == -INFINITY) /* a block past the query's keys */
-            continue;
-        const float w = expf(mb - M);
-        ob += (size_t)j * ws->dvp;
-        for (int d = 0; d < dv; d++)
-            o[d] += w * ob[d];
-    }
-    const float inv = (float)(1.0 / L);
-    for (int d = 0; d < dv; d++)
-        o[d] *= inv;
+    model_simd()->wsum(sp->out0 + (size_t)j * sp->a->dv, sp->a->dv, sp->O + (size_t)j * ws->dvp,
+                       bs, w, nb, (float)(1.0 / L));
 }
 
-/* Tile tl (all heads: a->hg == n_head) by the key split. */
-static void split_attend(const attn_run_t *a, const tile_t *tl)
+/* Tile tl (all heads: a->hg == n_head) by the key split: sp's fields,
+ * its transposed queries (thread 0's scratch) zeroed, none put yet. */
+static void split_prepare(const attn_run_t *a, const tile_t *tl, split_t *sp)
 {
     model_t *m = a->m;
     const model_ws_t *ws = &m->ws;
-    split_t sp = {.a = a, .kv = ctx_kv(a->rows[tl->row0].ctx, a->layer), .O = ws->split_o};
-    sp.QT = thr(m, 0);
-    /* thread 0's scores, idle here */
-    float *tmp = sp.QT + (size_t)ws->att_qmax * ws->dkp;
-    sp.nq = tl->nrows * a->hg;
-    sp.nqp = (sp.nq + 3) & ~3;
-    sp.nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1;
-    sp.nblk = (sp.nt + MODEL_SPLIT_KEYS - 1) / MODEL_SPLIT_KEYS;
-    sp.out0 = a->out + (size_t)tl->row0 * a->out_ld;
-    const int ng = (sp.nq + 15) / 16;
-    memset(sp.QT, 0, (size_t)ng * 16 * a->dk * sizeof(float));
-    for (int j = 0; j < sp.nqp; j++) {
-        sp.len[j] = 0;
-        if (j >= sp.nq)
-            continue;
-        sp.len[j] = get_query(a, tl, 0, j, sp.kv.kvt, tmp);
-        if (sp.kv.kvt == MODEL_KV_BF16) {
-            model_qt_bf16(sp.QT, j, a->dk, (const ecs_bf16_t *)tmp);
-            continue;
-        }
-        float *qt = sp.QT + (size_t)(j / 16) * a->dk * 16 + j % 16;
-        for (int d = 0; d < a->dk; d++)
-            qt[(size_t)d * 16] = tmp[d];
+    *sp = (split_t){.a = a, .kv = ctx_kv(a->rows[tl->row0].ctx, a->layer), .O = ws->split_o};
+    sp->QT = thr(m, 0);
+    sp->nq = tl->nrows * a->hg;
+    sp->nqp = (sp->nq + 3) & ~3;
+    sp->nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1;
+    sp->nblk = (sp->nt + MODEL_SPLIT_KEYS - 1) / MODEL_SPLIT_KEYS;
+    sp->out0 = a->out + (size_t)tl->row0 * a->out_ld;
+    const int ng = (sp->nq + 15) / 16;
+    memset(sp->QT, 0, (size_t)ng * 16 * a->dk * sizeof(float));
+    memset(sp->len, 0, sizeof sp->len);
+}
+
+/* Query j of tile tl into sp's transposed queries (its own words only:
+ * the queries of a tile may be put by several threads at once); tmp:
+ * dk floats of the calling thread's. */
+static void split_query(split_t *sp, const tile_t *tl, int j, float *tmp)
+{
+    const attn_run_t *a = sp->a;
+    sp->len[j] = get_query(a, tl, 0, j, sp->kv.kvt, tmp);
+    if (sp->kv.kvt == MODEL_KV_BF16) {
+        model_qt_bf16(sp->QT, j, a->dk, (const ecs_bf16_t *)tmp);
+        return;
     }
-    kcpu_par_for(m->tp, sp.nblk, split_block, &sp);
-    kcpu_par_for(m->tp, sp.nq, split_merge, &sp);
+    float *qt = sp->QT + (size_t)(j / 16) * a->dk * 16 + j % 16;
+    for (int d = 0; d < a->dk; d++)
+        qt[(size_t)d * 16] = tmp[d];
+}
+
+/* A thread's scratch for split_query: its scores (idle until the blocks;
+ * thread 0's queries lie before them). */
+static float *split_tmp(model_t *m, int ith)
+{
+    return thr(m, ith) + (size_t)m->ws.att_qmax * m->ws.dkp;
+}
+
+/* Tile tl by the key split, its queries put here: the region of its
+ * blocks into sp; the merge (split_merge over sp->nq queries) is the
+ * caller's. */
+static void split_attend(const attn_run_t *a, const tile_t *tl, split_t *sp)
+{
+    split_prepare(a, tl, sp);
+    for (int j = 0; j < sp->nq; j++)
+        split_query(sp, tl, j, split_tmp(a->m, 0));
+    kcpu_par_for(a->m->tp, sp->nblk, split_block, sp);
 }
 
 /* Region items over heads of a fused_t: absorption, then the values. */
@@ -503,6 +516,33 @@ static void split_values(void *arg, int h, int ith)
     const fused_t *f = arg;
     (void)ith;
     values_head(f->a.m, f->ly, f->attv, h, f->n);
+}
+
+typedef struct {
+    const fused_t *f;
+    split_t *sp;
+} merge_values_t;
+
+/* One tile: head h's absorption, then its queries (row r: query
+ * r * n_head + h) put for the blocks, in the same item. */
+static void split_absorb_query(void *arg, int h, int ith)
+{
+    const merge_values_t *mv = arg;
+    const fused_t *f = mv->f;
+    absorb_head(f->a.m, f->ex, f->a.q, h, f->n);
+    for (int j = h; j < mv->sp->nq; j += f->a.hg)
+        split_query(mv->sp, &f->a.tiles[0], j, split_tmp(f->a.m, ith));
+}
+
+/* One tile: head h's queries (row r: query r * n_head + h) merged, then
+ * its values, in one item: a region fewer per layer, and the merged rows
+ * are quantized where they were written. */
+static void split_merge_values(void *arg, int h, int ith)
+{
+    const merge_values_t *mv = arg;
+    for (int j = h; j < mv->sp->nq; j += mv->f->a.hg)
+        split_merge((void *)mv->sp, j, ith);
+    values_head(mv->f->a.m, mv->f->ly, mv->f->attv, h, mv->f->n);
 }
 
 /* The key split for a decode step of n rows, when some sequence is deep
@@ -527,9 +567,21 @@ static bool split_run(model_t *m, const model_layer_t *ly, const model_layer_ext
                        .out_ld = (int64_t)nh * hp->kv_lora_rank},
                  .ly = ly, .ex = ex, .attv = attv, .n = n};
     f.a.n_tiles = make_tiles(rows, n, NULL, max_rows, tiles);
+    split_t sp;
+    if (f.a.n_tiles == 1) { /* 3 regions: absorption and queries, blocks, merge and values */
+        split_prepare(&f.a, &tiles[0], &sp);
+        const merge_values_t mv = {&f, &sp};
+        kcpu_par_for(m->tp, nh, split_absorb_query, (void *)&mv);
+        kcpu_par_for(m->tp, sp.nblk, split_block, &sp);
+        kcpu_par_for(m->tp, nh, split_merge_values, (void *)&mv);
+        return true;
+    }
     kcpu_par_for(m->tp, nh, split_absorb, &f);
-    for (int t = 0; t < f.a.n_tiles; t++)
-        split_attend(&f.a, &tiles[t]);
+    /* tiles share the blocks' outputs (ws.split_o): each merged first */
+    for (int t = 0; t < f.a.n_tiles; t++) {
+        split_attend(&f.a, &tiles[t], &sp);
+        kcpu_par_for(m->tp, sp.nq, split_merge, &sp);
+    }
     kcpu_par_for(m->tp, nh, split_values, &f);
     return true;
 }

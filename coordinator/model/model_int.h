@@ -89,6 +89,11 @@ typedef struct {
      * block order: the same bits on every ISA and for every na. */
     void (*dot_q8p)(const void *w, int nrows, int nblk, const void *a, size_t as, int na, float *y,
                     int64_t ldy);
+    /* o[d] = scale * (((0 + w[0] x[0][d]) + w[1] x[1][d]) + ...), d < n,
+     * x[b] = x + b * xs floats, b < nb: each product and sum rounded to F32
+     * in block order, then the product with scale (the merge of the decode
+     * key split's blocks, attn.c); the same bits on every ISA. */
+    void (*wsum)(float *o, int n, const float *x, size_t xs, const float *w, int nb, float scale);
 } model_simd_t;
 
 /* Query j (dk BF16 values at q) into the transposed BF16 groups at QT

@@ -214,9 +214,20 @@ static void dot_q8p_plain(const void *w, int nrows, int nblk, const void *a, siz
     }
 }
 
+static void wsum_plain(float *o, int n, const float *x, size_t xs, const float *w, int nb,
+                       float scale)
+{
+    memset(o, 0, (size_t)n * sizeof *o);
+    for (int b = 0; b < nb; b++)
+        for (int d = 0; d < n; d++)
+            o[d] += w[b] * x[(size_t)b * xs + d];
+    for (int d = 0; d < n; d++)
+        o[d] *= scale;
+}
+
 static const model_simd_t plain = {scores_plain,    scores_t_plain, softmax_plain,
                                    pv_plain,        round_f16_plain, to_f16_plain,
-                                   to_bf16_plain,   dot_q8p_plain};
+                                   to_bf16_plain,   dot_q8p_plain,  wsum_plain};
 
 const model_simd_t *model_simd_plain(void) { return &plain; }
 

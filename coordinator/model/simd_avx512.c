@@ -459,8 +459,37 @@ static void dot_q8p_avx512(const void *w, int nrows, int nblk, const void *a, si
     }
 }
 
+/* 64 values at a time in registers over all blocks: each block's row is
+ * read once and o written once (the plain loop's order: a product, then
+ * the sum, no FMA). */
+static void wsum_avx512(float *o, int n, const float *x, size_t xs, const float *w, int nb,
+                        float scale)
+{
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int d0 = 0; d0 < n; d0 += 64) {
+        __mmask16 m[4];
+        __m512 a[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const int k = n - d0 - 16 * c;
+            m[c] = k >= 16 ? 0xFFFF : k <= 0 ? 0 : (__mmask16)((1u << k) - 1u);
+            a[c] = _mm512_setzero_ps();
+        }
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)b * xs + d0;
+            const __m512 wb = _mm512_set1_ps(w[b]);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                a[c] = _mm512_add_ps(a[c], _mm512_mul_ps(wb, _mm512_maskz_loadu_ps(m[c], xb + 16 * c)));
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(o + d0 + 16 * c, m[c], _mm512_mul_ps(a[c], sc));
+    }
+}
+
 static const model_simd_t avx512 = {scores_avx512,    scores_t_avx512, softmax_avx512,
                                     pv_avx512,        round_f16_avx512, to_f16_avx512,
-                                    to_bf16_avx512,   dot_q8p_avx512};
+                                    to_bf16_avx512,   dot_q8p_avx512,  wsum_avx512};
 
 const model_simd_t *model_simd_avx512(void) { return &avx512; }

@@ -5,23 +5,90 @@
  *   two-pass: scores for all keys, softmax, then P.V re-reading the cache
  *             64 value columns at a time (the split before 2026-12-02 03:40);
  *   one-pass: per block of MODEL_SPLIT_KEYS keys scores, block softmax and
- *             P.V while the block is in L2, then the blocks merged.
+ *             P.V while the block is in L2, then the blocks merged (as
+ *             attn.c: the weights, then model_simd_t.wsum).
  * The caches rotate over NC layers (27 x 4.7 MB at T 4096 in BF16: more
  * than L3, as on the full model); ns per key and query head, best and
  * median of the repetitions. Timing only: the bits are test_attn's.
+ * With TH > 1 the one pass also runs on a pool of TH threads as attn.c
+ * runs it (kcpu_par_for over the blocks, then over the queries for the
+ * merge), alternating with 1 thread in the same process, and says where
+ * the threads' time went (busy in items, the merge, the rest waiting).
  *
- * usage: bench_attn_depth [T] [bf16|f16] [NC] [REPS] [B: keys per block] */
+ * usage: bench_attn_depth [T] [bf16|f16] [NC] [REPS] [B: keys per block] [TH] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/threadpool.h"
 #include "coordinator/model/model_int.h"
+#include "kernels/cpu/cpu.h"
 
 #define NQ 16
 #define DK 576
 #define DV 512
+
+
+/* Query j's merge of nb blocks (O: per block NQ rows of DV, the max, the
+ * sum), as attn.c's split_merge: the weights, then model_simd_t.wsum. */
+static void merge(const model_simd_t *sd, const float *O, int nb, int j, float *out)
+{
+    const size_t bs = (size_t)NQ * (DV + 2);
+    float w[1024];
+    float M = -INFINITY;
+    double L = 0.0;
+    for (int b = 0; b < nb; b++)
+        M = fmaxf(M, O[b * bs + NQ * DV + j]);
+    for (int b = 0; b < nb; b++) {
+        w[b] = expf(O[b * bs + NQ * DV + j] - M);
+        L += (double)w[b] * O[b * bs + NQ * DV + NQ + j];
+    }
+    sd->wsum(out + (size_t)j * DV, DV, O + (size_t)j * DV, bs, w, nb, (float)(1.0 / L));
+}
+
+#define MAXTH 8
+
+/* The pool's run of one layer's one pass: blocks, then the merge. */
+typedef struct {
+    const model_simd_t *sd;
+    model_kvt_t kt;
+    const char *K;
+    const float *QT;
+    int T, B, nb;
+    float scale;
+    float *S[MAXTH], *kbuf[MAXTH], *O, *out;
+    double busy[MAXTH]; /* seconds inside block items, per thread */
+    int items[MAXTH];
+} pool_run_t;
+
+static double now(void);
+
+static void pool_block(void *arg, int b, int ith)
+{
+    pool_run_t *p = arg;
+    const double a = now();
+    const int t0 = b * p->B, n = p->T - t0 < p->B ? p->T - t0 : p->B;
+    float *Ob = p->O + (size_t)b * NQ * (DV + 2), *mx = Ob + NQ * DV;
+    int rl[NQ];
+    for (int j = 0; j < NQ; j++)
+        rl[j] = n;
+    p->sd->scores_t(p->QT, NQ, p->K + (size_t)t0 * DK * 2, DK, p->kt, DK, n, p->scale, p->S[ith],
+                    p->B + 16, p->kbuf[ith]);
+    p->sd->softmax(p->S[ith], NQ, p->B + 16, rl, n, p->kt, mx, mx + NQ);
+    p->sd->pv(p->S[ith], NQ, p->B + 16, p->K + (size_t)t0 * DK * 2, DK, p->kt, DV, rl, Ob, DV,
+              false);
+    p->busy[ith] += now() - a;
+    p->items[ith]++;
+}
+
+static void pool_merge(void *arg, int j, int ith)
+{
+    const pool_run_t *p = arg;
+    (void)ith;
+    merge(p->sd, p->O, p->nb, j, p->out);
+}
 
 static double now(void)
 {
@@ -36,14 +103,90 @@ static int cmpd(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The one pass of NC layers at 1 and th threads, alternating per rep. */
+static int pool_bench(const model_simd_t *sd, model_kvt_t kt, const char *kv, const float *QT,
+                      int T, int B, int NC, int REPS, int th, float scale, float *O, float *out)
+{
+    ecs_threadpool_t *tp = NULL;
+    if (ecs_threadpool_create(th, &tp) != ECS_OK) {
+        fprintf(stderr, "bench_attn_depth: no thread pool\n");
+        return 1;
+    }
+    pool_run_t p = {.sd = sd, .kt = kt, .QT = QT, .T = T, .B = B, .nb = (T + B - 1) / B,
+                    .scale = scale, .O = O, .out = out};
+    for (int i = 0; i < th; i++) {
+        p.S[i] = aligned_alloc(64, (size_t)NQ * (B + 16) * sizeof(float));
+        p.kbuf[i] = aligned_alloc(64, (size_t)16 * DK * sizeof(float));
+        if (!p.S[i] || !p.kbuf[i]) {
+            fprintf(stderr, "bench_attn_depth: out of memory\n");
+            return 1;
+        }
+    }
+    double *tm[2], blk = 0, mrg = 0, busy = 0, bmax = 0;
+    int items[MAXTH] = {0};
+    for (int v = 0; v < 2; v++)
+        tm[v] = malloc((size_t)REPS * sizeof(double));
+    for (int r = 0; r < REPS; r++)
+        for (int v = 0; v < 2; v++) {
+            ecs_threadpool_t *pool = v ? tp : NULL;
+            memset(p.items, 0, sizeof p.items);
+            const double t0 = now();
+            for (int c = 0; c < NC; c++) {
+                p.K = kv + (size_t)c * T * DK * 2;
+                memset(p.busy, 0, sizeof p.busy);
+                const double a = now();
+                kcpu_par_for(pool, p.nb, pool_block, &p);
+                const double b = now();
+                kcpu_par_for(pool, NQ, pool_merge, &p);
+                if (v) {
+                    blk += b - a, mrg += now() - b;
+                    double mx = 0;
+                    for (int i = 0; i < th; i++)
+                        busy += p.busy[i], mx = p.busy[i] > mx ? p.busy[i] : mx;
+                    bmax += mx;
+                }
+            }
+            tm[v][r] = (now() - t0) / NC;
+            if (v)
+                for (int i = 0; i < th; i++)
+                    items[i] += p.items[i];
+        }
+    double sum[2] = {0, 0};
+    for (int v = 0; v < 2; v++)
+        for (int r = 0; r < REPS; r++)
+            sum[v] += tm[v][r];
+    printf("  pool, %d blocks a layer, 1 vs %d threads alternating:\n", p.nb, th);
+    for (int v = 0; v < 2; v++) {
+        qsort(tm[v], (size_t)REPS, sizeof(double), cmpd);
+        printf("    %d thread(s) ms/layer best %.3f median %.3f mean %.3f\n", v ? th : 1,
+               1e3 * tm[v][0], 1e3 * tm[v][REPS / 2], 1e3 * sum[v] / REPS);
+    }
+    const double n = (double)REPS * NC;
+    printf("    %d threads: speed-up best %.2f median %.2f; per layer: blocks region %.3f ms, "
+           "merge region %.3f ms, busy in blocks %.3f ms of %d threads (slowest thread %.3f), "
+           "items per thread",
+           th, tm[0][0] / tm[1][0], tm[0][REPS / 2] / tm[1][REPS / 2], 1e3 * blk / n, 1e3 * mrg / n,
+           1e3 * busy / n, th, 1e3 * bmax / n);
+    for (int i = 0; i < th; i++)
+        printf(" %.1f", items[i] / n);
+    printf("\n");
+    for (int i = 0; i < th; i++)
+        free(p.S[i]), free(p.kbuf[i]);
+    free(tm[0]), free(tm[1]);
+    ecs_threadpool_destroy(tp);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const int T = argc > 1 ? atoi(argv[1]) : 4096;
     const model_kvt_t kt = argc > 2 && !strcmp(argv[2], "f16") ? MODEL_KV_F16 : MODEL_KV_BF16;
     const int NC = argc > 3 ? atoi(argv[3]) : 27, REPS = argc > 4 ? atoi(argv[4]) : 10;
     const int B = argc > 5 ? atoi(argv[5]) : MODEL_SPLIT_KEYS;
-    if (T < 16 || NC < 1 || REPS < 1 || B < 16 || B % 16) {
-        fprintf(stderr, "usage: bench_attn_depth [T] [bf16|f16] [NC] [REPS] [B]\n");
+    const int TH = argc > 6 ? atoi(argv[6]) : 1;
+    if (T < 16 || NC < 1 || REPS < 1 || B < 16 || B % 16 || TH < 1 || TH > MAXTH ||
+        (T + B - 1) / B > 1024) {
+        fprintf(stderr, "usage: bench_attn_depth [T] [bf16|f16] [NC] [REPS] [B] [TH]\n");
         return 2;
     }
     const model_simd_t *sd = model_simd();
@@ -119,23 +262,8 @@ int main(int argc, char **argv)
                                false);
                         ph[0] += b1 - a, ph[1] += b2 - b1, ph[2] += now() - b2;
                     }
-                    for (int j = 0; j < NQ; j++) { /* the merge, as split_merge */
-                        float M = -INFINITY;
-                        double L = 0.0;
-                        for (int b = 0; b < nb; b++)
-                            M = fmaxf(M, O[(size_t)b * NQ * (DV + 2) + NQ * DV + j]);
-                        float *o = out + (size_t)j * DV;
-                        memset(o, 0, DV * sizeof *o);
-                        for (int b = 0; b < nb; b++) {
-                            const float *Ob = O + (size_t)b * NQ * (DV + 2);
-                            const float w = expf(Ob[NQ * DV + j] - M);
-                            L += (double)w * Ob[NQ * DV + NQ + j];
-                            for (int d = 0; d < DV; d++)
-                                o[d] += w * Ob[(size_t)j * DV + d];
-                        }
-                        for (int d = 0; d < DV; d++)
-                            o[d] *= (float)(1.0 / L);
-                    }
+                    for (int j = 0; j < NQ; j++)
+                        merge(sd, O, nb, j, out);
                 }
             }
             tm[v][r] = (now() - t0) / NC;
@@ -151,6 +279,8 @@ int main(int argc, char **argv)
     const double all = ph[0] + ph[1] + ph[2];
     printf("  one-pass shares: scores %.0f %%, block softmax %.0f %%, P.V %.0f %% (the rest: the merge)\n",
            100 * ph[0] / all, 100 * ph[1] / all, 100 * ph[2] / all);
+    if (TH > 1 && pool_bench(sd, kt, kv, QT, T, B, NC, REPS, TH, scale, O, out) != 0)
+        return 1;
     free(tm[0]), free(tm[1]), free(q), free(out), free(O), free(kbuf), free(S), free(QT), free(kv);
     return 0;
 }

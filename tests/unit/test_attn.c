@@ -252,3 +252,86 @@ Test(split, same_bits_as_head_split_deep, .timeout = 300)
     check_split(MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_BF16, 600, 4, 640, SPLIT_TOL);
     check_vs_f32(600, 4, 640);
 }
+
+/* ------------------------------------------------ the merge: wsum kernel */
+
+/* model_simd_t.wsum of the ISA against the plain loop, bit for bit, for
+ * widths around the vector's and the register block's (64), and block
+ * counts 1..17 (4096 keys of decode: 17 blocks). */
+Test(wsum, equals_plain_bit_for_bit)
+{
+    const model_simd_t *pl = model_simd_plain(), *sd = model_simd();
+    const int ns[] = {1, 15, 16, 17, 63, 64, 65, 100, 512};
+    const int nbs[] = {1, 2, 5, 17};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof nbs / sizeof *nbs; b++) {
+            const int n = ns[a], nb = nbs[b];
+            const size_t xs = (size_t)n + 7;
+            float *x = malloc(xs * nb * sizeof *x), w[17];
+            float *o1 = malloc(((size_t)n + 1) * sizeof *o1), *o2 = malloc(((size_t)n + 1) * sizeof *o2);
+            cr_assert(x && o1 && o2);
+            for (size_t i = 0; i < xs * nb; i++)
+                x[i] = frand() * 3.0f;
+            for (int i = 0; i < nb; i++)
+                w[i] = frand() * 0.5f + 0.5f;
+            o1[n] = o2[n] = 42.0f; /* past n: untouched */
+            const float sc = 1.0f / (1.0f + 10.0f * (frand() + 1.0f));
+            pl->wsum(o1, n, x, xs, w, nb, sc);
+            sd->wsum(o2, n, x, xs, w, nb, sc);
+            cr_assert(memcmp(o1, o2, ((size_t)n + 1) * sizeof *o1) == 0, "wsum n %d nb %d", n, nb);
+            cr_assert_eq(o2[n], 42.0f);
+            double ref = 0.0;
+            for (int i = 0; i < nb; i++)
+                ref += (double)w[i] * x[(size_t)i * xs + n - 1];
+            cr_assert(fabs(o1[n - 1] - ref * sc) <= 1e-5 * (1.0 + fabs(ref)), "wsum n %d nb %d", n,
+                      nb);
+            free(x), free(o1), free(o2);
+        }
+}
+
+/* ------------------------------------- several sequences in one decode step
+ * Two sequences decoding in one step take the key split tile by tile (a
+ * merge region per tile, then the values); one alone merges inside the
+ * values' region: the same bits either way. */
+static void two_sequences(unsigned flags, int threads)
+{
+    model_opts_t o = {.n_ctx = 640, .n_threads = threads, .attn_split_min = 1};
+    model_t *m = NULL;
+    cr_assert_eq(model_load(DS2_Q8, &o, &m), ECS_OK, "%s", ecs_errmsg());
+    const size_t V = (size_t)model_n_vocab(m);
+    const int lens[2] = {300, 530};
+    model_ctx_t *c[2][2];
+    int32_t *toks = malloc(540 * sizeof *toks);
+    float *l = malloc(4 * V * sizeof *l);
+    cr_assert(toks && l);
+    for (int i = 0; i < 540; i++)
+        toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * 30000);
+    for (int s = 0; s < 2; s++) /* s 0: alone, s 1: in one step */
+        for (int q = 0; q < 2; q++) {
+            cr_assert_eq(model_ctx_new(m, 640, flags, &c[s][q]), ECS_OK, "%s", ecs_errmsg());
+            cr_assert_eq(model_eval(c[s][q], toks + q * 5, lens[q], NULL, false), ECS_OK, "%s",
+                         ecs_errmsg());
+        }
+    for (int step = 0; step < 3; step++) {
+        for (int q = 0; q < 2; q++)
+            cr_assert_eq(model_eval(c[0][q], toks + 500 + step + q, 1, l + q * V, false), ECS_OK,
+                         "%s", ecs_errmsg());
+        const model_row_t rows[2] = {{c[1][0], toks[500 + step], true},
+                                     {c[1][1], toks[501 + step], true}};
+        cr_assert_eq(model_eval_batch(m, rows, 2, l + 2 * V), ECS_OK, "%s", ecs_errmsg());
+        cr_assert(memcmp(l, l + 2 * V, 2 * V * sizeof *l) == 0,
+                  "flags %u, %d threads, step %d: two sequences in one step differ from alone",
+                  flags, threads, step);
+    }
+    for (int s = 0; s < 2; s++)
+        for (int q = 0; q < 2; q++)
+            model_ctx_free(c[s][q]);
+    free(l), free(toks);
+    model_free(m);
+}
+
+Test(split, two_sequences_one_step_same_bits, .timeout = 300)
+{
+    two_sequences(MODEL_CTX_MLA_ABSORBED, 2);
+    two_sequences(MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_BF16, 3);
+}
