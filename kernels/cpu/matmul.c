@@ -57,11 +57,12 @@
  * one group's, but start this far into the stream rather than at the next
  * group. A 16-row group is 15-70 KB, so a whole group ahead filled the
  * 48 KB L1 with lines long before their use and evicted the group in use:
- * one thread streamed the expert copies from DRAM 14-26 % slower, the
- * 4096-column copies 30-40 % (bench_matvec --only copy / matvec); 8 KB
- * beat 1, 2, 4 and 16 KB on the 4-layer ds2-lite cut (docs/benchmarks.md,
- * "prefetch distance"). With more rows a group computes long enough for a
- * whole group ahead, into L2. */
+ * one thread streamed the expert-shaped copies from DRAM 14-26 % slower,
+ * two the 4096-column ones 5-55 % (bench_matvec --only copy / matvec, where
+ * 1 and 2 KB were slower than 4 and 8 KB); on the 4-layer ds2-lite cut 8 KB
+ * beat 4 and 16 KB (docs/benchmarks.md, "the decode copies' prefetch
+ * distance"). With more rows a group computes long enough for a whole
+ * group ahead, into L2. */
 #ifndef GRP_PREFETCH_AHEAD
 #define GRP_PREFETCH_AHEAD 8192
 #endif
