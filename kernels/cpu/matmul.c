@@ -51,6 +51,22 @@
 #ifndef GRP_PREFETCH_MIN_NB
 #define GRP_PREFETCH_MIN_NB 1
 #endif
+/* How far ahead of its reads (bytes) a group kernel prefetches the copy
+ * with up to GRP_AHEAD_MAX_NB activation rows (decode: the kernels prefetch
+ * into L1 there, PREFETCH_L1_MAX_NA): the bytes prefetched per group stay
+ * one group's, but start this far into the stream rather than at the next
+ * group. A 16-row group is 15-70 KB, so a whole group ahead filled the
+ * 48 KB L1 with lines long before their use and evicted the group in use:
+ * one thread streamed the expert-shaped copies from DRAM 14-26 % slower,
+ * two the 4096-column ones 5-55 % (bench_matvec --only copy / matvec, where
+ * 1 and 2 KB were slower than 4 and 8 KB); on the 4-layer ds2-lite cut 8 KB
+ * beat 4 and 16 KB (docs/benchmarks.md, "the decode copies' prefetch
+ * distance"). With more rows a group computes long enough for a whole
+ * group ahead, into L2. */
+#ifndef GRP_PREFETCH_AHEAD
+#define GRP_PREFETCH_AHEAD 8192
+#endif
+#define GRP_AHEAD_MAX_NB 3
 /* Scratch larger than this is not worth having: the row kernels take over. */
 #define SCRATCH_MAX ((size_t)256 << 20)
 
@@ -233,12 +249,11 @@ static void grp_pack_rows(const mm_task_t *t, int64_t r, int nr, int64_t r2, uin
 }
 
 /* Group g (nr <= 16 valid rows, output rows from r) against every
- * activation row, grp_na at a time; next (or NULL): the copy's next group,
- * a slice of it prefetched by each call's kernel (it comes from DRAM while
- * this one computes; NULL below GRP_PREFETCH_MIN_NB rows and for a
- * chunk's last group). */
+ * activation row, grp_na at a time; [pf, pf + pfb) (pf NULL: nothing): the
+ * copy's bytes that come from DRAM while this group computes, a slice of
+ * them prefetched by each call's kernel (grp_rows says which). */
 static void grp_call(const mm_task_t *t, const mm_view_t *v, const uint8_t *g, int nr, int64_t r,
-                     const uint8_t *next, size_t group)
+                     const uint8_t *pf, size_t pfb)
 {
     /* a group decoded once for all the passes (t->gemm.grp_unpack) */
     void (*grp)(const void *, int64_t, const void *, size_t, int, float *, int64_t, const void *,
@@ -250,15 +265,15 @@ static void grp_call(const mm_task_t *t, const mm_view_t *v, const uint8_t *g, i
         float *y = t->y + (int64_t)b * t->ldy + r;
         /* this pass's slice of the next group, prefetched by the kernel a
          * piece per block (a burst here would hold up the pass's loads) */
-        const size_t p0 = next ? group * (size_t)b / (size_t)t->nb / 64 * 64 : 0;
-        const size_t p1 = next ? group * (size_t)(b + na) / (size_t)t->nb : 0;
-        const uint8_t *pf = next ? next + p0 : NULL;
+        const size_t p0 = pf ? pfb * (size_t)b / (size_t)t->nb / 64 * 64 : 0;
+        const size_t p1 = pf ? pfb * (size_t)(b + na) / (size_t)t->nb : 0;
+        const uint8_t *ps = pf ? pf + p0 : NULL;
         if (nr == KCPU_R16_ROWS) {
-            grp(g, t->w->ncols, a, v->stride, na, y, t->ldy, pf, p1 - p0);
+            grp(g, t->w->ncols, a, v->stride, na, y, t->ldy, ps, p1 - p0);
             continue;
         }
         float part[KCPU_GRP_MAX_NA * KCPU_R16_ROWS];
-        grp(g, t->w->ncols, a, v->stride, na, part, KCPU_R16_ROWS, pf, p1 - p0);
+        grp(g, t->w->ncols, a, v->stride, na, part, KCPU_R16_ROWS, ps, p1 - p0);
         for (int j = 0; j < na; j++)
             memcpy(y + (int64_t)j * t->ldy, part + j * KCPU_R16_ROWS, (size_t)nr * sizeof *part);
     }
@@ -272,14 +287,21 @@ static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
 {
     const kcpu_mat_t *w = t->w;
     const size_t group = kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols);
+    const size_t ahead =
+        t->nb <= GRP_AHEAD_MAX_NB && GRP_PREFETCH_AHEAD < group ? GRP_PREFETCH_AHEAD : group;
     uint8_t *buf = NULL;
     for (int64_t r = r0; r < r1; r += KCPU_R16_ROWS) {
         const int nr = (int)(r1 - r < KCPU_R16_ROWS ? r1 - r : KCPU_R16_ROWS);
-        const uint8_t *g = buf, *next = NULL;
+        const uint8_t *g = buf, *pf = NULL;
+        size_t pfb = 0;
         if (w->r16 && nr == KCPU_R16_ROWS) {
             g = (const uint8_t *)w->r16 + (size_t)(r / KCPU_R16_ROWS) * group;
-            if (t->nb >= GRP_PREFETCH_MIN_NB && r + 2 * KCPU_R16_ROWS <= r1)
-                next = g + group;
+            /* a group's worth from `ahead` on (the stream's next bytes
+             * a fixed distance ahead); the range's last group only the
+             * rest of itself */
+            pfb = r + 2 * KCPU_R16_ROWS <= r1 ? group : group - ahead;
+            if (t->nb >= GRP_PREFETCH_MIN_NB && pfb)
+                pf = g + ahead;
             if (v->unpacked) {
                 t->gemm.grp_unpack(g, w->ncols, v->unpacked);
                 g = v->unpacked;
@@ -292,7 +314,7 @@ static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
                 return false;
             grp_pack_rows(t, r, nr, r + 2 * KCPU_R16_ROWS < r1 ? r + 2 * KCPU_R16_ROWS : r1, buf);
         }
-        grp_call(t, v, g, nr, r, next, group);
+        grp_call(t, v, g, nr, r, pf, pfb);
     }
     return true;
 }

@@ -3,7 +3,10 @@
  *
  * 1. A STREAM-like triad (a = b + s*c over arrays far larger than the caches)
  *    gives the bandwidth to compare against (STREAM's convention: 3 arrays
- *    counted once each).
+ *    counted once each); and a read probe (each thread reads its own
+ *    contiguous slice of b and c, 16-byte loads, prefetching 1 KB ahead, no
+ *    arithmetic: `ecs-run --bench`'s probe of the mapped weights), the
+ *    ceiling a product that only reads its weights is held to.
  * 2. Decode-shaped products (nb = 1) over weight matrices far larger than the
  *    caches: GB/s of weights read, and that as a fraction of the triad.
  * 3. Batched products (nb = 8, 32), which prompt processing and batched
@@ -22,12 +25,15 @@
  * usage: bench_matvec [--quick] [--only triad|matvec|batch|kernel|prefill|copy|pool|quant]
  *   --quick: small sizes (a smoke run; the arrays then fit in the caches)
  *   --only:  one section (matvec still measures the triad it compares to) */
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+
+#include <emmintrin.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -117,19 +123,45 @@ static void cpu_model(char *buf, size_t len)
 
 /* ---- triad ---- */
 
+enum { TRIAD_INIT, TRIAD_RUN, TRIAD_READ };
+
 typedef struct {
     double *a, *b, *c;
     size_t n;
-    int init;
+    int mode;
+    _Atomic unsigned sink; /* the read probe's xor, so that it is not optimized away */
 } triad_t;
+
+/* xor of [p, p + n) in 64-byte lines, the next KB prefetched */
+static unsigned read_stream(const char *p, size_t n)
+{
+    __m128i x = _mm_setzero_si128(), y = x, z = x, u = x;
+    for (size_t o = 0; o + 64 <= n; o += 64) {
+        _mm_prefetch(p + o + 1024, _MM_HINT_T0);
+        x = _mm_xor_si128(x, _mm_load_si128((const __m128i *)(p + o)));
+        y = _mm_xor_si128(y, _mm_load_si128((const __m128i *)(p + o + 16)));
+        z = _mm_xor_si128(z, _mm_load_si128((const __m128i *)(p + o + 32)));
+        u = _mm_xor_si128(u, _mm_load_si128((const __m128i *)(p + o + 48)));
+    }
+    return (unsigned)_mm_cvtsi128_si32(_mm_xor_si128(_mm_xor_si128(x, y), _mm_xor_si128(z, u)));
+}
 
 static void triad_task(void *arg, int ith, int nth)
 {
     triad_t *t = arg;
-    const size_t lo = t->n * (size_t)ith / (size_t)nth, hi = t->n * (size_t)(ith + 1) / (size_t)nth;
+    const size_t lo = t->n * (size_t)ith / (size_t)nth / 8 * 8,
+                 hi = ith + 1 == nth ? t->n : t->n * (size_t)(ith + 1) / (size_t)nth / 8 * 8;
     double *restrict a = t->a;
     const double *restrict b = t->b, *restrict c = t->c;
-    if (t->init) { /* first touch by the thread that will use the pages */
+    if (t->mode == TRIAD_READ) {
+        const size_t n = (hi - lo) * sizeof(double);
+        atomic_fetch_xor_explicit(&t->sink,
+                                  read_stream((const char *)(b + lo), n) ^
+                                      read_stream((const char *)(c + lo), n),
+                                  memory_order_relaxed);
+        return;
+    }
+    if (t->mode == TRIAD_INIT) { /* first touch by the thread that will use the pages */
         for (size_t i = lo; i < hi; i++) {
             t->a[i] = 0.0;
             t->b[i] = 1.0;
@@ -152,16 +184,22 @@ static void triad_run(void *p)
     ecs_threadpool_run(r->tp, triad_task, r->t);
 }
 
-static double triad_gbs(ecs_threadpool_t *tp, const config_t *cfg, timing_t *tm)
+/* GB/s of the triad, and in *read those of the read probe over b and c
+ * (*rtm its timing). */
+static double triad_gbs(ecs_threadpool_t *tp, const config_t *cfg, timing_t *tm, double *read,
+                        timing_t *rtm)
 {
     triad_t t = {xmalloc(cfg->triad_bytes), xmalloc(cfg->triad_bytes), xmalloc(cfg->triad_bytes),
-                 cfg->triad_bytes / sizeof(double), 1};
+                 cfg->triad_bytes / sizeof(double), TRIAD_INIT, 0};
     ecs_threadpool_run(tp, triad_task, &t);
-    t.init = 0;
+    t.mode = TRIAD_RUN;
     triad_run_t run = {tp, &t};
     *tm = best_of(triad_run, &run, cfg->reps, ecs_threadpool_size(tp));
     if (t.a[t.n / 2] != 7.0)
         fprintf(stderr, "bench_matvec: triad result wrong\n");
+    t.mode = TRIAD_READ;
+    *rtm = best_of(triad_run, &run, cfg->reps, ecs_threadpool_size(tp));
+    *read = 2.0 * (double)(t.n * sizeof(double)) / rtm->wall * 1e-9;
     free(t.a);
     free(t.b);
     free(t.c);
@@ -245,7 +283,7 @@ static timing_t time_matmul(ecs_threadpool_t *tp, const kcpu_mat_t *w, const voi
 }
 
 static void bench_decode(ecs_threadpool_t *const *pools, const int *nths, int npools,
-                         const double *triad, const config_t *cfg)
+                         const double *triad, const double *read, const config_t *cfg)
 {
     static const ecs_type_t types[] = {ECS_TYPE_Q4_K, ECS_TYPE_Q6_K, ECS_TYPE_Q5_0, ECS_TYPE_Q8_0};
     const int64_t ncols = 4096;
@@ -261,10 +299,11 @@ static void bench_decode(ecs_threadpool_t *const *pools, const int *nths, int np
                 const size_t bytes =
                     il ? kcpu_r16_bytes(w.type, w.nrows, ncols) : w.row_bytes * (size_t)w.nrows;
                 const double gbs = (double)bytes / tm.wall * 1e-9;
-                printf("matvec  %-5s%s nb=1  threads=%d  %7.2f GB/s  %5.1f%% of triad  (%lld x "
-                       "%lld, %.1f MB, %.2f ms)%s\n",
+                printf("matvec  %-5s%s nb=1  threads=%d  %7.2f GB/s  %5.1f%% of triad  %5.1f%% of "
+                       "read  (%lld x %lld, %.1f MB, %.2f ms)%s\n",
                        ecs_type_name(types[ti]), il ? "/r16" : "", nths[p], gbs,
-                       100.0 * gbs / triad[p], (long long)w.nrows, (long long)ncols,
+                       100.0 * gbs / triad[p], 100.0 * gbs / read[p], (long long)w.nrows,
+                       (long long)ncols,
                        (double)bytes / 1e6, tm.wall * 1e3, busy_note(tm));
                 fflush(stdout);
             }
@@ -662,17 +701,18 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    double triad[NPOOLS];
+    double triad[NPOOLS], read[NPOOLS];
     if (wanted(only, "triad") || wanted(only, "matvec")) {
         for (int p = 0; p < NPOOLS; p++) {
-            timing_t tm;
-            triad[p] = triad_gbs(pools[p], &cfg, &tm);
+            timing_t tm, rtm;
+            triad[p] = triad_gbs(pools[p], &cfg, &tm, &read[p], &rtm);
             printf("triad   threads=%d  %7.2f GB/s%s\n", nths[p], triad[p], busy_note(tm));
+            printf("read    threads=%d  %7.2f GB/s%s\n", nths[p], read[p], busy_note(rtm));
             fflush(stdout);
         }
     }
     if (wanted(only, "matvec"))
-        bench_decode(pools, nths, NPOOLS, triad, &cfg);
+        bench_decode(pools, nths, NPOOLS, triad, read, &cfg);
     if (wanted(only, "batch"))
         bench_batch(pools, nths, NPOOLS, &cfg);
     if (wanted(only, "kernel"))
