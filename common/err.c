@@ -34,3 +34,16 @@ const char *ecs_errname(ecs_err_t code)
         return names[code];
     return "unknown error";
 }
+
+void ecs_logv(const char *prefix, const char *fmt, va_list ap)
+{
+    char line[2048];
+    int n = snprintf(line, sizeof line - 1, "%s", prefix);
+    if (n < 0 || n >= (int)sizeof line - 1)
+        n = 0;
+    const int m = vsnprintf(line + n, sizeof line - 1 - (size_t)n, fmt, ap);
+    n = m < 0 ? n : (n + m > (int)sizeof line - 2 ? (int)sizeof line - 2 : n + m);
+    line[n++] = '\n';
+    line[n] = 0;
+    fputs(line, stderr);
+}

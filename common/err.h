@@ -6,6 +6,8 @@
 #ifndef ECS_ERR_H
 #define ECS_ERR_H
 
+#include <stdarg.h>
+
 typedef enum {
     ECS_OK = 0,
     ECS_ERR_INVAL = 1,       /* bad argument or bad user input */
@@ -33,5 +35,11 @@ const char *ecs_errmsg(void);
 const char *ecs_errname(ecs_err_t code);
 
 void ecs_clear_error(void);
+
+/* Writes "prefix" + the formatted message + "\n" to stderr in one write, so
+ * that the lines of processes sharing a terminal (a coordinator and the
+ * workers it spawned) do not interleave mid-line. Long lines are cut. */
+void ecs_logv(const char *prefix, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
 
 #endif

@@ -87,10 +87,10 @@ static void logf_(const worker_t *w, bool err, const char *fmt, ...)
     if (w->o.quiet && !err)
         return;
     va_list ap;
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "ecs-worker %s: ", w->id);
     va_start(ap, fmt);
-    fprintf(stderr, "ecs-worker %s: ", w->id);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    ecs_logv(prefix, fmt, ap);
     va_end(ap);
 }
 

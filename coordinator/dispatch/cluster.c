@@ -39,9 +39,7 @@ void dispatch_log(const dispatch_t *d, const char *fmt, ...)
         return;
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "dispatch: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    ecs_logv("dispatch: ", fmt, ap);
     va_end(ap);
 }
 
