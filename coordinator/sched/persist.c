@@ -49,14 +49,14 @@ static void get_block(void *arg, int i, sched_kvrec_t *rec)
  * first and each chain from its first block: a restart with a smaller pool
  * reads the file until it is full, so it keeps the latest conversations
  * whole (a block without the blocks before it is of no use). Returns how
- * many; 0 (nothing saved) when out of memory. */
+ * many, or -1 when out of memory. */
 static int save_order(const sched_t *s, int *order)
 {
     int *recent = malloc((size_t)s->n_blocks * sizeof *recent);
     int *chain = malloc((size_t)s->n_blocks * sizeof *chain);
     bool *done = calloc((size_t)s->n_blocks, sizeof *done);
-    int n = 0;
-    const int n_recent = recent && chain && done ? kvc_recent(s->kvc, recent) : 0;
+    int n = recent && chain && done ? 0 : -1;
+    const int n_recent = n == 0 ? kvc_recent(s->kvc, recent) : 0;
     for (int i = 0; i < n_recent; i++) {
         int len = 0; /* recent[i] and the blocks before it not yet placed */
         for (int b = recent[i]; b >= 0 && !done[b] && len < s->n_blocks;
@@ -84,9 +84,16 @@ ecs_err_t sched_cache_save(sched_t *s, const char *dir, int *n_saved, long *n_to
     file_path(tmp, sizeof tmp, dir, ".tmp");
     save_t sv = {s, malloc((size_t)s->n_blocks * sizeof *sv.blocks)};
     void *data = malloc(s->block_bytes);
-    const int n = sv.blocks ? save_order(s, sv.blocks) : 0;
+    const int n = sv.blocks ? save_order(s, sv.blocks) : -1;
+    if (n < 0 || !data) {
+        /* an empty file would replace the last good one: keep that one */
+        free(data);
+        free(sv.blocks);
+        return ecs_error(ECS_ERR_NOMEM, "prefix cache: no memory to order %d blocks for %s; "
+                         "the previous file is kept", s->n_blocks, path);
+    }
     const sched_kvfile_id_t id = file_id(s);
-    FILE *f = data && sv.blocks ? fopen(tmp, "wb") : NULL;
+    FILE *f = fopen(tmp, "wb");
     bool ok = f && sched_kvfile_write(f, &id, n, get_block, &sv, data);
     if (f && fclose(f) != 0)
         ok = false;
