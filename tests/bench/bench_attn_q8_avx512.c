@@ -44,6 +44,27 @@ static double now(void)
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
+/* acc[i] += key i's bytes . the queries over groups of 4 dimensions
+ * [p0, p1); the next 16 rows (pfn of them) at pf prefetched meanwhile, 2
+ * lines a group (10 lines a row). */
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inline void
+dots(__m512i acc[16], const int8_t *QT8, const uint8_t *kr, int p0, int p1, const char *pf, int pfn)
+{
+    for (int p = p0; p < p1; p++) {
+        if ((p & 15) < pfn && (p >> 4) < 5) {
+            _mm_prefetch(pf + (size_t)(p & 15) * ROW8 + (size_t)(p >> 4) * 128, _MM_HINT_T0);
+            _mm_prefetch(pf + (size_t)(p & 15) * ROW8 + (size_t)(p >> 4) * 128 + 64, _MM_HINT_T0);
+        }
+        const __m512i q = _mm512_load_si512(QT8 + (size_t)p * 64);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            int32_t v;
+            memcpy(&v, kr + (size_t)i * ROW8 + 4 * p, 4);
+            acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(v), q);
+        }
+    }
+}
+
 /* QT8[p4 * 64 + j * 4 + k] = q8[j][4 p4 + k]; sq[part][j]; corr[part][j] = 128 sum q8 */
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
 qk8(const int8_t *QT8, const float *sq, const int32_t *corr, const uint8_t *K, int nt, float scale,
@@ -59,19 +80,7 @@ qk8(const int8_t *QT8, const float *sq, const int32_t *corr, const uint8_t *K, i
         __m512i acc[16];
         for (int i = 0; i < 16; i++)
             acc[i] = _mm512_setzero_si512();
-        for (int p = 0; p < DC / 4; p++) {
-            if ((p & 15) < pfn && (p >> 4) < 5) {
-                _mm_prefetch(pf + (size_t)(p & 15) * ROW8 + (size_t)(p >> 4) * 128, _MM_HINT_T0);
-                _mm_prefetch(pf + (size_t)(p & 15) * ROW8 + (size_t)(p >> 4) * 128 + 64, _MM_HINT_T0);
-            }
-            const __m512i q = _mm512_load_si512(QT8 + (size_t)p * 64);
-#pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) {
-                int32_t v;
-                memcpy(&v, kr + (size_t)i * ROW8 + 4 * p, 4);
-                acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(v), q);
-            }
-        }
+        dots(acc, QT8, kr, 0, DC / 4, pf, pfn);
 #pragma GCC unroll 16
         for (int i = 0; i < 16; i++) {
             const float *sc = (const float *)(kr + (size_t)i * ROW8 + DK);
@@ -79,15 +88,7 @@ qk8(const int8_t *QT8, const float *sq, const int32_t *corr, const uint8_t *K, i
                                                    _mm512_mul_ps(sqc, _mm512_set1_ps(sc[0]))));
             acc[i] = _mm512_setzero_si512();
         }
-        for (int p = DC / 4; p < DK / 4; p++) {
-            const __m512i q = _mm512_load_si512(QT8 + (size_t)p * 64);
-#pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) {
-                int32_t v;
-                memcpy(&v, kr + (size_t)i * ROW8 + 4 * p, 4);
-                acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_set1_epi32(v), q);
-            }
-        }
+        dots(acc, QT8, kr, DC / 4, DK / 4, pf, 0);
         __m512i r[16];
 #pragma GCC unroll 16
         for (int i = 0; i < 16; i++) {
