@@ -365,10 +365,11 @@ static void fused_item(void *arg, int item, int ith)
  * (one pass over the cache: the latent values are the keys' first dv
  * values); then each query's blocks are merged in block order, rescaled
  * to the common max (an online softmax, as flash attention). With one
- * tile (one sequence) a layer is three regions: per head its absorption
- * and its queries put for the blocks; the blocks; per head the merge of
- * its queries and its W_v (no serial part between them but the zeroing
- * of the queries). Item boundaries depend on neither the thread count nor the timing, so
+ * tile (one sequence) a layer is three regions: per head its absorption;
+ * the blocks, after thread 0 has put the queries for them (serially: the
+ * transposed queries of a tile share their cache lines, so threads putting
+ * them at once pass each line back and forth, ~2x the serial time); per
+ * head the merge of its queries and its W_v. Item boundaries depend on neither the thread count nor the timing, so
  * neither do the bits. Rounding stays llama.cpp's: the query to the cache
  * type before Q.K, each probability before P.V (here exp(s - the block's
  * max), the division by the sum after P.V, in F32). */
@@ -469,9 +470,8 @@ static void split_prepare(const attn_run_t *a, const tile_t *tl, split_t *sp)
     memset(sp->len, 0, sizeof sp->len);
 }
 
-/* Query j of tile tl into sp's transposed queries (its own words only:
- * the queries of a tile may be put by several threads at once); tmp:
- * dk floats of the calling thread's. */
+/* Query j of tile tl into sp's transposed queries; tmp: dk floats of
+ * the calling thread's. */
 static void split_query(split_t *sp, const tile_t *tl, int j, float *tmp)
 {
     const attn_run_t *a = sp->a;
@@ -523,17 +523,6 @@ typedef struct {
     split_t *sp;
 } merge_values_t;
 
-/* One tile: head h's absorption, then its queries (row r: query
- * r * n_head + h) put for the blocks, in the same item. */
-static void split_absorb_query(void *arg, int h, int ith)
-{
-    const merge_values_t *mv = arg;
-    const fused_t *f = mv->f;
-    absorb_head(f->a.m, f->ex, f->a.q, h, f->n);
-    for (int j = h; j < mv->sp->nq; j += f->a.hg)
-        split_query(mv->sp, &f->a.tiles[0], j, split_tmp(f->a.m, ith));
-}
-
 /* One tile: head h's queries (row r: query r * n_head + h) merged, then
  * its values, in one item: a region fewer per layer, and the merged rows
  * are quantized where they were written. */
@@ -568,15 +557,13 @@ static bool split_run(model_t *m, const model_layer_t *ly, const model_layer_ext
                  .ly = ly, .ex = ex, .attv = attv, .n = n};
     f.a.n_tiles = make_tiles(rows, n, NULL, max_rows, tiles);
     split_t sp;
-    if (f.a.n_tiles == 1) { /* 3 regions: absorption and queries, blocks, merge and values */
-        split_prepare(&f.a, &tiles[0], &sp);
+    kcpu_par_for(m->tp, nh, split_absorb, &f);
+    if (f.a.n_tiles == 1) { /* 3 regions: absorption, blocks, merge and values */
+        split_attend(&f.a, &tiles[0], &sp);
         const merge_values_t mv = {&f, &sp};
-        kcpu_par_for(m->tp, nh, split_absorb_query, (void *)&mv);
-        kcpu_par_for(m->tp, sp.nblk, split_block, &sp);
         kcpu_par_for(m->tp, nh, split_merge_values, (void *)&mv);
         return true;
     }
-    kcpu_par_for(m->tp, nh, split_absorb, &f);
     /* tiles share the blocks' outputs (ws.split_o): each merged first */
     for (int t = 0; t < f.a.n_tiles; t++) {
         split_attend(&f.a, &tiles[t], &sp);

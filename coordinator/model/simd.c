@@ -59,11 +59,17 @@ static void scores_plain(const float *Q, int nq, int ldq, const void *K, size_t 
     }
 }
 
+/* A pair of values is one 4-byte word in QT: moved as one (one store
+ * per line of the group, not two: the key split's queries are put by
+ * several threads at once into the same lines, each store a transfer). */
 void model_qt_bf16(float *QT, int j, int dk, const ecs_bf16_t *q)
 {
-    ecs_bf16_t *g = (ecs_bf16_t *)(QT + (size_t)(j / 16) * dk * 16);
-    for (int d = 0; d < dk; d++)
-        g[(size_t)(d / 2) * 32 + (size_t)(j % 16) * 2 + (size_t)(d % 2)] = q[d];
+    ecs_bf16_t *g = (ecs_bf16_t *)(QT + (size_t)(j / 16) * dk * 16) + (size_t)(j % 16) * 2;
+    int d = 0;
+    for (; d + 1 < dk; d += 2)
+        memcpy(g + (size_t)(d / 2) * 32, q + d, 2 * sizeof *q);
+    if (d < dk)
+        g[(size_t)(d / 2) * 32] = q[d];
 }
 
 /* scores_plain's sums, the queries read from their transposed groups. */
