@@ -137,6 +137,7 @@ ecs_err_t dispatch_buffers_new(dispatch_t *d)
     ecs_err_t rc = act_types_new(d, &xq_row);
     for (int t = 0; t < MODEL_MAX_MICRO && rc == ECS_OK; t++)
         rc = batch_new(d, &d->bt[t], xq_row);
+    d->share_threads = dispatch_share_threads(d);
     if (rc != ECS_OK)
         return rc;
     d->b = &d->bt[0];
@@ -196,6 +197,69 @@ static int choose(dispatch_t *d, int layer, int e)
     return best;
 }
 
+/* Whether worker wi is live, connected, spawned here and its threads
+ * sized by this coordinator (it shares the host's cores with the others:
+ * dispatch_share_threads). */
+static bool shares_cores(dispatch_t *d, int wi)
+{
+    return d->share_threads > 0 && d->w[wi].child >= 0 &&
+           atomic_load(&d->w[wi].state) == DW_LIVE && atomic_load(&d->w[wi].peer) >= 0;
+}
+
+static bool holds_todo(dispatch_t *d, int wi)
+{
+    for (int e = 0; e < d->hp.n_expert; e++) {
+        if (!d->b->todo[e])
+            continue;
+        const int16_t *h;
+        const int n = placement_holders(d->pl, d->b->layer, e, &h);
+        int i = 0;
+        while (i < n && h[i] != wi)
+            i++;
+        if (i == n)
+            return false;
+    }
+    return true;
+}
+
+/* A decode-sized call (DISPATCH_ALONE_ROWS) whose experts are all held by
+ * one spawned worker goes whole to one such holder: the one with the
+ * fewest calls in flight, ties taken in round-robin order (the rule of
+ * choose(), for the whole call instead of each expert). -1: none (the
+ * call is dealt per expert). Which worker computes a call does not change
+ * its bits. */
+static int choose_alone(dispatch_t *d)
+{
+    if (d->b->n_tok > DISPATCH_ALONE_ROWS || d->n_workers < 2 || d->share_threads <= 0)
+        return -1;
+    int best = -1;
+    uint32_t best_fl = 0;
+    for (int i = 0; i < d->n_workers; i++) {
+        const int wi = (i + (int)(d->rr % (unsigned)d->n_workers)) % d->n_workers;
+        if (!shares_cores(d, wi) || !holds_todo(d, wi))
+            continue;
+        const uint32_t fl = mux_peer_inflight(d->mux, atomic_load(&d->w[wi].peer));
+        if (best < 0 || fl < best_fl) {
+            best = wi;
+            best_fl = fl;
+        }
+    }
+    return best;
+}
+
+/* The threads worker wi computes this submit's call with (ExpertCall.threads):
+ * its own (0) when it alone is busy among the workers sharing the cores, else
+ * its share of them. */
+static uint32_t call_threads(dispatch_t *d, int wi)
+{
+    if (d->w[wi].child < 0 || d->share_threads <= 0 || d->alone)
+        return 0;
+    const int t = d->w[wi].threads > 0 && d->w[wi].threads < d->share_threads
+                      ? d->w[wi].threads
+                      : d->share_threads;
+    return (uint32_t)t;
+}
+
 static int free_slot(const dispatch_t *d)
 {
     for (int s = 0; s < d->hp.n_expert; s++)
@@ -249,6 +313,7 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
                                                         WIRE_CAP_RESULT_BF16)
                                          ? ECS_TYPE_BF16
                                          : ECS_TYPE_F32,
+                     .threads = call_threads(d, wi),
                      .payload_bytes = n_rows * row};
     mux_call_t *call;
     void *payload;
@@ -323,16 +388,31 @@ static ecs_err_t send_todo(dispatch_t *d, int *busiest, int *sent)
     memset(d->rows_now, 0, (size_t)d->n_workers * sizeof *d->rows_now);
     d->rr++;
     *sent = 0;
+    const int one = choose_alone(d);
     for (int e = 0; e < X; e++) {
         d->choice[e] = -1;
         if (!d->b->todo[e])
             continue;
-        const int wi = choose(d, d->b->layer, e);
+        const int wi = one >= 0 ? one : choose(d, d->b->layer, e);
         if (wi < 0)
             continue;
         d->choice[e] = wi;
         d->rows_now[wi] += d->b->start[e + 1] - d->b->start[e];
     }
+    /* alone: one call, and no other worker sharing the cores has one out
+     * (another micro-batch's): it may take all of them */
+    int n_to = 0, to = -1;
+    for (int wi = 0; wi < d->n_workers; wi++)
+        if (d->rows_now[wi]) {
+            n_to++;
+            to = wi;
+        }
+    d->alone = n_to == 1;
+    for (int wi = 0; wi < d->n_workers && d->alone; wi++)
+        if (wi != to && shares_cores(d, wi) &&
+            mux_peer_inflight(d->mux, atomic_load(&d->w[wi].peer)) > 0)
+            d->alone = false;
+    d->whole = one >= 0 && d->alone;
     *busiest = 0;
     for (int wi = 0; wi < d->n_workers; wi++) {
         if (!d->rows_now[wi])
@@ -391,6 +471,7 @@ static ecs_err_t dispatch_submit(void *ctx, int tag, int layer, int n_tok, const
     pthread_mutex_lock(&d->lock);
     d->layer_calls++;
     d->overlapped += d->in_layer > 1;
+    d->alone_calls += d->whole;
     d->step_rows += (uint64_t)n_tok;
     d->imbalance_sum += (double)busiest * d->n_workers / (double)(n_tok * k);
     pthread_mutex_unlock(&d->lock);
@@ -649,6 +730,7 @@ void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s)
     s->n_workers = d->n_workers;
     s->layer_calls = d->layer_calls;
     s->overlapped = d->overlapped;
+    s->whole_calls = d->alone_calls;
     s->imbalance = d->layer_calls ? d->imbalance_sum / (double)d->layer_calls : 0;
     s->ns_submit = d->ns_submit;
     s->ns_overlap = d->ns_overlap;
@@ -710,9 +792,10 @@ void dispatch_print_stats(const dispatch_t *d, FILE *f)
     const int moe_layers = d->hp.n_layer - d->hp.n_layer_dense;
     const double tokens = moe_layers > 0 ? (double)d->step_rows / moe_layers : 0;
     uint64_t out = 0, in = 0;
-    fprintf(f, "dispatch: %d workers, %llu layer calls (%llu overlapped), %.0f tokens, imbalance "
-            "(busiest / mean rows) %.2f\n", st.n_workers, (unsigned long long)st.layer_calls,
-            (unsigned long long)st.overlapped, tokens, st.imbalance);
+    fprintf(f, "dispatch: %d workers, %llu layer calls (%llu overlapped, %llu whole to one "
+            "replica), %.0f tokens, imbalance (busiest / mean rows) %.2f\n", st.n_workers,
+            (unsigned long long)st.layer_calls, (unsigned long long)st.overlapped,
+            (unsigned long long)st.whole_calls, tokens, st.imbalance);
     for (int i = 0; i < d->n_workers; i++) {
         dispatch_worker_stats_t w;
         if (dispatch_worker_stats(d, i, &w) != ECS_OK)

@@ -140,7 +140,7 @@ fi
 #     calls were out; without workers the option is refused
 timeout 60 "$run" -m "$ds2" --threads 2 --no-repack --bench --pp 32 --tg 1 --spawn-workers 1 \
     --micro-batches 2 >/dev/null 2>"$tmp/mb.err"
-ov=$(sed -n 's/.*layer calls (\([0-9]*\) overlapped).*/\1/p' "$tmp/mb.err")
+ov=$(sed -n 's/.*layer calls (\([0-9]*\) overlapped.*/\1/p' "$tmp/mb.err")
 if [ -n "$ov" ] && [ "$ov" -gt 0 ]; then ok "--micro-batches 2: $ov submits while the other micro-batch's experts were out"
 else bad "--micro-batches 2 did not overlap ('$ov'): $(tail -2 "$tmp/mb.err")"; fi
 if timeout 30 "$run" -m "$ds2" --threads 2 --no-repack --tokens 1,2,3 --dump-logits "$tmp/mb.json" \
