@@ -224,10 +224,14 @@ static bool holds_todo(dispatch_t *d, int wi)
 
 /* A decode-sized call (DISPATCH_ALONE_ROWS) whose experts are all held by
  * one spawned worker goes whole to one such holder: the one with the
- * fewest calls in flight, ties taken in round-robin order (the rule of
- * choose(), for the whole call instead of each expert). -1: none (the
- * call is dealt per expert). Which worker computes a call does not change
- * its bits. */
+ * fewest calls in flight (choose()'s first rule, for the whole call), ties
+ * to the one that took the last such call, then the next in order. Not
+ * round robin: alternating the replicas decoded 1.11-1.36x slower on
+ * ds2-lite-4l (docs/benchmarks.md); with one call out at a time the other
+ * replica idles either way, and a second micro-batch's call finds the
+ * busy one with a call in flight and goes to another. -1: none (the call
+ * is dealt per expert). Which worker computes a call does not change its
+ * bits. */
 static int choose_alone(dispatch_t *d)
 {
     if (d->b->n_tok > DISPATCH_ALONE_ROWS || d->n_workers < 2 || d->share_threads <= 0)
@@ -235,7 +239,7 @@ static int choose_alone(dispatch_t *d)
     int best = -1;
     uint32_t best_fl = 0;
     for (int i = 0; i < d->n_workers; i++) {
-        const int wi = (i + (int)(d->rr % (unsigned)d->n_workers)) % d->n_workers;
+        const int wi = (i + d->last_whole) % d->n_workers;
         if (!shares_cores(d, wi) || !holds_todo(d, wi))
             continue;
         const uint32_t fl = mux_peer_inflight(d->mux, atomic_load(&d->w[wi].peer));
@@ -413,6 +417,8 @@ static ecs_err_t send_todo(dispatch_t *d, int *busiest, int *sent)
             mux_peer_inflight(d->mux, atomic_load(&d->w[wi].peer)) > 0)
             d->alone = false;
     d->whole = one >= 0 && d->alone;
+    if (d->whole)
+        d->last_whole = one;
     *busiest = 0;
     for (int wi = 0; wi < d->n_workers; wi++) {
         if (!d->rows_now[wi])

@@ -170,6 +170,7 @@ struct dispatch {
     bool alone;                 /* this submit's calls: one, to a spawned worker with no
                                  * other spawned worker busy (it takes all the cores) */
     bool whole;                 /* this submit went whole to one replica, alone */
+    int last_whole;             /* the worker of the last such submit (ties go to it) */
     uint64_t alone_calls;       /* such submits (under lock) */
     uint64_t layer_calls, step_rows, overlapped;
     double imbalance_sum;
