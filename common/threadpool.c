@@ -118,9 +118,6 @@ static uint32_t wait_for_gen(ecs_threadpool_t *tp, uint32_t seen, bool spin)
         uint32_t g = atomic_load_explicit(&tp->gen, memory_order_acquire);
         if (g != seen)
             return g;
-        /* woken before the run (ecs_threadpool_wake): it comes soon */
-        if (spin_while_equal(&tp->gen, seen, &tp->parked))
-            return atomic_load_explicit(&tp->gen, memory_order_acquire);
     }
 }
 
@@ -318,16 +315,6 @@ void ecs_threadpool_run_shared(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
      * process, would otherwise hold the caller for a time slice) */
     const uint32_t joined = (uint32_t)atomic_fetch_or(&tp->join, JOIN_CLOSED) & ~JOIN_CLOSED;
     wait_count(tp, &tp->left_done, joined);
-}
-
-void ecs_threadpool_wake(ecs_threadpool_t *tp)
-{
-    const int n = ecs_threadpool_size(tp);
-    if (n < 2)
-        return;
-    atomic_store_explicit(&tp->parked, false, memory_order_relaxed);
-    if (atomic_load(&tp->sleepers) > 0)
-        syscall(SYS_futex, (uint32_t *)&tp->gen, FUTEX_WAKE_PRIVATE, n - 1, NULL, NULL, 0);
 }
 
 void ecs_threadpool_park(ecs_threadpool_t *tp)

@@ -45,11 +45,5 @@ void ecs_threadpool_run_shared(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg);
  * process that shares the cores) parks them: they sleep at once. The next
  * run wakes them as usual. Any thread may call it; tp may be NULL. */
 void ecs_threadpool_park(ecs_threadpool_t *tp);
-/* The opposite: a caller that knows a run comes soon (a worker that has
- * just picked up a call) wakes the sleeping threads of the active count
- * now, so that their wake-up (0.1-0.3 ms onto a halted vCPU) overlaps
- * what the caller does before the run; they spin for it at most the
- * pool's bounded spin (TP_SPIN_NS), then sleep again. */
-void ecs_threadpool_wake(ecs_threadpool_t *tp);
 
 #endif

@@ -393,7 +393,6 @@ static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
         return;
     }
     ecs_threadpool_set_active(w->tp, c->threads ? (int)c->threads : cap); /* in range */
-    ecs_threadpool_wake(w->tp); /* its threads wake while the rows are gathered */
     shard_call(&w->shard, c, r);
     ecs_threadpool_set_active(w->tp, cap);
     /* the coordinator's messages were not read meanwhile: its silence is

@@ -275,8 +275,7 @@ static void width_task(void *p, int ith, int nth)
 /* ecs_threadpool_set_active (a worker's call on its share of the cores):
  * plain runs give exactly the active shares with nth = active, shared runs
  * never have more than active threads inside, 1 runs inline; the whole
- * pool again afterwards; out-of-range counts refused; ecs_threadpool_wake
- * before a run changes nothing in it. */
+ * pool again afterwards; out-of-range counts refused. */
 Test(threadpool, active_count_limits_runs)
 {
     ecs_threadpool_t *tp = NULL;
@@ -289,8 +288,6 @@ Test(threadpool, active_count_limits_runs)
         memset(&a, 0, sizeof a);
         a.seen_nth = act;
         for (int r = 0; r < 200; r++) {
-            if (r % 2)
-                ecs_threadpool_wake(tp);
             run_rounds(tp, 1, &a, r % 50 == 0 ? 2 : 0);
         }
         cr_assert_eq(atomic_load(&a.bad_nth), 0);
@@ -312,6 +309,5 @@ Test(threadpool, active_count_limits_runs)
     cr_assert_eq(ecs_threadpool_size(tp), MAX_T, "a refused count changes nothing");
     cr_assert_eq(ecs_threadpool_set_active(NULL, 1), ECS_OK);
     cr_assert_eq(ecs_threadpool_set_active(NULL, 2), ECS_ERR_RANGE);
-    ecs_threadpool_wake(NULL);
     ecs_threadpool_destroy(tp);
 }
