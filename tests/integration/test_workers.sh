@@ -152,6 +152,15 @@ if [ -n "$whole" ] && [ "$whole" -gt 0 ] && [ "$whole" -lt "$calls" ] &&
 else
     bad "whole calls: '$whole' of '$calls': $(grep -E 'started|layer calls' "$tmp/alone.err" | head -2)"
 fi
+#     teacher-forced one token per step (decode-sized calls, each whole on
+#     one replica with 2 threads): the local backend's logits, same steps
+dump "$ds2" "$tmp/step1-local.json" --step 1
+dump "$ds2" "$tmp/step1-w.json" --step 1 --spawn-workers 2
+if [ -s "$tmp/step1-local.json" ] && cmp -s "$tmp/step1-local.json" "$tmp/step1-w.json"; then
+    ok "2 replicated workers, one token per step (calls whole on one replica): logits identical"
+else
+    bad "2 replicated workers, one token per step: logits differ: $(tail -2 "$tmp/step1-w.json.err")"
+fi
 timeout 60 "$run" -m "$ds2" --threads 2 --no-repack --bench --pp 32 --tg 8 --spawn-workers 2 \
     --worker-threads 1 >/dev/null 2>"$tmp/alone1.err"
 whole=$(sed -n 's/.*overlapped, \([0-9]*\) whole to one replica.*/\1/p' "$tmp/alone1.err")
