@@ -212,6 +212,13 @@ void dispatch_layer_end(dispatch_t *d);
 /* supervise.c: the control thread */
 void *dispatch_control_loop(void *arg);
 void dispatch_state_changed(dispatch_t *d);
+/* whole.c: the current batch's call whole to one replica. Whether wi is
+ * a live spawned worker whose threads this coordinator sized; the replica
+ * that takes the whole call (-1: deal it per expert); the thread count of
+ * wi's call in this submit (after d->alone is set). */
+bool dispatch_shares_cores(dispatch_t *d, int wi);
+int dispatch_choose_whole(dispatch_t *d);
+uint32_t dispatch_call_threads(dispatch_t *d, int wi);
 /* dispatch.c */
 ecs_err_t dispatch_buffers_new(dispatch_t *d);
 void dispatch_buffers_free(dispatch_t *d);
