@@ -36,6 +36,7 @@
 
 struct ecs_threadpool {
     int nthreads;
+    _Atomic int active;        /* threads a run uses (ecs_threadpool_set_active) */
     pthread_t *threads;
     /* Written by the caller before it bumps gen; read by workers after. */
     ecs_task_fn fn;
@@ -100,10 +101,12 @@ static bool spin_while_equal(_Atomic uint32_t *addr, uint32_t val, atomic_bool *
     }
 }
 
-/* Blocks until tp->gen differs from seen; returns the new generation. */
-static uint32_t wait_for_gen(ecs_threadpool_t *tp, uint32_t seen)
+/* Blocks until tp->gen differs from seen; returns the new generation.
+ * spin false: sleeps at once (a thread left out of the last run: runs come
+ * to it only after ecs_threadpool_set_active, not soon). */
+static uint32_t wait_for_gen(ecs_threadpool_t *tp, uint32_t seen, bool spin)
 {
-    if (spin_while_equal(&tp->gen, seen, &tp->parked))
+    if (spin && spin_while_equal(&tp->gen, seen, &tp->parked))
         return atomic_load_explicit(&tp->gen, memory_order_acquire);
     for (;;) {
         /* seq_cst pairs with the caller's bump-then-check of sleepers: either
@@ -123,9 +126,11 @@ static uint32_t wait_for_gen(ecs_threadpool_t *tp, uint32_t seen)
 static bool join_run(ecs_threadpool_t *tp, uint32_t gen)
 {
     uint64_t j = atomic_load(&tp->join);
+    const uint32_t most = (uint32_t)atomic_load_explicit(&tp->active, memory_order_relaxed) - 1;
     for (;;) {
-        if ((uint32_t)(j >> 32) != gen || ((uint32_t)j & JOIN_CLOSED))
-            return false;
+        if ((uint32_t)(j >> 32) != gen || ((uint32_t)j & JOIN_CLOSED) ||
+            ((uint32_t)j & ~(JOIN_CLOSED | JOIN_ALL)) >= most)
+            return false; /* closed, or as many helpers as the run takes */
         if (atomic_compare_exchange_weak(&tp->join, &j, j + 1))
             return true;
     }
@@ -155,23 +160,34 @@ static void *worker_main(void *p)
     const int ith = wa->ith;
     free(wa);
     uint32_t seen = 0;
+    bool left_out = false; /* of the last run (ecs_threadpool_set_active) */
     for (;;) {
-        seen = wait_for_gen(tp, seen);
+        seen = wait_for_gen(tp, seen, !left_out);
+        left_out = false;
         if (atomic_load_explicit(&tp->stop, memory_order_acquire))
             return NULL;
         const uint64_t j = atomic_load(&tp->join);
         if ((uint32_t)(j >> 32) != seen)
             continue; /* our shared run closed, maybe the next began: look again */
         if (!((uint32_t)j & JOIN_ALL)) {
-            if (!join_run(tp, seen))
-                continue; /* the caller did the work without us */
-            tp->fn(tp->arg, ith, tp->nthreads);
+            if (!join_run(tp, seen)) {
+                /* the caller did the work without us, or the run has
+                 * all the threads it takes */
+                left_out = ith >= atomic_load_explicit(&tp->active, memory_order_relaxed);
+                continue;
+            }
+            tp->fn(tp->arg, ith, tp->nthreads); /* ith indexes per-thread scratch */
             atomic_fetch_add(&tp->left_done, 1);
             if (atomic_load(&tp->caller_sleeping))
                 futex_wake_all(&tp->left_done);
             continue;
         }
-        tp->fn(tp->arg, ith, tp->nthreads);
+        const int nth = atomic_load_explicit(&tp->active, memory_order_relaxed);
+        if (ith >= nth) {
+            left_out = true; /* pending counts only the active ones */
+            continue;
+        }
+        tp->fn(tp->arg, ith, nth);
         /* seq_cst pairs with the caller's announce-then-check before it sleeps */
         if (atomic_fetch_sub(&tp->pending, 1) == 1 && atomic_load(&tp->caller_sleeping))
             futex_wake_all(&tp->pending);
@@ -197,6 +213,7 @@ ecs_err_t ecs_threadpool_create(int nthreads, ecs_threadpool_t **out)
     if (!tp)
         return ecs_error(ECS_ERR_NOMEM, "thread pool: out of memory");
     tp->nthreads = nthreads;
+    atomic_init(&tp->active, nthreads);
     if (nthreads > 1) {
         tp->threads = calloc((size_t)(nthreads - 1), sizeof(pthread_t));
         if (!tp->threads) {
@@ -236,7 +253,22 @@ void ecs_threadpool_destroy(ecs_threadpool_t *tp)
 
 int ecs_threadpool_size(const ecs_threadpool_t *tp)
 {
+    return tp ? atomic_load_explicit(&tp->active, memory_order_relaxed) : 1;
+}
+
+int ecs_threadpool_capacity(const ecs_threadpool_t *tp)
+{
     return tp ? tp->nthreads : 1;
+}
+
+ecs_err_t ecs_threadpool_set_active(ecs_threadpool_t *tp, int n)
+{
+    const int cap = ecs_threadpool_capacity(tp);
+    if (n < 1 || n > cap)
+        return ecs_error(ECS_ERR_RANGE, "thread pool: %d threads asked of a pool of %d", n, cap);
+    if (tp) /* read by the workers after the next run's gen (seq_cst store) */
+        atomic_store_explicit(&tp->active, n, memory_order_relaxed);
+    return ECS_OK;
 }
 
 /* Publishes a run of fn to the workers and wakes the sleeping ones; kind:
@@ -246,7 +278,8 @@ static void start_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg, uint32_t 
     tp->fn = fn;
     tp->arg = arg;
     atomic_store_explicit(&tp->parked, false, memory_order_relaxed);
-    atomic_store_explicit(&tp->pending, (uint32_t)(tp->nthreads - 1), memory_order_relaxed);
+    atomic_store_explicit(&tp->pending, (uint32_t)(atomic_load(&tp->active) - 1),
+                          memory_order_relaxed);
     /* every worker that joined the previous shared run has finished it,
      * and a late one of any earlier run finds that run closed: nobody
      * else touches left_done now */
@@ -260,18 +293,18 @@ static void start_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg, uint32_t 
 
 void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
 {
-    if (!tp || tp->nthreads == 1) {
+    if (ecs_threadpool_size(tp) == 1) {
         fn(arg, 0, 1);
         return;
     }
     start_run(tp, fn, arg, JOIN_ALL);
-    fn(arg, 0, tp->nthreads);
+    fn(arg, 0, ecs_threadpool_size(tp));
     wait_count(tp, &tp->pending, 0);
 }
 
 void ecs_threadpool_run_shared(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg)
 {
-    if (!tp || tp->nthreads == 1) {
+    if (ecs_threadpool_size(tp) == 1) {
         fn(arg, 0, 1);
         return;
     }

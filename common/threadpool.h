@@ -19,7 +19,18 @@ typedef void (*ecs_task_fn)(void *arg, int ith, int nth);
 /* nthreads counts the calling thread; 1 means run everything inline. */
 ecs_err_t ecs_threadpool_create(int nthreads, ecs_threadpool_t **out);
 void ecs_threadpool_destroy(ecs_threadpool_t *tp);
+/* The threads a run uses now (ecs_threadpool_set_active; the pool's size
+ * until then). */
 int ecs_threadpool_size(const ecs_threadpool_t *tp);
+/* The pool's size as created (what scratch per thread must cover). */
+int ecs_threadpool_capacity(const ecs_threadpool_t *tp);
+/* Runs from now on use n threads (the caller included; 1: inline), n in
+ * [1, capacity]: a process that shares the host's cores with others takes
+ * all of them for a call it computes alone and its share when they
+ * compute at once (worker/: the call's thread count). The other threads
+ * stay asleep. Between runs, on the thread that runs them; tp NULL: only
+ * n == 1. */
+ecs_err_t ecs_threadpool_set_active(ecs_threadpool_t *tp, int n);
 /* Not reentrant: one run at a time per pool. tp may be NULL (runs inline). */
 void ecs_threadpool_run(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg);
 /* The same for a fn that takes its work from a counter shared by the

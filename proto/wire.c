@@ -216,6 +216,9 @@ static ecs_err_t check_call(const wire_call_t *c)
     if (c->result_dtype != ECS_TYPE_F32 && c->result_dtype != ECS_TYPE_BF16)
         return ecs_error(ECS_ERR_FORMAT, "ExpertCall %llu: result dtype %u (f32 or bf16)",
                          (unsigned long long)id, c->result_dtype);
+    if (c->threads > WIRE_MAX_THREADS)
+        return ecs_error(ECS_ERR_FORMAT, "ExpertCall %llu: %u threads (0: the worker's own, "
+                         "or 1..%u)", (unsigned long long)id, c->threads, WIRE_MAX_THREADS);
     if (c->n_experts < 1 || c->n_experts > WIRE_MAX_EXPERTS || !c->experts || !c->expert_counts)
         return ecs_error(ECS_ERR_FORMAT, "ExpertCall %llu: %zu experts (1..%u)",
                          (unsigned long long)id, c->n_experts, WIRE_MAX_EXPERTS);
@@ -447,6 +450,7 @@ static void to_pb(const wire_msg_t *m, pb_any_t *pb)
         p->weight = (float *)c->weight;
         p->payload_bytes = c->payload_bytes;
         p->result_dtype = c->result_dtype;
+        p->threads = c->threads;
         p->prefetch_layer = c->prefetch_layer;
         p->n_prefetch_experts = c->n_prefetch;
         p->prefetch_experts = (uint32_t *)c->prefetch;
@@ -560,6 +564,7 @@ static ecs_err_t from_pb(wire_msg_t *m, const ProtobufCMessage *any)
         c->slot = p->slot;
         c->weight = p->n_weight ? p->weight : NULL;
         c->result_dtype = p->result_dtype;
+        c->threads = p->threads;
         c->prefetch_layer = p->prefetch_layer;
         c->n_prefetch = p->n_prefetch_experts;
         c->prefetch = p->prefetch_experts;

@@ -74,6 +74,7 @@
 #define WIRE_MAX_EMBD 65536u                /* values per row */
 #define WIRE_MAX_SLOTS 64u                  /* routing slots per row (k) */
 #define WIRE_MAX_LAYERS 1024u
+#define WIRE_MAX_THREADS 1024u              /* a call's thread count (a worker's --threads) */
 #define WIRE_MAX_EXPERTS 4096u              /* expert ids are < this */
 #define WIRE_MAX_STRING 1024u               /* any string field, bytes */
 #define WIRE_MAX_FINGERPRINT 64u            /* model fingerprint bytes */
@@ -222,6 +223,9 @@ typedef struct {
     const uint32_t *row_index, *slot;
     const float *weight;        /* n_entries values, or NULL */
     uint32_t result_dtype;
+    /* threads to compute with: 0 the worker's own, else 1..WIRE_MAX_THREADS
+     * (the worker refuses more than its --threads: UNSUPPORTED) */
+    uint32_t threads;
     const void *payload;
     size_t payload_bytes;
     /* Prefetch hint (optional): experts predicted for prefetch_layer

@@ -381,7 +381,20 @@ static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
      * calls are short (the long ones stay on ZeroMQ, mux_peer_set_shm) */
     w->shard.tick = mux_server_in_loop(w->srv) ? beat : NULL;
     w->shard.tick_ctx = w;
+    /* the call's thread count: all the pool for a call this worker takes
+     * alone, a share when the coordinator split it among workers on the
+     * same cores (ExpertCall.threads); the pool is whole again after it,
+     * for assignments' loading and reserving */
+    const int cap = ecs_threadpool_capacity(w->tp);
+    if (c->threads > (uint32_t)cap) {
+        r->status = WIRE_ST_UNSUPPORTED;
+        snprintf(r->message, sizeof r->message,
+                 "%u threads asked for a call: this worker runs %d (--threads)", c->threads, cap);
+        return;
+    }
+    ecs_threadpool_set_active(w->tp, c->threads ? (int)c->threads : cap); /* in range */
     shard_call(&w->shard, c, r);
+    ecs_threadpool_set_active(w->tp, cap);
     /* the coordinator's messages were not read meanwhile: its silence is
      * counted only while this worker listens (each coordinator's) */
     const uint64_t spent = now_ns() - t0;

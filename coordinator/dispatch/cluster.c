@@ -67,12 +67,26 @@ static ecs_err_t worker_path(const dispatch_t *d, char *out, size_t cap)
     return ECS_OK;
 }
 
+/* Spawned workers share this host's cores. Without --worker-threads each
+ * runs a pool of all of them and every call says how many to use
+ * (ExpertCall.threads, dispatch.c): all for a call that is the only one
+ * out (a decode call sent to one replica), the share
+ * (dispatch_share_threads) when calls to several are out at once (a
+ * prompt's), so that they never oversubscribe the cores. */
 static int spawn_threads(const dispatch_t *d)
 {
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const int n = d->o.spawn_workers;
     if (d->o.worker_threads > 0)
         return d->o.worker_threads;
+    return cores > 0 ? (int)cores : 1;
+}
+
+int dispatch_share_threads(const dispatch_t *d)
+{
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int n = d->o.spawn_workers;
+    if (d->o.worker_threads > 0 || n < 1)
+        return 0;
     return cores / n > 0 ? (int)(cores / n) : 1;
 }
 
@@ -137,7 +151,9 @@ static ecs_err_t spawn(dispatch_t *d)
             return rc;
         d->n_spawned++;
     }
-    logmsg(d, "started %d workers (%s, %d threads each)", n, d->bin, spawn_threads(d));
+    logmsg(d, "started %d workers (%s, %d threads each, %d for a call split among them)", n,
+           d->bin, spawn_threads(d), dispatch_share_threads(d) ? dispatch_share_threads(d)
+                                                                : spawn_threads(d));
     return ECS_OK;
 }
 

@@ -137,6 +137,7 @@ ecs_err_t dispatch_buffers_new(dispatch_t *d)
     ecs_err_t rc = act_types_new(d, &xq_row);
     for (int t = 0; t < MODEL_MAX_MICRO && rc == ECS_OK; t++)
         rc = batch_new(d, &d->bt[t], xq_row);
+    d->share_threads = dispatch_share_threads(d);
     if (rc != ECS_OK)
         return rc;
     d->b = &d->bt[0];
@@ -249,6 +250,7 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
                                                         WIRE_CAP_RESULT_BF16)
                                          ? ECS_TYPE_BF16
                                          : ECS_TYPE_F32,
+                     .threads = dispatch_call_threads(d, wi),
                      .payload_bytes = n_rows * row};
     mux_call_t *call;
     void *payload;
@@ -323,16 +325,33 @@ static ecs_err_t send_todo(dispatch_t *d, int *busiest, int *sent)
     memset(d->rows_now, 0, (size_t)d->n_workers * sizeof *d->rows_now);
     d->rr++;
     *sent = 0;
+    const int one = dispatch_choose_whole(d);
     for (int e = 0; e < X; e++) {
         d->choice[e] = -1;
         if (!d->b->todo[e])
             continue;
-        const int wi = choose(d, d->b->layer, e);
+        const int wi = one >= 0 ? one : choose(d, d->b->layer, e);
         if (wi < 0)
             continue;
         d->choice[e] = wi;
         d->rows_now[wi] += d->b->start[e + 1] - d->b->start[e];
     }
+    /* alone: one call, and no other worker sharing the cores has one out
+     * (another micro-batch's): it may take all of them */
+    int n_to = 0, to = -1;
+    for (int wi = 0; wi < d->n_workers; wi++)
+        if (d->rows_now[wi]) {
+            n_to++;
+            to = wi;
+        }
+    d->alone = n_to == 1;
+    for (int wi = 0; wi < d->n_workers && d->alone; wi++)
+        if (wi != to && dispatch_shares_cores(d, wi) &&
+            mux_peer_inflight(d->mux, atomic_load(&d->w[wi].peer)) > 0)
+            d->alone = false;
+    d->whole = one >= 0 && d->alone;
+    if (d->whole)
+        d->last_whole = one;
     *busiest = 0;
     for (int wi = 0; wi < d->n_workers; wi++) {
         if (!d->rows_now[wi])
@@ -391,6 +410,7 @@ static ecs_err_t dispatch_submit(void *ctx, int tag, int layer, int n_tok, const
     pthread_mutex_lock(&d->lock);
     d->layer_calls++;
     d->overlapped += d->in_layer > 1;
+    d->alone_calls += d->whole;
     d->step_rows += (uint64_t)n_tok;
     d->imbalance_sum += (double)busiest * d->n_workers / (double)(n_tok * k);
     pthread_mutex_unlock(&d->lock);
@@ -649,6 +669,7 @@ void dispatch_stats(const dispatch_t *d, dispatch_stats_t *s)
     s->n_workers = d->n_workers;
     s->layer_calls = d->layer_calls;
     s->overlapped = d->overlapped;
+    s->whole_calls = d->alone_calls;
     s->imbalance = d->layer_calls ? d->imbalance_sum / (double)d->layer_calls : 0;
     s->ns_submit = d->ns_submit;
     s->ns_overlap = d->ns_overlap;
@@ -710,9 +731,10 @@ void dispatch_print_stats(const dispatch_t *d, FILE *f)
     const int moe_layers = d->hp.n_layer - d->hp.n_layer_dense;
     const double tokens = moe_layers > 0 ? (double)d->step_rows / moe_layers : 0;
     uint64_t out = 0, in = 0;
-    fprintf(f, "dispatch: %d workers, %llu layer calls (%llu overlapped), %.0f tokens, imbalance "
-            "(busiest / mean rows) %.2f\n", st.n_workers, (unsigned long long)st.layer_calls,
-            (unsigned long long)st.overlapped, tokens, st.imbalance);
+    fprintf(f, "dispatch: %d workers, %llu layer calls (%llu overlapped, %llu whole to one "
+            "replica), %.0f tokens, imbalance (busiest / mean rows) %.2f\n", st.n_workers,
+            (unsigned long long)st.layer_calls, (unsigned long long)st.overlapped,
+            (unsigned long long)st.whole_calls, tokens, st.imbalance);
     for (int i = 0; i < d->n_workers; i++) {
         dispatch_worker_stats_t w;
         if (dispatch_worker_stats(d, i, &w) != ECS_OK)

@@ -196,6 +196,8 @@ typedef struct {
     int n_workers;
     uint64_t layer_calls;        /* submits */
     uint64_t overlapped;         /* submits while another micro-batch's calls were out */
+    uint64_t whole_calls;        /* submits sent whole to one replica with all the cores
+                                  * (DISPATCH_ALONE_ROWS, dispatch.c) */
     double imbalance;            /* mean over submits of busiest / mean rows per worker */
     /* where the layers' time went, summed over submits (ns): submit
      * itself (grouping, the activations, the sends), submit's end to

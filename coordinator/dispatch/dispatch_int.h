@@ -33,6 +33,13 @@
  * calls: pp64's result is 3 MiB) goes on ZeroMQ (mux_peer_set_shm), where
  * prefill measured faster (docs/benchmarks.md). */
 #define DISPATCH_SHM_RING ((size_t)2 << 20)
+/* A call of at most this many rows (a decode step's) whose experts all
+ * have one live spawned holder in common goes whole to one of them, which
+ * computes it with all the host's cores (dispatch_share_threads): one
+ * hand-off each way instead of one per worker. 16 rows' results (768 KiB
+ * on ds2-lite) stay on a shared-memory ring (over half of it goes on
+ * ZeroMQ). */
+#define DISPATCH_ALONE_ROWS 16
 /* Connects worker wi's data peer (and its shared-memory plane when the
  * worker attached the segment of its last Welcome); *peer is its id. */
 ecs_err_t dispatch_connect_peer(dispatch_t *d, int wi, int *peer);
@@ -159,6 +166,12 @@ struct dispatch {
     uint32_t *c_experts, *c_counts, *c_rows, *c_slots;
     int32_t *ident;             /* [MODEL_MAX_BATCH * k] 0, 1, 2, ... */
     unsigned rr;
+    int share_threads;          /* dispatch_share_threads, fixed at start-up */
+    bool alone;                 /* this submit's calls: one, to a spawned worker with no
+                                 * other spawned worker busy (it takes all the cores) */
+    bool whole;                 /* this submit went whole to one replica, alone */
+    int last_whole;             /* the worker of the last such submit (ties go to it) */
+    uint64_t alone_calls;       /* such submits (under lock) */
     uint64_t layer_calls, step_rows, overlapped;
     double imbalance_sum;
     /* where a layer's time goes (model thread; read by dispatch_print_stats
@@ -178,6 +191,10 @@ uint64_t dispatch_now_ms(void);
 ecs_err_t dispatch_cluster_start(dispatch_t *d);
 void dispatch_cluster_stop(dispatch_t *d);
 ecs_err_t dispatch_spawn_one(dispatch_t *d, int i);
+/* The threads of a spawned worker's call when calls to several spawned
+ * workers are out at once (cores / spawned workers); 0: every call runs
+ * on the worker's own count (--worker-threads given, or none spawned). */
+int dispatch_share_threads(const dispatch_t *d);
 ecs_err_t dispatch_send_assign(dispatch_t *d, int wi);
 int dispatch_find_worker(const dispatch_t *d, const char *id);
 /* Checks a Hello and records the worker (welcomed), or refuses it:
@@ -195,6 +212,13 @@ void dispatch_layer_end(dispatch_t *d);
 /* supervise.c: the control thread */
 void *dispatch_control_loop(void *arg);
 void dispatch_state_changed(dispatch_t *d);
+/* whole.c: the current batch's call whole to one replica. Whether wi is
+ * a live spawned worker whose threads this coordinator sized; the replica
+ * that takes the whole call (-1: deal it per expert); the thread count of
+ * wi's call in this submit (after d->alone is set). */
+bool dispatch_shares_cores(dispatch_t *d, int wi);
+int dispatch_choose_whole(dispatch_t *d);
+uint32_t dispatch_call_threads(dispatch_t *d, int wi);
 /* dispatch.c */
 ecs_err_t dispatch_buffers_new(dispatch_t *d);
 void dispatch_buffers_free(dispatch_t *d);

@@ -9,7 +9,9 @@
 # a worker with another model is refused; garbage sent to both daemons is
 # survived; ecs-worker holds no coordinator symbol; steps cut into
 # micro-batches in ping-pong (--micro-batches) give the same logits and
-# text, and the option is refused without workers.
+# text, and the option is refused without workers; replicated workers take
+# a decode call whole to one replica with all the cores, and a worker
+# refuses a call for more threads than it has.
 # The layouts run on the same-host shared-memory plane (the default,
 # --data-plane auto, docs/protocol.md), some on ZeroMQ only
 # (--data-plane zmq) too; a worker that reports another host name, or
@@ -136,11 +138,40 @@ else
     echo "SKIP the plane's fallback to ZeroMQ: unshare -u -m needs root here"
 fi
 
+# 2c. replicated spawned workers (the default): a decode step's call goes
+#     whole to one replica, which computes it with all the cores
+#     (ExpertCall.threads); a prompt's calls are split between both, each
+#     on its share; the logits are the local backend's (section 2 above)
+timeout 60 "$run" -m "$ds2" --threads 2 --no-repack --bench --pp 32 --tg 8 --spawn-workers 2 \
+    >/dev/null 2>"$tmp/alone.err"
+calls=$(sed -n 's/.*dispatch: 2 workers, \([0-9]*\) layer calls.*/\1/p' "$tmp/alone.err")
+whole=$(sed -n 's/.*overlapped, \([0-9]*\) whole to one replica.*/\1/p' "$tmp/alone.err")
+if [ -n "$whole" ] && [ "$whole" -gt 0 ] && [ "$whole" -lt "$calls" ] &&
+    grep -q "2 threads each, 1 for a call split among them" "$tmp/alone.err"; then
+    ok "2 replicated workers: $whole of $calls layer calls whole to one replica (decode), the rest split"
+else
+    bad "whole calls: '$whole' of '$calls': $(grep -E 'started|layer calls' "$tmp/alone.err" | head -2)"
+fi
+#     teacher-forced one token per step (decode-sized calls, each whole on
+#     one replica with 2 threads): the local backend's logits, same steps
+dump "$ds2" "$tmp/step1-local.json" --step 1
+dump "$ds2" "$tmp/step1-w.json" --step 1 --spawn-workers 2
+if [ -s "$tmp/step1-local.json" ] && cmp -s "$tmp/step1-local.json" "$tmp/step1-w.json"; then
+    ok "2 replicated workers, one token per step (calls whole on one replica): logits identical"
+else
+    bad "2 replicated workers, one token per step: logits differ: $(tail -2 "$tmp/step1-w.json.err")"
+fi
+timeout 60 "$run" -m "$ds2" --threads 2 --no-repack --bench --pp 32 --tg 8 --spawn-workers 2 \
+    --worker-threads 1 >/dev/null 2>"$tmp/alone1.err"
+whole=$(sed -n 's/.*overlapped, \([0-9]*\) whole to one replica.*/\1/p' "$tmp/alone1.err")
+[ "$whole" = 0 ] && ok "--worker-threads 1: no call goes whole to one replica (a split keeps both cores)" \
+    || bad "--worker-threads 1: '$whole' whole calls"
+
 # 2a. the micro-batches really overlap: submits made while the other's
 #     calls were out; without workers the option is refused
 timeout 60 "$run" -m "$ds2" --threads 2 --no-repack --bench --pp 32 --tg 1 --spawn-workers 1 \
     --micro-batches 2 >/dev/null 2>"$tmp/mb.err"
-ov=$(sed -n 's/.*layer calls (\([0-9]*\) overlapped).*/\1/p' "$tmp/mb.err")
+ov=$(sed -n 's/.*layer calls (\([0-9]*\) overlapped.*/\1/p' "$tmp/mb.err")
 if [ -n "$ov" ] && [ "$ov" -gt 0 ]; then ok "--micro-batches 2: $ov submits while the other micro-batch's experts were out"
 else bad "--micro-batches 2 did not overlap ('$ov'): $(tail -2 "$tmp/mb.err")"; fi
 if timeout 30 "$run" -m "$ds2" --threads 2 --no-repack --tokens 1,2,3 --dump-logits "$tmp/mb.json" \
@@ -273,6 +304,22 @@ else
         bad "worker did not print its data endpoint"
     fi
     kill -0 "$w1" 2>/dev/null && ok "worker alive after the garbage" || bad "worker died"
+    # a call's thread count (ExpertCall.threads) beyond the worker's
+    # --threads 2 is refused by name; 2 passes that check (and meets the
+    # next: no assignment held any more)
+    if [ -n "$dep" ]; then
+        t3=$($py tests/integration/zpoke.py threads "$dep" 3 2>&1)
+        t2=$($py tests/integration/zpoke.py threads "$dep" 2 2>&1)
+        if [[ "$t3" == "status 9: 3 threads asked for a call: this worker runs 2"* ]] &&
+            [[ "$t2" == "status "* && "$t2" != *threads* ]]; then
+            ok "a call for 3 threads refused by a 2-thread worker: ${t3#status 9: }; 2 taken ($t2)"
+        else
+            bad "the call's thread count: 3 -> '$t3', 2 -> '$t2'"
+        fi
+        t9=$($py tests/integration/zpoke.py threads "$dep" 5000 2>&1)
+        [[ "$t9" == *"5000 threads"* ]] && ok "a call for 5000 threads is a bad message: $t9" \
+            || bad "a call for 5000 threads: '$t9'"
+    fi
     kill -TERM "$w1" "$w2" 2>/dev/null
     wait "$w1"; r1=$?; wait "$w2"; r2=$?
     [ "$r1" -eq 0 ] && [ "$r2" -eq 0 ] && ok "workers exit 0 on SIGTERM" || bad "worker exit codes $r1 $r2"

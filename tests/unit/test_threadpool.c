@@ -253,3 +253,61 @@ Test(threadpool, shared_runs_each_item_once_and_mix_with_plain_runs)
         ecs_threadpool_destroy(tp);
     }
 }
+
+/* A shared run's fn that records the most threads inside it at once. */
+typedef struct {
+    atomic_int in_fn, most, items;
+} width_arg_t;
+
+static void width_task(void *p, int ith, int nth)
+{
+    width_arg_t *a = p;
+    (void)ith, (void)nth;
+    const int now = atomic_fetch_add(&a->in_fn, 1) + 1;
+    int m = atomic_load(&a->most);
+    while (now > m && !atomic_compare_exchange_weak(&a->most, &m, now))
+        ;
+    sleep_ms(1); /* long enough for every woken thread to try to join */
+    atomic_fetch_add(&a->items, 1);
+    atomic_fetch_sub(&a->in_fn, 1);
+}
+
+/* ecs_threadpool_set_active (a worker's call on its share of the cores):
+ * plain runs give exactly the active shares with nth = active, shared runs
+ * never have more than active threads inside, 1 runs inline; the whole
+ * pool again afterwards; out-of-range counts refused. */
+Test(threadpool, active_count_limits_runs)
+{
+    ecs_threadpool_t *tp = NULL;
+    cr_assert_eq(ecs_threadpool_create(MAX_T, &tp), ECS_OK);
+    for (int act = 1; act <= MAX_T; act++) {
+        cr_assert_eq(ecs_threadpool_set_active(tp, act), ECS_OK);
+        cr_assert_eq(ecs_threadpool_size(tp), act);
+        cr_assert_eq(ecs_threadpool_capacity(tp), MAX_T);
+        count_arg_t a;
+        memset(&a, 0, sizeof a);
+        a.seen_nth = act;
+        for (int r = 0; r < 200; r++) {
+            run_rounds(tp, 1, &a, r % 50 == 0 ? 2 : 0);
+        }
+        cr_assert_eq(atomic_load(&a.bad_nth), 0);
+        for (int i = 0; i < MAX_T; i++)
+            cr_assert_eq(atomic_load(&a.count[i]), i < act ? 200 : 0, "active %d thread %d ran %d",
+                         act, i, atomic_load(&a.count[i]));
+        for (int r = 0; r < 20; r++) {
+            width_arg_t w;
+            memset(&w, 0, sizeof w);
+            ecs_threadpool_run_shared(tp, width_task, &w);
+            cr_assert_geq(atomic_load(&w.items), 1);
+            cr_assert(atomic_load(&w.most) <= act, "active %d: %d threads in a shared run", act,
+                      atomic_load(&w.most));
+        }
+    }
+    cr_assert_eq(ecs_threadpool_set_active(tp, 0), ECS_ERR_RANGE);
+    cr_assert_eq(ecs_threadpool_set_active(tp, MAX_T + 1), ECS_ERR_RANGE);
+    cr_assert(strstr(ecs_errmsg(), "pool of 4"), "%s", ecs_errmsg());
+    cr_assert_eq(ecs_threadpool_size(tp), MAX_T, "a refused count changes nothing");
+    cr_assert_eq(ecs_threadpool_set_active(NULL, 1), ECS_OK);
+    cr_assert_eq(ecs_threadpool_set_active(NULL, 2), ECS_ERR_RANGE);
+    ecs_threadpool_destroy(tp);
+}

@@ -44,7 +44,7 @@ static wire_msg_t make_call(call_store_t *s)
                            .n_embd = EMBD, .dtype = ECS_TYPE_F32, .k = 2, .n_experts = 3,
                            .experts = s->experts, .expert_counts = s->counts, .n_entries = 8,
                            .row_index = s->rows, .slot = s->slots, .weight = s->weights,
-                           .result_dtype = ECS_TYPE_F32, .payload = s->x,
+                           .result_dtype = ECS_TYPE_F32, .threads = 3, .payload = s->x,
                            .payload_bytes = sizeof s->x};
     return m;
 }
@@ -105,6 +105,7 @@ Test(wire, call_round_trip)
     cr_assert_arr_eq(c->weight, s.weights, sizeof s.weights);
     cr_assert_eq(c->payload, s.x, "payload must point into the frame, not a copy");
     cr_assert_eq(c->payload_bytes, sizeof s.x);
+    cr_assert_eq(c->threads, 3, "the call's thread count travels");
     wire_msg_clear(&d);
 
     /* no weights, quantized rows */
@@ -267,6 +268,7 @@ Test(wire, bad_calls_are_refused_naming_the_field)
     BAD(m.call.n_entries = 9, "entries");
     BAD(m.call.payload_bytes -= 4, "payload of");
     BAD(m.call.n_experts = 0, "0 experts");
+    BAD(m.call.threads = WIRE_MAX_THREADS + 1, "1025 threads");
 #undef BAD
 }
 

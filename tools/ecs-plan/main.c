@@ -486,14 +486,17 @@ int main(int argc, char **argv)
             continue;
         if (!spawnable) /* the layout asked for is not this machine's: modelled */
             continue;
-        if (meas_phase(m, mr, n, wthreads(&a, n), layout_replication(&a, n),
+        /* the workers' threads as ecs-run --spawn-workers sizes them unless
+         * --worker-threads: a pool of every core, each call on all of them
+         * (a decode call sent whole to one replica) or on its share */
+        if (meas_phase(m, mr, n, a.worker_threads, layout_replication(&a, n),
                        a.no_repack ? "" : mo.repack_dir, a.pp, a.tg, a.quick, &pg, &ph[i]))
             goto out;
         cold[i] = !ph[i].pages.warm;
         const meas_phase_t *q = &ph[i];
         printf("    %d worker%s x %d thr: decode %.3f ms (slowest call %.3f ms round trip = "
                "%.3f compute + %.3f hand-offs; shared experts %.3f) | %d rows %.2f ms (%.2f = "
-               "%.2f + %.2f; %.2f) [%d, %d calls]\n", n, n > 1 ? "s" : "", q->threads,
+               "%.2f + %.2f; %.2f) [%d, %d calls]\n", n, n > 1 ? "s" : "", wthreads(&a, n),
                q->dec_phase_s * 1e3, q->dec_rtt_s * 1e3, q->dec_compute_s * 1e3,
                q->dec_handoff_s * 1e3, q->dec_shexp_s * 1e3, q->pp_rows, q->pp_phase_s * 1e3,
                q->pp_rtt_s * 1e3, q->pp_compute_s * 1e3, q->pp_handoff_s * 1e3,

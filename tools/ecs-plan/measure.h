@@ -178,7 +178,8 @@ typedef struct {
 } meas_phase_t;
 /* m: the planner's one-process model (its pages, pg); coord: the
  * coordinator the steps run on, loaded as ecs-run --spawn-workers loads
- * it (experts_remote). */
+ * it (experts_remote); threads: each worker's (--worker-threads), 0: the
+ * dispatcher's default (dispatch_share_threads). */
 int meas_phase(model_t *m, model_t *coord, int n_workers, int threads, int replication,
                const char *worker_repack, int pp, int tg, bool quick, meas_pages_t *pg,
                meas_phase_t *out);
