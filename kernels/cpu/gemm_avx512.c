@@ -955,11 +955,12 @@ INLINE void r16_store(__m512 *acc, float *out)
  * of the block). Each level vector tests its bit of the same vector: one
  * vptestmb against a constant, where layout 3 (the GGUF's 32-bit word per
  * row) took a vpshufb to bring each lane's byte in place first (bench_icount
- * Q5_0 copy nb=1 4096 columns 10.60 -> 8.94 instructions per 64 weights with
- * the prefetch loop's unrolling; docs/benchmarks.md, branch kern4). Tried: the
- * GFNI way (per qs vector two vgf2p8affineqb and two vpternlogd for both
- * level vectors, 9.17): slower in L2 (4.39 against 3.94 ns per 256 values
- * per row), vgf2p8affineqb sharing the vpdpbusd pipes on Zen 4. */
+ * Q5_0 copy nb=1 4096 columns 10.60 -> 10.10 instructions per 64 weights;
+ * in L2 -3 %; docs/benchmarks.md, branch kern4). Tried: the GFNI way (per
+ * qs vector two vgf2p8affineqb and two vpternlogd for both level vectors):
+ * 0.23 more instructions per 64 weights than this (register copies for the
+ * destructive vpternlogd) and 11 % slower in L2, vgf2p8affineqb apparently
+ * sharing the vpdpbusd pipes on Zen 4. */
 
 /* Q5_0 levels (0..31) of block h of a pair of 16-row blocks, values 4 k ..
  * 4 k + 3 of every row in q[k]: the low nibbles give values 0..15, the high

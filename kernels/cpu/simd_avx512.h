@@ -56,24 +56,11 @@ INLINE void prefetch_slice(const void *pf, size_t bytes, size_t step, int64_t i,
     if (!pf)
         return;
     const size_t p0 = step * (size_t)i, p1 = p0 + step < bytes ? p0 + step : bytes;
-    const char *c = pf;
-    size_t o = p0;
-    /* four lines per pass: the loop's add / compare / branch were ~2.7 of
-     * the Q5_0 copy's 10.6 instructions per 64 weights (bench_icount) */
-    for (; o + 256 <= p1; o += 256) {
-        if (l1) {
-            __builtin_prefetch(c + o, 0, 3), __builtin_prefetch(c + o + 64, 0, 3);
-            __builtin_prefetch(c + o + 128, 0, 3), __builtin_prefetch(c + o + 192, 0, 3);
-        } else {
-            __builtin_prefetch(c + o, 0, 2), __builtin_prefetch(c + o + 64, 0, 2);
-            __builtin_prefetch(c + o + 128, 0, 2), __builtin_prefetch(c + o + 192, 0, 2);
-        }
-    }
-    for (; o < p1; o += 64) {
+    for (size_t o = p0; o < p1; o += 64) {
         if (l1)
-            __builtin_prefetch(c + o, 0, 3);
+            __builtin_prefetch((const char *)pf + o, 0, 3);
         else
-            __builtin_prefetch(c + o, 0, 2);
+            __builtin_prefetch((const char *)pf + o, 0, 2);
     }
 }
 
