@@ -948,23 +948,24 @@ INLINE void r16_store(__m512 *acc, float *out)
     _mm512_storeu_ps(out, reduce16_v(lanes));
 }
 
-/* Q5_0's fifth bits in the copy (r16.c, layout 4): one 64-byte vector per
- * block of 16 rows, byte 4 r + j of it holding, in bit v, the fifth bit of
- * byte j of row r's lane in level vector v (q5_levels: v < 4 the low
- * nibbles of qs word v, v >= 4 the high nibbles of word v - 4; value 4 v + j
- * of the block). Each level vector tests its bit of the same vector: one
- * vptestmb against a constant, where layout 3 (the GGUF's 32-bit word per
- * row) took a vpshufb to bring each lane's byte in place first (bench_icount
- * Q5_0 copy nb=1 4096 columns 10.60 -> 10.10 instructions per 64 weights;
- * in L2 -3 %; docs/benchmarks.md, branch kern4). Tried: the GFNI way (per
- * qs vector two vgf2p8affineqb and two vpternlogd for both level vectors):
- * 0.23 more instructions per 64 weights than this (register copies for the
- * destructive vpternlogd) and 11 % slower in L2, vgf2p8affineqb apparently
- * sharing the vpdpbusd pipes on Zen 4. */
+/* Q5_0's fifth bits of word k (half h: values 16 h + 4 k ..) of 16 rows as
+ * a byte mask (bit 4 r + j: value 16 h + 4 k + j of row r), from the rows'
+ * 32-bit qh words: the byte holding the four bits is copied to the lane's
+ * four bytes, byte j tests bit j of them. */
+INLINE __mmask64 q5_fifth(__m512i qh, int k, int h)
+{
+    const int bit = 16 * h + 4 * k, byte = bit / 8, sh = bit % 8;
+    /* pshufb works within 128-bit lanes (four rows each) */
+    const __m512i idx = _mm512_add_epi8(
+        _mm512_set1_epi8((char)byte),
+        _mm512_broadcast_i32x4(_mm_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0)));
+    return _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, idx),
+                                 _mm512_set1_epi32((int)(0x08040201u << sh)));
+}
 
 /* Q5_0 levels (0..31) of block h of a pair of 16-row blocks, values 4 k ..
  * 4 k + 3 of every row in q[k]: the low nibbles give values 0..15, the high
- * ones 16..31, 16 added where the level's fifth bit is set. */
+ * ones 16..31, the fifth bits come from the qh words. */
 INLINE void q5_levels(const uint8_t *pair, int h, __m512i q[8])
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
@@ -975,10 +976,8 @@ INLINE void q5_levels(const uint8_t *pair, int h, __m512i q[8])
         const __m512i x = _mm512_load_si512((const void *)(qp + 64 * k));
         const __m512i lo = _mm512_and_si512(x, m4);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-        q[k] = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, _mm512_set1_epi8((char)(1 << k))),
-                                    lo, b16);
-        q[4 + k] = _mm512_mask_add_epi8(
-            hi, _mm512_test_epi8_mask(qh, _mm512_set1_epi8((char)(16 << k))), hi, b16);
+        q[k] = _mm512_mask_add_epi8(lo, q5_fifth(qh, k, 0), lo, b16);
+        q[4 + k] = _mm512_mask_add_epi8(hi, q5_fifth(qh, k, 1), hi, b16);
     }
 }
 

@@ -65,10 +65,8 @@ static void pack_q4_K_block(const uint8_t *rows, size_t row_bytes, int64_t b, ui
  * them in order; parts kept in separate runs slowed the stream from DRAM):
  * qs [2][W][16 rows] 32-bit words, W = 4 (Q5_0: word k's low nibbles are
  * values 4 k.., the high ones 16 + 4 k..) or 8 (Q8_0: values 4 k.., stored
- * + 128 as the kernels' unsigned levels); Q5_0 only, qh [2][16 rows][4]
- * (the block's 32 fifth bits of a row as 4 bytes: bit v of byte j is value
- * 4 v + j's, so that it sits at the byte of the qs vectors where that value
- * is; layout 4, was the GGUF's 32-bit word); d [2][16 rows] (fp16). */
+ * + 128 as the kernels' unsigned levels); Q5_0 only, qh [2][16 rows] (the
+ * block's 32 fifth bits as a 32-bit word per row); d [2][16 rows] (fp16). */
 static void pack_legacy_pair(ecs_type_t type, const uint8_t *rows, size_t row_bytes, int64_t b0,
                              uint8_t *out)
 {
@@ -82,14 +80,7 @@ static void pack_legacy_pair(ecs_type_t type, const uint8_t *rows, size_t row_by
             if (q5) {
                 const ecs_block_q5_0 *x = (const ecs_block_q5_0 *)row + b0 + b;
                 memcpy(dp + 32 * b + 2 * r, &x->d, 2);
-                uint32_t qh; /* bit 4 v + j -> bit v of byte j (gemm_avx512.c's q5_levels) */
-                memcpy(&qh, x->qh, 4);
-                for (int j = 0; j < 4; j++) {
-                    uint8_t byte = 0;
-                    for (int v = 0; v < 8; v++)
-                        byte |= (uint8_t)(((qh >> (4 * v + j)) & 1) << v);
-                    hp[64 * b + 4 * r + j] = byte;
-                }
+                memcpy(hp + 64 * b + 4 * r, x->qh, 4);
                 memcpy(q, x->qs, 16);
             } else {
                 const ecs_block_q8_0 *x = (const ecs_block_q8_0 *)row + b0 + b;

@@ -1352,9 +1352,10 @@ Test(kernels, r16_q4_K_extreme_levels_exact)
     free(w), free(act), free(packed);
 }
 
-/* Q5_0's fifth bits, one at a time: the copy stores them rearranged
- * (layout 4: bit v of byte j of a row's 4 bytes is value 4 v + j's, r16.c),
- * so a bit moved to another value's place must show. Row r's block b has
+/* Q5_0's fifth bits, one at a time: the copy's kernel picks each value's
+ * bit out of the row's qh word (gemm_avx512.c q5_fifth; a layout that moves
+ * them, tried in docs/benchmarks.md, must keep this), so a bit taken for
+ * another value's must show. Row r's block b has
  * the single bit (r + 5 b) % 32 set (every position 0..31 over the 16 rows),
  * then every bit but that one; random low nibbles, distinct activations.
  * Every path, with and without the copy, 1-8 activation rows, 1 and 2
