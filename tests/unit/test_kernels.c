@@ -1352,6 +1352,66 @@ Test(kernels, r16_q4_K_extreme_levels_exact)
     free(w), free(act), free(packed);
 }
 
+/* Q5_0's fifth bits, one at a time: the copy's kernel picks each value's
+ * bit out of the row's qh word (gemm_avx512.c q5_fifth; a layout that moves
+ * them, tried in docs/benchmarks.md, must keep this), so a bit taken for
+ * another value's must show. Row r's block b has
+ * the single bit (r + 5 b) % 32 set (every position 0..31 over the 16 rows),
+ * then every bit but that one; random low nibbles, distinct activations.
+ * Every path, with and without the copy, 1-8 activation rows, 1 and 2
+ * threads: the reference's value exactly (integer sums, scales 1). */
+Test(kernels, r16_q5_0_fifth_bits_exact)
+{
+    enum { NR = 32, NC = 512, NA = 8 };
+    const size_t rb = ecs_row_size(ECS_TYPE_Q5_0, NC), ab = ecs_row_size(ECS_TYPE_Q8_0, NC);
+    ecs_block_q5_0 *w = xalloc(rb * NR);
+    ecs_block_q8_0 *act = xalloc(ab * NA);
+    rng_t r = {91};
+    const ecs_fp16_t one = ecs_f32_to_fp16(1.0f);
+    for (int i = 0; i < NA * NC / ECS_QK; i++) {
+        act[i].d = one;
+        for (int j = 0; j < ECS_QK; j++)
+            act[i].qs[j] = (int8_t)rng_int(&r, -127, 127);
+    }
+    ecs_threadpool_t *tp2 = NULL;
+    cr_assert_eq(ecs_threadpool_create(2, &tp2), ECS_OK);
+    void *packed = aligned_alloc(64, kcpu_r16_bytes(ECS_TYPE_Q5_0, NR, NC));
+    cr_assert_not_null(packed);
+    float want[NA * NR], y[NA * NR];
+    for (int inv = 0; inv < 2; inv++) {
+        for (int row = 0; row < NR; row++) {
+            for (int b = 0; b < NC / ECS_QK; b++) {
+                ecs_block_q5_0 *x = &w[row * (NC / ECS_QK) + b];
+                x->d = one;
+                const uint32_t bit = 1u << ((row + 5 * b) % 32), qh = inv ? ~bit : bit;
+                memcpy(x->qh, &qh, 4);
+                for (int j = 0; j < ECS_QK / 2; j++)
+                    x->qs[j] = (uint8_t)rng_int(&r, 0, 255);
+            }
+        }
+        for (int a = 0; a < NA; a++)
+            for (int row = 0; row < NR; row++)
+                want[a * NR + row] = ecs_vec_dot_ref(ECS_TYPE_Q5_0, NC, (uint8_t *)w + row * rb,
+                                                     (uint8_t *)act + a * ab);
+        kcpu_mat_t m = {ECS_TYPE_Q5_0, NC, NR, rb, w, NULL};
+        kcpu_r16_pack(&m, 0, NR, packed);
+        kcpu_mat_t mi = m;
+        mi.r16 = packed;
+        for (int copy = 0; copy < 2; copy++) {
+            for (int nb = 1; nb <= NA; nb++) {
+                for (int th = 1; th <= 2; th++) {
+                    kcpu_matmul_q(th == 2 ? tp2 : NULL, copy ? &mi : &m, act, nb, y, NR);
+                    for (int i = 0; i < nb * NR; i++)
+                        cr_assert_eq(y[i], want[i], "inv=%d copy=%d nb=%d th=%d value %d: %.9g, "
+                                     "want %.9g", inv, copy, nb, th, i, y[i], want[i]);
+                }
+            }
+        }
+    }
+    ecs_threadpool_destroy(tp2);
+    free(w), free(act), free(packed);
+}
+
 /* ---- log-sum-exp (a sampled row's log-probabilities) ---- */
 
 /* Every ISA within a few float ulps of a long double reference (the
