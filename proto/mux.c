@@ -656,7 +656,15 @@ void mux_role_put(mux_t *m)
     settle(m);
     if (m->io_disarmed) /* level-triggered: what came after settle wakes it */
         io_arm(m, true);
-    /* no wake-up needed: a command (a socket opened or closed, the stop)
+    /* a socket opened or closed while held: its command's eventfd count
+     * was read here, and an I/O thread already woken by it finds the
+     * eventfd clean and sleeps on in its old set (epoll rechecks a
+     * level-triggered fd), deaf to the new socket. Wake it to rebuild. */
+    if (m->io_gen != m->sock_gen) {
+        const uint64_t one = 1;
+        if (write(m->efd, &one, sizeof one) < 0) { /* counter overflow only: already awake */ }
+    }
+    /* else no wake-up needed: a command (the stop, a call)
      * came through the queue, whose eventfd the I/O thread always watches;
      * it runs as soon as it gets the role and rebuilds its set */
     pthread_mutex_unlock(&m->role);
