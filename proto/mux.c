@@ -664,9 +664,8 @@ void mux_role_put(mux_t *m)
         const uint64_t one = 1;
         if (write(m->efd, &one, sizeof one) < 0) { /* counter overflow only: already awake */ }
     }
-    /* else no wake-up needed: a command (the stop, a call)
-     * came through the queue, whose eventfd the I/O thread always watches;
-     * it runs as soon as it gets the role and rebuilds its set */
+    /* else its set is current: a command queued meanwhile (the stop, a
+     * call) wakes it through the queue's eventfd, which it always watches */
     pthread_mutex_unlock(&m->role);
 }
 

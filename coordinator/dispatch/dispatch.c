@@ -336,22 +336,7 @@ static ecs_err_t send_todo(dispatch_t *d, int *busiest, int *sent)
         d->choice[e] = wi;
         d->rows_now[wi] += d->b->start[e + 1] - d->b->start[e];
     }
-    /* alone: one call, and no other worker sharing the cores has one out
-     * (another micro-batch's): it may take all of them */
-    int n_to = 0, to = -1;
-    for (int wi = 0; wi < d->n_workers; wi++)
-        if (d->rows_now[wi]) {
-            n_to++;
-            to = wi;
-        }
-    d->alone = n_to == 1;
-    for (int wi = 0; wi < d->n_workers && d->alone; wi++)
-        if (wi != to && dispatch_shares_cores(d, wi) &&
-            mux_peer_inflight(d->mux, atomic_load(&d->w[wi].peer)) > 0)
-            d->alone = false;
-    d->whole = one >= 0 && d->alone;
-    if (d->whole)
-        d->last_whole = one;
+    dispatch_note_whole(d, one);
     *busiest = 0;
     for (int wi = 0; wi < d->n_workers; wi++) {
         if (!d->rows_now[wi])

@@ -219,6 +219,7 @@ void dispatch_state_changed(dispatch_t *d);
 bool dispatch_shares_cores(dispatch_t *d, int wi);
 int dispatch_choose_whole(dispatch_t *d);
 uint32_t dispatch_call_threads(dispatch_t *d, int wi);
+void dispatch_note_whole(dispatch_t *d, int one);
 /* dispatch.c */
 ecs_err_t dispatch_buffers_new(dispatch_t *d);
 void dispatch_buffers_free(dispatch_t *d);

@@ -58,6 +58,28 @@ int dispatch_choose_whole(dispatch_t *d)
     return best;
 }
 
+/* Once the experts are dealt (d->rows_now): whether the call is alone
+ * (one worker gets rows, and no other worker sharing the cores has a call
+ * out, another micro-batch's: it may take all of them), and whether it
+ * went whole to the replica dispatch_choose_whole gave (one). */
+void dispatch_note_whole(dispatch_t *d, int one)
+{
+    int n_to = 0, to = -1;
+    for (int wi = 0; wi < d->n_workers; wi++)
+        if (d->rows_now[wi]) {
+            n_to++;
+            to = wi;
+        }
+    d->alone = n_to == 1;
+    for (int wi = 0; wi < d->n_workers && d->alone; wi++)
+        if (wi != to && dispatch_shares_cores(d, wi) &&
+            mux_peer_inflight(d->mux, atomic_load(&d->w[wi].peer)) > 0)
+            d->alone = false;
+    d->whole = one >= 0 && d->alone;
+    if (d->whole)
+        d->last_whole = one;
+}
+
 /* The threads worker wi computes this submit's call with (ExpertCall.threads):
  * its own (0) when it alone is busy among the workers sharing the cores, else
  * its share of them. */
