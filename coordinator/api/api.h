@@ -99,6 +99,7 @@ typedef struct {
     char *stops[SAMPLER_MAX_STOPS];
     int n_stops;
     int top_logprobs;        /* -1: no logprobs */
+    bool json;               /* response_format json_object */
     tok_chat_msg_t *msgs;    /* chat and messages (system first when given) */
     int n_msgs;
     char *prompt;            /* completions: text prompt */

@@ -301,6 +301,61 @@ static ecs_err_t unsupported_fields(perr_t *e, json_t *o)
     return ECS_OK;
 }
 
+/* OpenAI's logit_bias: {"token id": bias in [-100, 100], ...}, added to
+ * the token's logit before anything else (sampler.h). */
+static ecs_err_t get_logit_bias(perr_t *e, json_t *o, sampler_params_t *sp)
+{
+    json_t *v = field(o, "logit_bias");
+    if (!v)
+        return ECS_OK;
+    if (!json_is_object(v))
+        return bad(e, ECS_ERR_INVAL, "'logit_bias' must be an object, not %s", type_name(v));
+    if (json_object_size(v) > SAMPLER_MAX_BIAS)
+        return bad(e, ECS_ERR_INVAL, "'logit_bias' has %zu entries, at most %d are allowed",
+                   json_object_size(v), SAMPLER_MAX_BIAS);
+    const char *k;
+    json_t *b;
+    json_object_foreach(v, k, b) {
+        char *end;
+        const long id = strtol(k, &end, 10);
+        if (!*k || *end || k[0] == '-' || k[0] == '+' || k[0] == ' ' || id > INT32_MAX)
+            return bad(e, ECS_ERR_INVAL, "'logit_bias': key '%.32s' is not a token id", k);
+        if (!json_is_number(b) || !(json_number_value(b) >= -100 && json_number_value(b) <= 100))
+            return bad(e, ECS_ERR_INVAL, "'logit_bias': the bias of token %ld must be a number "
+                       "between -100 and 100", id);
+        for (int i = 0; i < sp->n_bias; i++)
+            if (sp->bias_id[i] == id)
+                return bad(e, ECS_ERR_INVAL, "'logit_bias': token %ld is given twice", id);
+        sp->bias_id[sp->n_bias] = (int32_t)id;
+        sp->bias[sp->n_bias++] = (float)json_number_value(b);
+    }
+    return ECS_OK;
+}
+
+/* response_format: text (the default) or json_object (JSON mode: the
+ * output is one JSON object, sampler.h); a schema is refused, not ignored. */
+static ecs_err_t get_response_format(perr_t *e, json_t *o, api_req_t *r)
+{
+    json_t *v = field(o, "response_format");
+    if (!v)
+        return ECS_OK;
+    json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+    if (!t || !json_is_string(t))
+        return bad(e, ECS_ERR_INVAL, "'response_format' must be an object with a string 'type'");
+    const char *s = json_string_value(t);
+    if (!strcmp(s, "json_object")) {
+        r->json = true;
+        return ECS_OK;
+    }
+    if (!strcmp(s, "json_schema"))
+        return bad(e, ECS_ERR_UNSUPPORTED, "'response_format': type 'json_schema' is not "
+                   "supported; 'json_object' (any JSON object) and 'text' are");
+    if (strcmp(s, "text"))
+        return bad(e, ECS_ERR_INVAL, "'response_format': unknown type '%.32s' (text, "
+                   "json_object)", s);
+    return ECS_OK;
+}
+
 static ecs_err_t parse_obj(perr_t *e, json_t *o, api_req_t *r)
 {
     json_t *model = json_object_get(o, "model");
@@ -341,6 +396,9 @@ static ecs_err_t parse_obj(perr_t *e, json_t *o, api_req_t *r)
     sp->seed = (uint64_t)seed;
     r->seed_given = seed_given;
     if (get_stops(e, o, r->route == API_ROUTE_MESSAGES ? "stop_sequences" : "stop", r))
+        return e->code;
+    if (r->route != API_ROUTE_MESSAGES &&
+        (get_logit_bias(e, o, sp) || get_response_format(e, o, r)))
         return e->code;
     long long top = -1;
     if (r->route == API_ROUTE_CHAT) {

@@ -128,7 +128,8 @@ static void generate(api_conn_t *c, api_route_t route)
         fail(c, route, 404, err);
         return;
     }
-    sched_params_t p = {.top_logprobs = q->top_logprobs, .ignore_eos = q->ignore_eos, .sp = q->sp};
+    sched_params_t p = {.top_logprobs = q->top_logprobs, .ignore_eos = q->ignore_eos, .sp = q->sp,
+                        .json = q->json};
     if (!tokenize(c, q, &p.prompt, &p.n_prompt)) {
         job_free(srv, j);
         return;

@@ -95,6 +95,13 @@ ecs_err_t sampler_params_check(const sampler_params_t *p)
     if (p->penalty_last_n < 0 || p->penalty_last_n > SAMPLER_MAX_PENALTY_LAST_N)
         return ecs_error(ECS_ERR_INVAL, "sampler: penalty_last_n %d must be in [0, %d]",
                          p->penalty_last_n, SAMPLER_MAX_PENALTY_LAST_N);
+    if (p->n_bias < 0 || p->n_bias > SAMPLER_MAX_BIAS)
+        return ecs_error(ECS_ERR_INVAL, "sampler: %d logit_bias entries (at most %d)", p->n_bias,
+                         SAMPLER_MAX_BIAS);
+    for (int32_t i = 0; i < p->n_bias; i++)
+        if (!isfinite(p->bias[i]) || p->bias_id[i] < 0)
+            return ecs_error(ECS_ERR_INVAL, "sampler: logit_bias entry %d (token %d) is not a "
+                             "finite bias of a token id", i, p->bias_id[i]);
     return ECS_OK;
 }
 
@@ -111,6 +118,10 @@ ecs_err_t sampler_new(const sampler_params_t *p, int32_t n_vocab, sampler_t **ou
     if (n_vocab <= 0 || n_vocab > SAMPLER_MAX_VOCAB)
         return ecs_error(ECS_ERR_INVAL, "sampler: n_vocab %d must be in [1, %d]", n_vocab,
                          SAMPLER_MAX_VOCAB);
+    for (int32_t i = 0; i < p->n_bias; i++)
+        if (p->bias_id[i] >= n_vocab)
+            return ecs_error(ECS_ERR_RANGE, "logit_bias: token id %d outside the vocabulary "
+                             "(0..%d)", p->bias_id[i], n_vocab - 1);
     sampler_t *s = calloc(1, sizeof *s);
     if (!s)
         return ecs_error(ECS_ERR_NOMEM, "sampler: out of memory");
@@ -395,8 +406,10 @@ ecs_err_t sampler_sample(sampler_t *s, float *logits, int32_t *token)
     ecs_err_t e = check_logits(logits, s->n_vocab);
     if (e)
         return e;
-    sampler_apply_penalties(s, logits);
     const sampler_params_t *p = &s->p;
+    for (int32_t i = 0; i < p->n_bias; i++) /* llama.cpp's chain starts with it too */
+        logits[p->bias_id[i]] += p->bias[i];
+    sampler_apply_penalties(s, logits);
     if (p->temp == 0.0f || p->top_k == 1) {
         *token = sampler_argmax(logits, s->n_vocab);
         return ECS_OK;

@@ -3,8 +3,8 @@
  * A sampler turns one row of output-head logits into a token id. It follows
  * llama.cpp's semantics and order so that the same settings behave the same:
  *
- *   penalties (repetition / frequency / presence over the last N accepted
- *   tokens) -> top-k -> top-p -> min-p -> temperature -> draw from softmax.
+ *   logit bias -> penalties (repetition / frequency / presence over the
+ *   last N accepted tokens) -> top-k -> top-p -> min-p -> temperature -> draw from softmax.
  *
  * top-p and min-p therefore look at the distribution before temperature, as
  * llama.cpp's default chain does. temp == 0 (or top_k == 1) is greedy: the
@@ -30,6 +30,7 @@
 #define SAMPLER_MAX_PENALTY_LAST_N (1 << 20)
 #define SAMPLER_MAX_STOPS          16
 #define SAMPLER_MAX_STOP_LEN       256
+#define SAMPLER_MAX_BIAS           1024 /* logit_bias entries */
 
 typedef struct {
     float temp;             /* >= 0; 0 = greedy */
@@ -41,6 +42,9 @@ typedef struct {
     float presence_penalty; /* finite; 0 = off */
     int32_t penalty_last_n; /* [0, SAMPLER_MAX_PENALTY_LAST_N]; 0 = no penalties */
     uint64_t seed;          /* same seed + same inputs = same tokens */
+    int32_t n_bias;         /* [0, SAMPLER_MAX_BIAS]: logit_bias entries */
+    int32_t bias_id[SAMPLER_MAX_BIAS];  /* distinct ids in [0, n_vocab) */
+    float bias[SAMPLER_MAX_BIAS];       /* finite; added to the logit first */
 } sampler_params_t;
 
 typedef struct sampler sampler_t;
@@ -62,7 +66,7 @@ void sampler_reset(sampler_t *s);
 ecs_err_t sampler_accept(sampler_t *s, int32_t token);
 
 /* Applies the repetition / frequency / presence penalties in place, exactly
- * as sampler_sample does first. Exposed for callers that report logprobs. */
+ * as sampler_sample does after the logit bias. Exposed for callers that report logprobs. */
 void sampler_apply_penalties(sampler_t *s, float *logits);
 
 /* Picks the next token from logits[n_vocab] (modified: penalties are applied
@@ -74,6 +78,40 @@ ecs_err_t sampler_sample(sampler_t *s, float *logits, int32_t *token);
 /* The index of the largest of n logits, the lowest on ties (NaNs never
  * win; 0 when nothing compares). What greedy sampling picks. */
 int32_t sampler_argmax(const float *l, int32_t n);
+
+/* ---- JSON mode (response_format {"type": "json_object"}) ----
+ * A recogniser of the byte prefixes of one JSON object (RFC 8259; unpaired
+ * surrogate escapes refused, as strict parsers do). The scheduler tries
+ * each token's bytes on a copy of a request's state, masks the tokens that
+ * fail, and ends the request when the object is complete. Whitespace
+ * between tokens is bounded (SAMPLER_JSON_MAX_WS bytes in a row: a model
+ * that loops on newlines would otherwise run to max_tokens), nesting to
+ * SAMPLER_JSON_MAX_DEPTH. Plain data: copy it to try bytes.
+ *
+ *   sampler_json_t j, t;
+ *   sampler_json_init(&j);
+ *   t = j;
+ *   if (!sampler_json_feed(&t, piece, len)) logits[id] = -INFINITY;
+ */
+#define SAMPLER_JSON_MAX_DEPTH 64
+#define SAMPLER_JSON_MAX_WS    64
+
+typedef struct {
+    uint64_t stack;         /* bit d: the container at depth d + 1 is an array */
+    uint16_t hex;           /* a \u escape's digits so far */
+    uint8_t depth, state, ws, aux, lit, key, low;
+} sampler_json_t;
+
+void sampler_json_init(sampler_json_t *j);
+/* Feeds n bytes; false: they leave no JSON object prefix (j is then
+ * undefined: feed a copy). */
+bool sampler_json_feed(sampler_json_t *j, const char *b, size_t n);
+/* Whether the object is complete (nothing more may follow). */
+bool sampler_json_done(const sampler_json_t *j);
+/* Whether j is inside a string, where bytes other than '"', '\\' and
+ * control characters are taken without changing the state: a caller that
+ * knows which tokens hold only such bytes need not feed them. */
+bool sampler_json_in_string(const sampler_json_t *j);
 
 /* ---- stop conditions on detokenized text ---- */
 

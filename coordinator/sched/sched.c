@@ -52,6 +52,23 @@ int sched_n_ctx(const sched_t *s)
     return s->o.n_ctx;
 }
 
+/* s->json_tok from the vocabulary (sched_int.h). */
+static void json_classify(sched_t *s)
+{
+    for (int32_t id = 0; id < s->n_vocab; id++) {
+        size_t len = 0;
+        const char *b = tok_token_piece(s->tok, id, &len);
+        const int ty = tok_token_type(s->tok, id);
+        uint8_t c = SCHED_JSON_PLAIN;
+        if (!b || !len || (ty != TOK_TYPE_NORMAL && ty != TOK_TYPE_USER_DEFINED && ty != TOK_TYPE_BYTE))
+            c = SCHED_JSON_NEVER;
+        for (size_t i = 0; i < len && c == SCHED_JSON_PLAIN; i++)
+            if (b[i] == '"' || b[i] == '\\' || (unsigned char)b[i] < 0x20)
+                c = SCHED_JSON_TRY;
+        s->json_tok[id] = c;
+    }
+}
+
 ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t **out)
 {
     *out = NULL;
@@ -96,6 +113,7 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     s->logits = malloc((size_t)o->max_running * (size_t)s->n_vocab * sizeof *s->logits);
     s->lp_rows = malloc((size_t)ecs_threadpool_size(model_threadpool(m)) * (size_t)s->n_vocab *
                         sizeof *s->lp_rows);
+    s->json_tok = malloc((size_t)s->n_vocab);
     s->picks = malloc((size_t)o->max_running * sizeof *s->picks);
     s->rows = malloc(MODEL_MAX_BATCH * sizeof *s->rows);
     s->row_req = malloc(MODEL_MAX_BATCH * sizeof *s->row_req);
@@ -103,9 +121,10 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     s->slice_log = getenv("ECS_SLICE_LOG") != NULL;
     if (o->slice_budget > 0 || o->slice_units > 0)
         s->slice_resid = malloc(model_slice_bytes(m, o->chunk));
-    if (!s->logits || !s->lp_rows || !s->picks || !s->rows || !s->row_req ||
+    if (!s->logits || !s->lp_rows || !s->json_tok || !s->picks || !s->rows || !s->row_req ||
         ((o->slice_budget > 0 || o->slice_units > 0) && !s->slice_resid))
         goto nomem;
+    json_classify(s);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->inited = true;
@@ -128,6 +147,7 @@ void sched_free(sched_t *s)
     sched_kv_free(s);
     free(s->logits);
     free(s->lp_rows);
+    free(s->json_tok);
     free(s->picks);
     free(s->rows);
     free(s->row_req);
@@ -208,6 +228,7 @@ ecs_err_t sched_submit(sched_t *s, sched_params_t *p, void *user, sched_req_t **
     atomic_init(&r->cancel, false);
     r->t_submit = sched_now();
     tok_decoder_init(&r->dec, s->tok, false);
+    sampler_json_init(&r->json);
     pthread_mutex_lock(&s->mu);
     if (s->n_waiting >= s->o.max_queue || s->quit) {
         pthread_mutex_unlock(&s->mu);

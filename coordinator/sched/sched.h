@@ -121,6 +121,8 @@ typedef struct {
     const char *stops[SAMPLER_MAX_STOPS];
     int n_stops;
     int top_logprobs;       /* -1: no logprobs; else 0..SCHED_MAX_TOP_LOGPROBS alternatives */
+    bool json;              /* JSON mode: the output is one JSON object, and ends with it
+                               (finish EOG); tokens that would break it are never drawn */
 } sched_params_t;
 
 /* A generated token as published to the owner. */

@@ -249,6 +249,58 @@ def stop_strings():
 check("stop strings cut the text, streamed and not", stop_strings)
 
 
+def vocab_ids(*texts):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gguf_inspect
+    for k, _t, v in gguf_inspect.parse(model_path(root, build, "tiny-ds2-q8_0"))["kvs"]:
+        if k == "tokenizer.ggml.tokens":
+            toks = [x.decode(errors="replace") if isinstance(x, bytes) else x for x in v[3]]
+            return [toks.index(t) for t in texts]
+    raise AssertionError("no tokenizer.ggml.tokens")
+
+
+def json_mode():
+    quote, close = vocab_ids('"', "}")
+    chat1 = lambda **kw: dict({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                               "temperature": 0}, **kw)
+    # logit_bias: +100 makes the token every pick; the same request without it does not
+    st, r = post_json(srv.port, chat, chat1(logit_bias={str(close): 100}))
+    assert st == 200 and r["choices"][0]["message"]["content"] == "}}}}", r
+    st, r = post_json(srv.port, chat, chat1())
+    assert st == 200 and r["choices"][0]["message"]["content"] != "}}}}", r
+    # JSON mode: the biased tokens steer it to a short object, which ends the request
+    # ("stop"); the same bias without JSON mode is not JSON
+    steer = {str(quote): 30, str(close): 25}
+    body = chat1(max_tokens=200, logit_bias=steer, response_format={"type": "json_object"})
+    st, r = post_json(srv.port, chat, body)
+    assert st == 200 and r["choices"][0]["finish_reason"] == "stop", r
+    text = r["choices"][0]["message"]["content"]
+    assert isinstance(json.loads(text), dict), text
+    assert stream_text(srv.port, chat, body)[0] == text
+    st, r = post_json(srv.port, chat, chat1(max_tokens=20, logit_bias=steer))
+    try:
+        json.loads(r["choices"][0]["message"]["content"])
+        raise AssertionError("plain output parsed as JSON: %r" % r)
+    except ValueError:
+        pass
+    # sampled, unsteered: whatever it ends with, a stop is a complete object
+    for seed in range(4):
+        st, r = post_json(srv.port, "/v1/completions", {"prompt": "x", "max_tokens": 48, "seed": seed,
+                                                        "response_format": {"type": "json_object"}})
+        assert st == 200, r
+        out = r["choices"][0]["text"]
+        assert out.lstrip().startswith("{"), out
+        if r["choices"][0]["finish_reason"] == "stop":
+            assert isinstance(json.loads(out), dict), out
+    expect_error(400, "json_schema", chat, chat1(response_format={"type": "json_schema",
+                                                                   "json_schema": {}}))
+    expect_error(400, "not a token id", chat, chat1(logit_bias={"x": 1}))
+    expect_error(400, "outside the vocabulary", chat, chat1(logit_bias={"99999999": 1}))
+
+
+check("logit_bias and JSON mode (response_format json_object)", json_mode)
+
+
 def background_stream_unharmed():
     bg_thread.join()
     assert bg.get("text") == solo_long, "the running stream changed"

@@ -1,0 +1,296 @@
+/* test_json_mode.c - JSON mode's recogniser (sampler_json_*) and the
+ * logit bias: valid objects are accepted byte by byte and complete only at
+ * their last byte; each kind of invalid text is refused at the byte that
+ * breaks it; the depth and whitespace bounds; and a differential run
+ * against jansson over generated objects and their one-byte mutations
+ * (both must agree whether the text is one complete JSON object). */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "coordinator/sampler/sampler.h"
+
+/* Bytes of text fed one by one: -1 if all are accepted, else the index of
+ * the first refused byte; *done: whether complete after the last. */
+static int feed_bytes(const char *text, size_t n, bool *done)
+{
+    sampler_json_t j;
+    sampler_json_init(&j);
+    *done = false;
+    for (size_t i = 0; i < n; i++) {
+        if (!sampler_json_feed(&j, text + i, 1))
+            return (int)i;
+        if (i + 1 < n && sampler_json_done(&j))
+            return (int)i + 1; /* complete too early: the next byte is refused */
+    }
+    *done = sampler_json_done(&j);
+    return -1;
+}
+
+static bool whole(const char *text)
+{
+    bool done;
+    return feed_bytes(text, strlen(text), &done) < 0 && done;
+}
+
+Test(json_mode, valid_objects_complete_at_their_last_byte)
+{
+    static const char *const ok[] = {
+        "{}",
+        " \n\t{ }",
+        "{\"a\":1}",
+        "{\"a\" : -0.5e+10, \"b\":[true,false,null,[],{}], \"c\":{\"d\":\"x\"}}",
+        "{\"s\":\"esc \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u00e9 \\ud83d\\ude00\"}",
+        "{\"n\":[0,-0,10,1.25,3e7,4E-2,-9.0e0]}",
+        "{\"utf8\":\"\xc3\xa9\xe4\xb8\xad\"}",
+        "{\"\":\"\"}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        bool done;
+        const int at = feed_bytes(ok[i], strlen(ok[i]), &done);
+        cr_assert(at < 0, "'%s' refused at byte %d", ok[i], at);
+        cr_assert(done, "'%s' not complete", ok[i]);
+    }
+    /* and fed as one piece, or in pieces of 3 */
+    const char *t = ok[3];
+    sampler_json_t j;
+    sampler_json_init(&j);
+    cr_assert(sampler_json_feed(&j, t, strlen(t)) && sampler_json_done(&j));
+    sampler_json_init(&j);
+    for (size_t i = 0; i < strlen(t); i += 3)
+        cr_assert(sampler_json_feed(&j, t + i, strlen(t) - i < 3 ? strlen(t) - i : 3));
+    cr_assert(sampler_json_done(&j));
+}
+
+Test(json_mode, invalid_text_is_refused_where_it_breaks)
+{
+    static const struct {
+        const char *text;
+        int at;
+    } bad[] = {
+        {"[1]", 0},              /* an object, not any value */
+        {"x{}", 0},
+        {"{\"a\" 1}", 5},
+        {"{\"a\":01}", 6},       /* no leading zeros */
+        {"{\"a\":1.}", 7},
+        {"{\"a\":-}", 6},
+        {"{\"a\":1e}", 7},
+        {"{\"a\":tru}", 8},
+        {"{\"a\":nul }", 8},
+        {"{,}", 1},
+        {"{\"a\":1,}", 7},
+        {"{\"a\":[1,]}", 8},
+        {"{\"a\":[1}", 7},
+        {"{\"a\":\"\x01\"}", 6},  /* control characters must be escaped */
+        {"{\"a\":\"\\x\"}", 7},
+        {"{\"a\":\"\\u12g4\"}", 10},
+        {"{\"a\":\"\\ud800\"}", 12}, /* a high surrogate alone */
+        {"{\"a\":\"\\udc00\"}", 11}, /* a low one alone */
+        {"{\"a\":\"\\ud800\\n\"}", 13},
+        {"{\"a\":\"\\ud800\\u0041\"}", 17},
+        {"{1:2}", 1},
+        {"{}}", 2},             /* nothing after the object */
+        {"{} ", 2},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        bool done;
+        const int at = feed_bytes(bad[i].text, strlen(bad[i].text), &done);
+        cr_assert_eq(at, bad[i].at, "'%s': refused at %d, expected %d", bad[i].text, at,
+                     bad[i].at);
+    }
+}
+
+Test(json_mode, depth_and_whitespace_are_bounded)
+{
+    char t[512];
+    int n = 0;
+    t[n++] = '{';
+    t[n++] = '"';
+    t[n++] = '"';
+    t[n++] = ':';
+    for (int d = 1; d < SAMPLER_JSON_MAX_DEPTH; d++)
+        t[n++] = '[';
+    t[n] = 0;
+    bool done;
+    cr_assert_eq(feed_bytes(t, (size_t)n, &done), -1, "depth %d refused", SAMPLER_JSON_MAX_DEPTH);
+    t[n++] = '[';
+    cr_assert_eq(feed_bytes(t, (size_t)n, &done), n - 1, "depth %d accepted",
+                 SAMPLER_JSON_MAX_DEPTH + 1);
+
+    n = 0;
+    t[n++] = '{';
+    for (int i = 0; i < SAMPLER_JSON_MAX_WS; i++)
+        t[n++] = i % 2 ? ' ' : '\n';
+    cr_assert_eq(feed_bytes(t, (size_t)n, &done), -1);
+    t[n++] = ' ';
+    cr_assert_eq(feed_bytes(t, (size_t)n, &done), n - 1, "whitespace run over the bound");
+    /* a run ends at any other byte, and spaces inside strings do not count */
+    n = 0;
+    t[n++] = '{';
+    t[n++] = '"';
+    for (int i = 0; i < 2 * SAMPLER_JSON_MAX_WS; i++)
+        t[n++] = ' ';
+    t[n++] = '"';
+    for (int i = 0; i < SAMPLER_JSON_MAX_WS; i++)
+        t[n++] = ' ';
+    t[n++] = ':';
+    for (int i = 0; i < SAMPLER_JSON_MAX_WS; i++)
+        t[n++] = ' ';
+    t[n++] = '1';
+    t[n++] = '}';
+    t[n] = 0;
+    cr_assert(whole(t));
+}
+
+/* ---- differential: generated objects and mutations against jansson ---- */
+
+static uint64_t rng = 88172645463325252ull;
+static unsigned rnd(unsigned n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (unsigned)(rng % n);
+}
+
+typedef struct {
+    char b[4096];
+    size_t n;
+} gen_t;
+
+static void put(gen_t *g, const char *s)
+{
+    const size_t k = strlen(s);
+    if (g->n + k < sizeof g->b)
+        memcpy(g->b + g->n, s, k), g->n += k;
+}
+
+static void ws(gen_t *g)
+{
+    static const char *const w[] = {"", "", " ", "\n  ", "\t", "\r\n"};
+    put(g, w[rnd(6)]);
+}
+
+static void gen_string(gen_t *g)
+{
+    static const char *const parts[] = {"a", "key", " ", "\\\"", "\\\\", "\\n", "\\u00e9",
+                                        "\\ud83d\\ude00", "\\/", "x y", "{", "]", ":"};
+    put(g, "\"");
+    for (unsigned i = rnd(4); i > 0; i--)
+        put(g, parts[rnd(sizeof parts / sizeof parts[0])]);
+    put(g, "\"");
+}
+
+static void gen_value(gen_t *g, int depth);
+
+static void gen_object(gen_t *g, int depth)
+{
+    put(g, "{");
+    const unsigned n = depth > 3 ? 0 : rnd(4);
+    for (unsigned i = 0; i < n; i++) {
+        ws(g);
+        gen_string(g);
+        ws(g);
+        put(g, ":");
+        ws(g);
+        gen_value(g, depth + 1);
+        ws(g);
+        if (i + 1 < n)
+            put(g, ",");
+    }
+    put(g, "}");
+}
+
+static void gen_value(gen_t *g, int depth)
+{
+    static const char *const scalars[] = {"0", "-1", "12", "3.5", "-0.25e3", "7E+2", "true",
+                                          "false", "null"};
+    switch (rnd(depth > 3 ? 2 : 4)) {
+    case 0: put(g, scalars[rnd(sizeof scalars / sizeof scalars[0])]); break;
+    case 1: gen_string(g); break;
+    case 2: gen_object(g, depth); break;
+    default: {
+        put(g, "[");
+        const unsigned n = rnd(4);
+        for (unsigned i = 0; i < n; i++) {
+            ws(g);
+            gen_value(g, depth + 1);
+            ws(g);
+            if (i + 1 < n)
+                put(g, ",");
+        }
+        put(g, "]");
+    }
+    }
+}
+
+static bool jansson_object(const char *b, size_t n)
+{
+    json_error_t e;
+    json_t *v = json_loadb(b, n, JSON_ALLOW_NUL, &e);
+    const bool ok = v && json_is_object(v);
+    json_decref(v);
+    return ok;
+}
+
+Test(json_mode, agrees_with_jansson_on_generated_objects_and_mutations)
+{
+    static const char mut[] = "{}[]\":,0123456789.eE+-tfnulrsa \\\n\x01/";
+    int agreed = 0, mutated_valid = 0;
+    for (int it = 0; it < 3000; it++) {
+        gen_t g = {.n = 0};
+        ws(&g);
+        gen_object(&g, 0);
+        bool done;
+        cr_assert(feed_bytes(g.b, g.n, &done) < 0 && done, "generated '%.*s' refused",
+                  (int)g.n, g.b);
+        cr_assert(jansson_object(g.b, g.n));
+        /* one byte changed (ASCII only: the recogniser, like the sampler's
+         * text, leaves UTF-8 checks to the detokenizer) */
+        const size_t at = rnd((unsigned)g.n);
+        g.b[at] = mut[rnd(sizeof mut - 1)];
+        bool ours = feed_bytes(g.b, g.n, &done) < 0 && done;
+        bool theirs = jansson_object(g.b, g.n);
+        cr_assert_eq(ours, theirs, "'%.*s': ours %d, jansson %d", (int)g.n, g.b, ours, theirs);
+        agreed++;
+        mutated_valid += theirs;
+        /* every prefix of a valid text is accepted */
+        if (theirs)
+            for (size_t k = 0; k < g.n; k++)
+                cr_assert(feed_bytes(g.b, k, &done) < 0 && !done);
+    }
+    cr_assert(mutated_valid > 100 && mutated_valid < agreed - 100, "%d of %d mutations valid",
+              mutated_valid, agreed);
+}
+
+/* ---- logit bias ---- */
+
+Test(json_mode, logit_bias_is_added_before_the_draw)
+{
+    sampler_params_t p = sampler_params_default();
+    p.temp = 0;
+    p.n_bias = 2;
+    p.bias_id[0] = 3;
+    p.bias[0] = 5;
+    p.bias_id[1] = 0;
+    p.bias[1] = -100;
+    sampler_t *s = NULL;
+    cr_assert_eq(sampler_new(&p, 4, &s), ECS_OK, "%s", ecs_errmsg());
+    float l[4] = {10, 6, 2, 1};
+    int32_t t = -1;
+    cr_assert_eq(sampler_sample(s, l, &t), ECS_OK);
+    cr_assert_eq(t, 1, "token 0 banned, token 3 at 6 ties 1 and loses on id: got %d", t);
+    cr_assert_eq(l[3], 6.0f);
+    sampler_free(s);
+
+    p.bias_id[1] = 4; /* outside a vocabulary of 4 */
+    cr_assert_eq(sampler_new(&p, 4, &s), ECS_ERR_RANGE);
+    p.bias_id[1] = 2;
+    p.bias[1] = NAN;
+    cr_assert_eq(sampler_new(&p, 4, &s), ECS_ERR_INVAL);
+    p.bias[1] = 0;
+    p.n_bias = SAMPLER_MAX_BIAS + 1;
+    cr_assert_eq(sampler_new(&p, 4, &s), ECS_ERR_INVAL);
+}
