@@ -40,7 +40,8 @@ void api_buf_free(api_buf_t *b);
 
 /* Metrics: route label index of a request and counts per status. */
 enum { API_M_CHAT, API_M_COMPLETIONS, API_M_MESSAGES, API_M_MODELS, API_M_HEALTH, API_M_READY,
-       API_M_METRICS, API_M_OTHER, API_M_CONSOLE, API_M_CONSOLE_STATE, API_M_ROUTES };
+       API_M_METRICS, API_M_OTHER, API_M_CONSOLE, API_M_CONSOLE_STATE, API_M_TOKENIZE,
+       API_M_DETOKENIZE, API_M_ROUTES };
 #define API_M_STATUSES 10
 
 typedef struct api_conn api_conn_t;
@@ -120,6 +121,8 @@ void api_console_state(api_conn_t *c);
 int api_retry_after(const api_server_t *srv);
 
 /* routes.c */
+/* tokenize.c: POST /tokenize (detok false) and /detokenize, answered at once */
+void api_tokenize(api_conn_t *c, bool detok);
 void api_handle(api_conn_t *c);
 void api_on_update(void *arg, sched_req_t *r);
 void api_job_abandon(api_server_t *srv, api_job_t *j);

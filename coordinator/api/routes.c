@@ -236,6 +236,7 @@ void api_handle(api_conn_t *c)
         {"/health", API_M_HEALTH, false},           {"/ready", API_M_READY, false},
         {"/metrics", API_M_METRICS, false},         {"/console", API_M_CONSOLE, false},
         {"/console/state", API_M_CONSOLE_STATE, false},
+        {"/tokenize", API_M_TOKENIZE, true},        {"/detokenize", API_M_DETOKENIZE, true},
     };
     int k = -1;
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
@@ -255,7 +256,7 @@ void api_handle(api_conn_t *c)
         fail(c, route, 405, msg);
         return;
     }
-    if (!strncmp(path, "/v1/", 4) && !key_ok(srv, given_key(c->http))) {
+    if ((!strncmp(path, "/v1/", 4) || table[k].post) && !key_ok(srv, given_key(c->http))) {
         fail(c, route, 401, "a valid API key is required (Authorization: Bearer KEY or x-api-key)");
         return;
     }
@@ -279,6 +280,8 @@ void api_handle(api_conn_t *c)
     case API_M_CONSOLE: api_console_page(c); return;
     case API_M_CONSOLE_STATE: api_console_state(c); return;
     case API_M_MODELS: models(c); return;
+    case API_M_TOKENIZE: api_tokenize(c, false); return;
+    case API_M_DETOKENIZE: api_tokenize(c, true); return;
     case API_M_METRICS: {
         api_buf_t b = {0};
         api_metrics_text(srv, &b);

@@ -259,6 +259,26 @@ def vocab_ids(*texts):
     raise AssertionError("no tokenizer.ggml.tokens")
 
 
+def tokenize_routes():
+    quote, close = vocab_ids('"', "}")
+    for text, want in (('"', quote), ("}", close)):  # the GGUF vocabulary's ids
+        st, r = post_json(srv.port, "/tokenize", {"content": text})
+        assert st == 200 and r["tokens"] == [want], (r, text, want)
+    st, r = post_json(srv.port, "/tokenize", {"content": "a", "add_special": True, "with_pieces": True})
+    assert st == 200 and len(r["tokens"]) == 2 and r["tokens"][1]["piece"] == "a", r
+    eos = "<｜end▁of▁sentence｜>"
+    st, one = post_json(srv.port, "/tokenize", {"content": eos})
+    st2, text = post_json(srv.port, "/tokenize", {"content": eos, "parse_special": False})
+    assert len(one["tokens"]) == 1 and len(text["tokens"]) > 4, (one, text)
+    st, r = post_json(srv.port, "/detokenize", {"tokens": text["tokens"]})
+    assert st == 200 and r["content"] == eos, r
+    expect_error(400, "not a token id", "/detokenize", {"tokens": [1, -1]})
+    expect_error(400, "/tokenize takes", "/tokenize", {"content": 5})
+
+
+check("/tokenize and /detokenize (llama-server's shapes)", tokenize_routes)
+
+
 def json_mode():
     quote, close = vocab_ids('"', "}")
     chat1 = lambda **kw: dict({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
