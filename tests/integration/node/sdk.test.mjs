@@ -113,6 +113,28 @@ await check('openai: errors raise APIError with status and message', async () =>
 });
 
 let msgText = '';
+await check('openai: JSON mode and logit_bias through the SDK', async () => {
+  // the ids of '"' and '}' from the server's own /tokenize
+  const ids = {};
+  for (const t of ['"', '}']) {
+    const r = await fetch(`http://127.0.0.1:${port}/tokenize`, { method: 'POST', body: JSON.stringify({ content: t }) });
+    ids[t] = (await r.json()).tokens[0];
+  }
+  const body = { ...greedy, max_tokens: 200, messages, response_format: { type: 'json_object' },
+    logit_bias: { [ids['"']]: 30, [ids['}']]: 25 } };
+  const r = await openai.chat.completions.create(body);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  const obj = JSON.parse(r.choices[0].message.content);
+  assert.equal(typeof obj, 'object');
+  let streamed = '';
+  for await (const ch of await openai.chat.completions.create({ ...body, stream: true }))
+    streamed += ch.choices[0]?.delta?.content ?? '';
+  assert.equal(streamed, r.choices[0].message.content);
+  await assert.rejects(openai.chat.completions.create({ ...greedy, messages,
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } }),
+  (e) => e instanceof OpenAI.APIError && e.status === 400 && /json_schema/.test(e.message));
+});
+
 await check('anthropic: messages, whole', async () => {
   const r = await anthropic.messages.create({
     model, max_tokens: 16, temperature: 0, system: 'You are terse.',
