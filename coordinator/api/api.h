@@ -99,7 +99,8 @@ typedef struct {
     char *stops[SAMPLER_MAX_STOPS];
     int n_stops;
     int top_logprobs;        /* -1: no logprobs */
-    bool json;               /* response_format json_object */
+    bool json;               /* response_format json_object or json_schema */
+    sampler_schema_t *schema; /* json_schema's, compiled (api_req_free frees it) */
     tok_chat_msg_t *msgs;    /* chat and messages (system first when given) */
     int n_msgs;
     char *prompt;            /* completions: text prompt */

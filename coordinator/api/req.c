@@ -332,8 +332,32 @@ static ecs_err_t get_logit_bias(perr_t *e, json_t *o, sampler_params_t *sp)
     return ECS_OK;
 }
 
-/* response_format: text (the default) or json_object (JSON mode: the
- * output is one JSON object, sampler.h); a schema is refused, not ignored. */
+/* json_schema: {"name", "schema", "strict", "description"}, the schema
+ * compiled (sampler.h: its subset; what is outside it is refused by name,
+ * not ignored); no schema: any object, as json_object. */
+static ecs_err_t get_json_schema(perr_t *e, json_t *rf, api_req_t *r)
+{
+    json_t *js = json_object_get(rf, "json_schema");
+    if (!js || !json_is_object(js))
+        return bad(e, ECS_ERR_INVAL, "'response_format': type 'json_schema' needs a "
+                   "'json_schema' object");
+    r->json = true;
+    json_t *sch = json_object_get(js, "schema");
+    if (!sch || json_is_null(sch))
+        return ECS_OK;
+    char *text = json_dumps(sch, JSON_ENCODE_ANY | JSON_COMPACT);
+    if (!text)
+        return bad(e, ECS_ERR_NOMEM, "out of memory");
+    const ecs_err_t rc = sampler_schema_new(text, strlen(text), &r->schema);
+    free(text);
+    if (rc != ECS_OK)
+        return bad(e, rc == ECS_ERR_NOMEM ? rc : ECS_ERR_INVAL, "'response_format': %s",
+                   ecs_errmsg());
+    return ECS_OK;
+}
+
+/* response_format: text (the default), json_object (JSON mode: the output
+ * is one JSON object, sampler.h) or json_schema. */
 static ecs_err_t get_response_format(perr_t *e, json_t *o, api_req_t *r)
 {
     json_t *v = field(o, "response_format");
@@ -348,8 +372,7 @@ static ecs_err_t get_response_format(perr_t *e, json_t *o, api_req_t *r)
         return ECS_OK;
     }
     if (!strcmp(s, "json_schema"))
-        return bad(e, ECS_ERR_UNSUPPORTED, "'response_format': type 'json_schema' is not "
-                   "supported; 'json_object' (any JSON object) and 'text' are");
+        return get_json_schema(e, v, r);
     if (strcmp(s, "text"))
         return bad(e, ECS_ERR_INVAL, "'response_format': unknown type '%.32s' (text, "
                    "json_object)", s);
@@ -461,5 +484,6 @@ void api_req_free(api_req_t *r)
     free(r->msgs);
     free(r->prompt);
     free(r->prompt_ids);
+    sampler_schema_free(r->schema);
     memset(r, 0, sizeof *r);
 }

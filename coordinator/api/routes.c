@@ -129,7 +129,7 @@ static void generate(api_conn_t *c, api_route_t route)
         return;
     }
     sched_params_t p = {.top_logprobs = q->top_logprobs, .ignore_eos = q->ignore_eos, .sp = q->sp,
-                        .json = q->json};
+                        .json = q->json, .schema = q->schema};
     if (!tokenize(c, q, &p.prompt, &p.n_prompt)) {
         job_free(srv, j);
         return;
@@ -146,8 +146,10 @@ static void generate(api_conn_t *c, api_route_t route)
              (unsigned long long)j->created, (unsigned long long)++srv->seq);
     int n_prompt = p.n_prompt;
     ecs_err_t e = sched_submit(srv->sched, &p, j, &j->r);
-    if (e == ECS_OK)
+    if (e == ECS_OK) {
         srv->n_jobs++;
+        q->schema = NULL; /* the scheduler's now */
+    }
     if (e != ECS_OK) {
         free(p.prompt);
         job_free(srv, j);

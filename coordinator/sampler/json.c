@@ -7,7 +7,7 @@
  * and cheap: ~100k tokens are tried per step, most of them refused on
  * their first byte. The state is a few bytes of plain data and allocates
  * nothing. */
-#include "coordinator/sampler/sampler.h"
+#include "coordinator/sampler/json_int.h"
 
 #include <string.h>
 
@@ -40,9 +40,26 @@ static const char *const lits[3] = {"true", "false", "null"};
 
 void sampler_json_init(sampler_json_t *j) { memset(j, 0, sizeof *j); }
 
+void sampler_json_init_schema(sampler_json_t *j, const sampler_schema_t *s)
+{
+    sampler_json_init(j);
+    j->sc = s;
+    j->vnode = s ? s->root : 0;
+}
+
 bool sampler_json_done(const sampler_json_t *j) { return j->state == J_DONE; }
 
-bool sampler_json_in_string(const sampler_json_t *j) { return j->state == J_STR; }
+static const js_node_t *node(const sampler_json_t *j, uint16_t i) { return &j->sc->nodes[i]; }
+
+/* Whether the schema checks what comes now (not inside a value it leaves
+ * free). */
+static bool tracked(const sampler_json_t *j) { return j->sc && !j->any; }
+
+bool sampler_json_in_string(const sampler_json_t *j)
+{
+    return j->state == J_STR &&
+           (!tracked(j) || (!j->key && node(j, j->cur)->kind != JK_ENUM));
+}
 
 static bool is_ws(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -56,6 +73,160 @@ static int hex_val(unsigned c)
 
 static bool top_is_array(const sampler_json_t *j) { return (j->stack >> (j->depth - 1)) & 1; }
 
+/* ---- the schema's side (no-ops without one; json_int.h) ---- */
+
+static int class_of(unsigned c)
+{
+    return c == '{' ? JC_OBJ : c == '[' ? JC_ARR : c == '"' ? JC_STR : c == 't' ? JC_TRUE
+           : c == 'f' ? JC_FALSE : c == 'n' ? JC_NULL : JC_NUM;
+}
+
+/* Candidates of set m whose text has byte c at offset off. */
+static uint64_t match(const sampler_json_t *j, uint16_t first, uint64_t m, unsigned off, unsigned c)
+{
+    uint64_t keep = 0;
+    for (; m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
+        const js_str_t *t = &j->sc->strs[first + i];
+        if (off < t->len && (unsigned char)t->text[off] == c)
+            keep |= 1ull << i;
+    }
+    return keep;
+}
+
+/* The candidate of m whose text is exactly off bytes, -1 if none. */
+static int exact(const sampler_json_t *j, uint16_t first, uint64_t m, unsigned off)
+{
+    for (; m; m &= m - 1)
+        if (j->sc->strs[first + __builtin_ctzll(m)].len == off)
+            return __builtin_ctzll(m);
+    return -1;
+}
+
+/* A value's first byte c: the node it must match (vnode's, by c's class). */
+static bool sch_value(sampler_json_t *j, unsigned c)
+{
+    if (!j->sc)
+        return true;
+    const bool container = c == '{' || c == '[';
+    if (j->any) {
+        j->any += container;
+        return true;
+    }
+    const uint16_t n = node(j, j->vnode)->alt[class_of(c)];
+    if (n == JS_NONE)
+        return false;
+    const js_node_t *nd = node(j, n);
+    j->cur = n;
+    switch (nd->kind) {
+    case JK_ANY:
+        j->any = container;
+        return true;
+    case JK_OBJECT:
+    case JK_ARRAY:
+        if (j->sdepth >= SAMPLER_SCHEMA_MAX_DEPTH)
+            return false;
+        j->fnode[j->sdepth] = n;
+        j->fseen[j->sdepth++] = 0;
+        j->vnode = nd->items; /* an array's first item */
+        return true;
+    case JK_ENUM:
+        j->cand = match(j, nd->first, nd->n >= 64 ? ~0ull : (1ull << nd->n) - 1, 0, c);
+        j->off = 1;
+        return j->cand != 0;
+    default:
+        return true;
+    }
+}
+
+/* A byte of a scalar value after its first (the closing quote included). */
+static bool sch_scalar(sampler_json_t *j, unsigned c)
+{
+    if (!tracked(j) || node(j, j->cur)->kind != JK_ENUM)
+        return true;
+    j->cand = match(j, node(j, j->cur)->first, j->cand, j->off++, c);
+    return j->cand != 0;
+}
+
+/* A scalar value complete: an enum's text must be one of its values whole. */
+static bool sch_scalar_end(const sampler_json_t *j)
+{
+    return !tracked(j) || node(j, j->cur)->kind != JK_ENUM ||
+           exact(j, node(j, j->cur)->first, j->cand, j->off) >= 0;
+}
+
+static const js_node_t *top_node(const sampler_json_t *j) { return node(j, j->fnode[j->sdepth - 1]); }
+
+/* A key's opening quote: its candidates are the properties not seen yet. */
+static bool sch_key_start(sampler_json_t *j)
+{
+    if (!tracked(j))
+        return true;
+    const js_node_t *o = top_node(j);
+    j->cand = (o->n >= 64 ? ~0ull : (1ull << o->n) - 1) & ~j->fseen[j->sdepth - 1];
+    j->off = 0;
+    j->freekey = o->extra != JS_NONE;
+    return j->cand || j->freekey;
+}
+
+static bool sch_key_byte(sampler_json_t *j, unsigned c)
+{
+    if (!tracked(j))
+        return true;
+    j->cand = match(j, top_node(j)->first, j->cand, j->off++, c);
+    return j->cand || j->freekey;
+}
+
+/* A key's closing quote: the property it names, else another property's. */
+static bool sch_key_end(sampler_json_t *j)
+{
+    if (!tracked(j))
+        return true;
+    const js_node_t *o = top_node(j);
+    const int p = exact(j, o->first, j->cand, j->off);
+    if (p >= 0) {
+        j->fseen[j->sdepth - 1] |= 1ull << p;
+        j->vnode = j->sc->strs[o->first + p].node;
+        return true;
+    }
+    j->vnode = o->extra;
+    return j->freekey;
+}
+
+/* An object's ',': only where a property may still come (else the
+ * object could only close, and the ',' would leave nothing to write). */
+static bool sch_more_keys(const sampler_json_t *j)
+{
+    if (!tracked(j))
+        return true;
+    const js_node_t *o = top_node(j);
+    const uint64_t all = o->n >= 64 ? ~0ull : (1ull << o->n) - 1;
+    return (all & ~j->fseen[j->sdepth - 1]) || o->extra != JS_NONE;
+}
+
+/* An array's ',': the next item's node. */
+static void sch_next_item(sampler_json_t *j)
+{
+    if (tracked(j))
+        j->vnode = top_node(j)->items;
+}
+
+/* A container's close: an object must hold its required properties. */
+static bool sch_close(sampler_json_t *j)
+{
+    if (!j->sc)
+        return true;
+    if (j->any) {
+        j->any--;
+        return true;
+    }
+    const js_node_t *o = top_node(j);
+    if (o->kind == JK_OBJECT && (o->required & ~j->fseen[j->sdepth - 1]))
+        return false;
+    j->sdepth--;
+    return true;
+}
+
 static void after_value(sampler_json_t *j) { j->state = j->depth ? J_NEXT : J_DONE; }
 
 static bool push(sampler_json_t *j, bool array)
@@ -68,15 +239,20 @@ static bool push(sampler_json_t *j, bool array)
     return true;
 }
 
-static void pop(sampler_json_t *j)
+static bool pop(sampler_json_t *j)
 {
+    if (!sch_close(j))
+        return false;
     j->depth--;
     after_value(j);
+    return true;
 }
 
 /* The first byte of a value (state J_VALUE or J_ARR_FIRST). */
 static bool value_start(sampler_json_t *j, unsigned c)
 {
+    if (!sch_value(j, c))
+        return false;
     switch (c) {
     case '{': return push(j, false);
     case '[': return push(j, true);
@@ -105,12 +281,17 @@ static bool feed_byte(sampler_json_t *j, unsigned c);
 static bool byte_in_string(sampler_json_t *j, unsigned c)
 {
     if (c == '"') {
-        if (j->key)
+        if (j->key) {
             j->state = J_COLON;
-        else
-            after_value(j);
+            return sch_key_end(j);
+        }
+        if (!sch_scalar(j, c) || !sch_scalar_end(j))
+            return false;
+        after_value(j);
         return true;
     }
+    if (!(j->key ? sch_key_byte(j, c) : sch_scalar(j, c)))
+        return false;
     if (c == '\\') {
         j->state = J_ESC;
         return true;
@@ -140,7 +321,13 @@ static bool byte_hex(sampler_json_t *j, unsigned c)
     if (v < 0)
         return false;
     j->hex = (uint16_t)(j->hex << 4 | (unsigned)v);
-    if (++j->aux < 4)
+    /* refused at the first digit that rules a valid escape out, never
+     * later: a prefix no digit can finish would be a dead end */
+    if (++j->aux == 1 && j->low && j->hex != 0xD)
+        return false;
+    if (j->aux == 2 && (j->hex >> 4) == 0xD && (j->low != ((j->hex & 0xF) >= 0xC)))
+        return false;
+    if (j->aux < 4)
         return true;
     const bool high = j->hex >= 0xD800 && j->hex <= 0xDBFF;
     const bool low = j->hex >= 0xDC00 && j->hex <= 0xDFFF;
@@ -160,16 +347,19 @@ static bool byte_hex(sampler_json_t *j, unsigned c)
 
 static bool number_byte(sampler_json_t *j, unsigned c, bool digits, bool dot, bool exp)
 {
+    const bool integer = tracked(j) && node(j, j->cur)->kind == JK_INTEGER;
     if (digits && c >= '0' && c <= '9')
-        return true;
-    if (dot && c == '.') {
+        return sch_scalar(j, c);
+    if (dot && c == '.' && !integer) {
         j->state = J_DOT;
-        return true;
+        return sch_scalar(j, c);
     }
-    if (exp && (c == 'e' || c == 'E')) {
+    if (exp && (c == 'e' || c == 'E') && !integer) {
         j->state = J_E;
-        return true;
+        return sch_scalar(j, c);
     }
+    if (!sch_scalar_end(j))
+        return false;
     after_value(j); /* the number ended: c follows it */
     return feed_byte(j, c);
 }
@@ -183,7 +373,7 @@ static bool feed_byte(sampler_json_t *j, unsigned c)
     case J_START:
         if (is_ws(c))
             return ws_byte(j);
-        return c == '{' && push(j, false);
+        return c == '{' && value_start(j, c);
     case J_VALUE:
         if (is_ws(c))
             return ws_byte(j);
@@ -191,24 +381,20 @@ static bool feed_byte(sampler_json_t *j, unsigned c)
     case J_ARR_FIRST:
         if (is_ws(c))
             return ws_byte(j);
-        if (c == ']') {
-            pop(j);
-            return true;
-        }
+        if (c == ']')
+            return pop(j);
         return value_start(j, c);
     case J_OBJ_FIRST:
     case J_OBJ_KEY:
         if (is_ws(c))
             return ws_byte(j);
-        if (c == '}' && j->state == J_OBJ_FIRST) {
-            pop(j);
-            return true;
-        }
+        if (c == '}' && j->state == J_OBJ_FIRST)
+            return pop(j);
         if (c != '"')
             return false;
         j->state = J_STR;
         j->key = 1;
-        return true;
+        return sch_key_start(j);
     case J_COLON:
         if (is_ws(c))
             return ws_byte(j);
@@ -221,14 +407,26 @@ static bool feed_byte(sampler_json_t *j, unsigned c)
             return ws_byte(j);
         if (c == ',') {
             j->state = top_is_array(j) ? J_VALUE : J_OBJ_KEY;
+            if (!top_is_array(j))
+                return sch_more_keys(j);
+            sch_next_item(j);
             return true;
         }
-        if (c == (top_is_array(j) ? ']' : '}')) {
-            pop(j);
-            return true;
-        }
+        if (c == (top_is_array(j) ? ']' : '}'))
+            return pop(j);
         return false;
     case J_STR: return byte_in_string(j, c);
+    case J_ESC:
+    case J_HEX:
+    case J_LOW_BS:
+    case J_LOW_U: /* an escape's bytes are the string's text too */
+        if (!(j->key ? sch_key_byte(j, c) : sch_scalar(j, c)))
+            return false;
+        break;
+    default:
+        break;
+    }
+    switch (j->state) {
     case J_ESC: return byte_escape(j, c);
     case J_HEX: return byte_hex(j, c);
     case J_LOW_BS:
@@ -241,7 +439,7 @@ static bool feed_byte(sampler_json_t *j, unsigned c)
         return c == 'u';
     case J_MINUS:
         j->state = c == '0' ? J_ZERO : J_INT;
-        return c >= '0' && c <= '9';
+        return c >= '0' && c <= '9' && sch_scalar(j, c);
     case J_ZERO: return number_byte(j, c, false, true, true);
     case J_INT: return number_byte(j, c, true, true, true);
     case J_DOT:
@@ -249,19 +447,22 @@ static bool feed_byte(sampler_json_t *j, unsigned c)
     case J_ESIGN:
         if (j->state == J_E && (c == '+' || c == '-')) {
             j->state = J_ESIGN;
-            return true;
+            return sch_scalar(j, c);
         }
         if (c < '0' || c > '9')
             return false;
         j->state = j->state == J_DOT ? J_FRAC : J_EXP;
-        return true;
+        return sch_scalar(j, c);
     case J_FRAC: return number_byte(j, c, true, false, true);
     case J_EXP: return number_byte(j, c, true, false, false);
     case J_LIT:
-        if ((unsigned char)lits[j->lit][j->aux] != c)
+        if ((unsigned char)lits[j->lit][j->aux] != c || !sch_scalar(j, c))
             return false;
-        if (lits[j->lit][++j->aux] == 0)
+        if (lits[j->lit][++j->aux] == 0) {
+            if (!sch_scalar_end(j))
+                return false;
             after_value(j);
+        }
         return true;
     default: /* J_DONE: nothing may follow */
         return false;

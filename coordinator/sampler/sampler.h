@@ -95,14 +95,41 @@ int32_t sampler_argmax(const float *l, int32_t n);
  */
 #define SAMPLER_JSON_MAX_DEPTH 64
 #define SAMPLER_JSON_MAX_WS    64
+#define SAMPLER_SCHEMA_MAX_DEPTH 8     /* objects / arrays a schema follows inside each other */
+#define SAMPLER_SCHEMA_MAX_NODES 1024
+
+/* A compiled JSON Schema (response_format json_schema): immutable, shared
+ * by every state that follows it. */
+typedef struct sampler_schema sampler_schema_t;
 
 typedef struct {
     uint64_t stack;         /* bit d: the container at depth d + 1 is an array */
     uint16_t hex;           /* a \u escape's digits so far */
     uint8_t depth, state, ws, aux, lit, key, low;
+    /* with a schema: the nodes of the containers it follows, the value
+     * expected next, the scalar being read, and a key's or an enum's
+     * candidates (64-bit sets) with the bytes matched so far */
+    const sampler_schema_t *sc;
+    uint16_t vnode, cur, off;
+    uint8_t sdepth, any, freekey;
+    uint64_t cand;
+    uint16_t fnode[SAMPLER_SCHEMA_MAX_DEPTH];
+    uint64_t fseen[SAMPLER_SCHEMA_MAX_DEPTH];
 } sampler_json_t;
 
+/* Compiles a JSON Schema (its JSON text). The subset is OpenAI structured
+ * outputs': type (one or a list), properties, required,
+ * additionalProperties, items, enum / const of scalars, anyOf / oneOf whose
+ * alternatives differ in JSON type, $ref to #, #/$defs/X, #/definitions/X
+ * (recursion too); annotations ignored. Anything else is
+ * ECS_ERR_UNSUPPORTED naming the keyword; the root must take an object.
+ * Enum and const values must appear as their compact JSON text. */
+ecs_err_t sampler_schema_new(const char *text, size_t len, sampler_schema_t **out);
+void sampler_schema_free(sampler_schema_t *s);
+
 void sampler_json_init(sampler_json_t *j);
+/* The same, for text that must also match schema s (kept, not copied). */
+void sampler_json_init_schema(sampler_json_t *j, const sampler_schema_t *s);
 /* Feeds n bytes; false: they leave no JSON object prefix (j is then
  * undefined: feed a copy). */
 bool sampler_json_feed(sampler_json_t *j, const char *b, size_t n);

@@ -164,6 +164,7 @@ static void req_free(sched_req_t *r)
     sampler_free(r->smp);
     sampler_stops_free(r->stops);
     free(r->p.prompt);
+    sampler_schema_free(r->p.schema);
     free(r->text);
     free(r->toks);
     free(r->gen);
@@ -220,6 +221,7 @@ ecs_err_t sched_submit(sched_t *s, sched_params_t *p, void *user, sched_req_t **
     }
     r->p = *p;
     p->prompt = NULL; /* ours now */
+    p->schema = NULL;
     r->user = user;
     r->s = s;
     r->slot = -1;
@@ -228,12 +230,14 @@ ecs_err_t sched_submit(sched_t *s, sched_params_t *p, void *user, sched_req_t **
     atomic_init(&r->cancel, false);
     r->t_submit = sched_now();
     tok_decoder_init(&r->dec, s->tok, false);
-    sampler_json_init(&r->json);
+    sampler_json_init_schema(&r->json, r->p.schema);
     pthread_mutex_lock(&s->mu);
     if (s->n_waiting >= s->o.max_queue || s->quit) {
         pthread_mutex_unlock(&s->mu);
         p->prompt = r->p.prompt; /* the caller keeps its prompt */
         r->p.prompt = NULL;
+        p->schema = r->p.schema;
+        r->p.schema = NULL;
         req_free(r);
         return ecs_error(ECS_ERR_NOMEM, "the server is busy: %d requests are waiting",
                          s->o.max_queue);

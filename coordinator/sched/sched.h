@@ -123,6 +123,8 @@ typedef struct {
     int top_logprobs;       /* -1: no logprobs; else 0..SCHED_MAX_TOP_LOGPROBS alternatives */
     bool json;              /* JSON mode: the output is one JSON object, and ends with it
                                (finish EOG); tokens that would break it are never drawn */
+    sampler_schema_t *schema; /* with json: the object also follows this schema; taken
+                               over by a successful sched_submit (freed by it) */
 } sched_params_t;
 
 /* A generated token as published to the owner. */

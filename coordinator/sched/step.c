@@ -155,15 +155,27 @@ static void logprobs_top(const float *l, int V, int k, sched_token_t *rec, float
  * of the turn among them: the request ends when the object does). */
 static void json_mask(const sched_t *s, const sched_req_t *r, float *l)
 {
+    /* most tokens are refused on their first byte: which bytes may come
+     * next is 256 trials, the vocabulary's first bytes then a lookup */
+    bool first_ok[256];
+    for (int b = 0; b < 256; b++) {
+        sampler_json_t t = r->json;
+        const char c = (char)b;
+        first_ok[b] = sampler_json_feed(&t, &c, 1);
+    }
     const bool in_str = sampler_json_in_string(&r->json);
     for (int32_t id = 0; id < s->n_vocab; id++) {
         const uint8_t c = s->json_tok[id];
-        if (c == SCHED_JSON_PLAIN && in_str)
-            continue;
         size_t len = 0;
         const char *b = tok_token_piece(s->tok, id, &len);
+        if (c == SCHED_JSON_NEVER || !first_ok[(unsigned char)b[0]]) {
+            l[id] = -INFINITY;
+            continue;
+        }
+        if (c == SCHED_JSON_PLAIN && in_str)
+            continue;
         sampler_json_t t = r->json;
-        if (c == SCHED_JSON_NEVER || !sampler_json_feed(&t, b, len))
+        if (!sampler_json_feed(&t, b, len))
             l[id] = -INFINITY;
     }
 }

@@ -87,9 +87,9 @@ Test(json_mode, invalid_text_is_refused_where_it_breaks)
         {"{\"a\":\"\\x\"}", 7},
         {"{\"a\":\"\\u12g4\"}", 10},
         {"{\"a\":\"\\ud800\"}", 12}, /* a high surrogate alone */
-        {"{\"a\":\"\\udc00\"}", 11}, /* a low one alone */
+        {"{\"a\":\"\\udc00\"}", 9}, /* a low one alone: refused at its c */
         {"{\"a\":\"\\ud800\\n\"}", 13},
-        {"{\"a\":\"\\ud800\\u0041\"}", 17},
+        {"{\"a\":\"\\ud800\\u0041\"}", 14},
         {"{1:2}", 1},
         {"{}}", 2},             /* nothing after the object */
         {"{} ", 2},
@@ -293,4 +293,180 @@ Test(json_mode, logit_bias_is_added_before_the_draw)
     p.bias[1] = 0;
     p.n_bias = SAMPLER_MAX_BIAS + 1;
     cr_assert_eq(sampler_new(&p, 4, &s), ECS_ERR_INVAL);
+}
+
+/* ---- JSON Schema (response_format json_schema) ---- */
+
+static sampler_schema_t *schema(const char *text)
+{
+    sampler_schema_t *s = NULL;
+    cr_assert_eq(sampler_schema_new(text, strlen(text), &s), ECS_OK, "%s: %s", text, ecs_errmsg());
+    return s;
+}
+
+/* Whether text is one complete object that s accepts, fed byte by byte
+ * (every prefix accepted on the way). */
+static bool follows(const sampler_schema_t *s, const char *text)
+{
+    sampler_json_t j;
+    sampler_json_init_schema(&j, s);
+    const size_t n = strlen(text);
+    for (size_t i = 0; i < n; i++)
+        if (!sampler_json_feed(&j, text + i, 1) || (i + 1 < n && sampler_json_done(&j)))
+            return false;
+    return sampler_json_done(&j);
+}
+
+Test(json_schema, objects_types_required_and_extra_properties)
+{
+    sampler_schema_t *s = schema(
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+        "\"age\":{\"type\":\"integer\"},\"score\":{\"type\":\"number\"},"
+        "\"ok\":{\"type\":\"boolean\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
+        "\"nick\":{\"type\":[\"string\",\"null\"]}},"
+        "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}");
+    cr_assert(follows(s, "{\"name\":\"Ada\",\"age\":36}"));
+    cr_assert(follows(s, "{ \"age\" : 36 , \"name\" : \"Ada\", \"tags\": [\"a\", \"b\"], \"nick\": null }"));
+    cr_assert(follows(s, "{\"name\":\"x\",\"age\":-1,\"score\":2.5e3,\"ok\":true,\"nick\":\"y\",\"tags\":[]}"));
+    cr_assert(!follows(s, "{\"name\":\"Ada\"}"), "a required property missing");
+    cr_assert(!follows(s, "{\"name\":\"Ada\",\"age\":36.5}"), "integer with a fraction");
+    cr_assert(!follows(s, "{\"name\":\"Ada\",\"age\":3e1}"), "integer with an exponent");
+    cr_assert(!follows(s, "{\"name\":1,\"age\":1}"), "a number for a string");
+    cr_assert(!follows(s, "{\"name\":\"a\",\"age\":1,\"x\":1}"), "an extra property");
+    cr_assert(!follows(s, "{\"name\":\"a\",\"age\":1,\"name\":\"b\"}"), "a property twice");
+    cr_assert(!follows(s, "{\"nam\":\"a\",\"age\":1}"), "a prefix of a name");
+    cr_assert(!follows(s, "{\"name\":\"a\",\"age\":1,\"tags\":[1]}"), "an item of the wrong type");
+    cr_assert(!follows(s, "{\"name\":\"a\",\"age\":1,\"ok\":null}"), "null for a boolean");
+    cr_assert(!follows(s, "[]"));
+    sampler_schema_free(s);
+    /* additionalProperties absent: other keys take any value */
+    s = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
+    cr_assert(follows(s, "{\"zz\":{\"deep\":[1,{\"x\":null}]},\"a\":2,\"b\":\"s\"}"));
+    cr_assert(!follows(s, "{\"a\":\"s\"}"));
+    sampler_schema_free(s);
+}
+
+Test(json_schema, enums_consts_unions_and_refs)
+{
+    sampler_schema_t *s = schema(
+        "{\"type\":\"object\",\"properties\":{"
+        "\"color\":{\"enum\":[\"red\",\"green\",\"re\\\"d\"]},\"n\":{\"enum\":[1,10,2.5]},"
+        "\"k\":{\"const\":\"fixed\"},\"v\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"number\"},"
+        "{\"type\":\"null\"}]},\"node\":{\"$ref\":\"#/$defs/node\"}},"
+        "\"required\":[\"color\"],\"additionalProperties\":false,"
+        "\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"kids\":{\"type\":\"array\","
+        "\"items\":{\"$ref\":\"#/$defs/node\"}}},\"additionalProperties\":false}}}");
+    cr_assert(follows(s, "{\"color\":\"green\"}"));
+    cr_assert(follows(s, "{\"color\":\"re\\\"d\",\"n\":10,\"k\":\"fixed\",\"v\":null}"));
+    cr_assert(follows(s, "{\"color\":\"red\",\"n\":2.5,\"v\":\"x\"}"));
+    cr_assert(follows(s, "{\"color\":\"red\",\"node\":{\"kids\":[{\"kids\":[]},{}]}}"));
+    cr_assert(!follows(s, "{\"color\":\"blue\"}"));
+    cr_assert(!follows(s, "{\"color\":\"gree\"}"), "a prefix of a value");
+    cr_assert(!follows(s, "{\"color\":\"greenish\"}"));
+    cr_assert(!follows(s, "{\"color\":\"red\",\"n\":100}"));
+    cr_assert(!follows(s, "{\"color\":\"red\",\"n\":2}"));
+    cr_assert(!follows(s, "{\"color\":\"red\",\"v\":true}"));
+    cr_assert(!follows(s, "{\"color\":\"red\",\"node\":{\"kids\":[{\"x\":1}]}}"));
+    sampler_schema_free(s);
+}
+
+Test(json_schema, unsupported_or_bad_schemas_are_refused_by_name)
+{
+    static const struct {
+        const char *schema, *word;
+    } bad[] = {
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":3}}}", "minLength"},
+        {"{\"type\":\"string\"}", "root"},
+        {"{\"type\":\"object\",\"required\":[\"a\"]}", "required property 'a'"},
+        {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "differ"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/nope\"}}}", "$ref"},
+        {"{\"type\":\"objekt\"}", "unknown type"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[[1]]}}}", "enum"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sampler_schema_t *s = NULL;
+        cr_assert_neq(sampler_schema_new(bad[i].schema, strlen(bad[i].schema), &s), ECS_OK, "%s",
+                      bad[i].schema);
+        cr_assert_null(s);
+        cr_assert(strstr(ecs_errmsg(), bad[i].word), "%s: '%s' lacks '%s'", bad[i].schema,
+                  ecs_errmsg(), bad[i].word);
+    }
+}
+
+Test(json_schema, free_strings_only_take_the_plain_token_shortcut)
+{
+    sampler_schema_t *s = schema("{\"type\":\"object\",\"properties\":{\"e\":{\"enum\":[\"ab\"]},"
+                                 "\"t\":{\"type\":\"string\"}},\"additionalProperties\":false}");
+    sampler_json_t j;
+    sampler_json_init_schema(&j, s);
+    cr_assert(sampler_json_feed(&j, "{\"", 2));
+    cr_assert(!sampler_json_in_string(&j), "a key is checked byte by byte");
+    cr_assert(sampler_json_feed(&j, "t\":\"", 4));
+    cr_assert(sampler_json_in_string(&j), "a free string value");
+    cr_assert(sampler_json_feed(&j, "x\",\"e\":\"", 8));
+    cr_assert(!sampler_json_in_string(&j), "an enum's string");
+    sampler_json_t t = j;
+    cr_assert(!sampler_json_feed(&t, "x", 1));
+    cr_assert(sampler_json_feed(&j, "ab\"}", 4) && sampler_json_done(&j));
+    sampler_schema_free(s);
+}
+
+/* Random walks, one byte at a time among the bytes each state takes: no
+ * reachable state may take none before the object is complete (the
+ * scheduler would find every token masked). Byte-level vocabularies hold
+ * every single byte as a token, so bytes are what matters. */
+Test(json_schema, no_dead_ends_on_random_walks)
+{
+    static const char *const schemas[] = {
+        NULL,
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"enum\":[\"x\",\"xy\",1,"
+        "true,null]}},\"required\":[\"a\"],\"additionalProperties\":false}",
+        "{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}},"
+        "\"s\":{\"type\":[\"string\",\"null\"]},\"c\":{\"const\":\"q\\\"\"}},\"additionalProperties\":false}",
+        "{\"type\":\"object\",\"properties\":{\"only\":{\"type\":\"boolean\"}},\"required\":[\"only\"],"
+        "\"additionalProperties\":false}",
+        "{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"object\","
+        "\"properties\":{\"y\":{\"type\":\"string\"}}}]}},\"additionalProperties\":{\"type\":\"integer\"}}",
+    };
+    for (size_t si = 0; si < sizeof schemas / sizeof schemas[0]; si++) {
+        sampler_schema_t *s = schemas[si] ? schema(schemas[si]) : NULL;
+        int completed = 0;
+        for (int walk = 0; walk < 300; walk++) {
+            sampler_json_t j;
+            sampler_json_init_schema(&j, s);
+            char path[1024];
+            int n = 0;
+            while (!sampler_json_done(&j) && n < (int)sizeof path - 1) {
+                unsigned char ok[256];
+                int k = 0;
+                for (int b = 0; b < 128; b++) { /* ASCII: jansson checks UTF-8, we do not */
+                    sampler_json_t t = j;
+                    const char c = (char)b;
+                    if (sampler_json_feed(&t, &c, 1))
+                        ok[k++] = (unsigned char)b;
+                }
+                path[n] = 0;
+                cr_assert(k > 0, "schema %zu: dead end after '%s'", si, path);
+                /* prefer structure over long strings so walks finish */
+                unsigned char pick = ok[rnd((unsigned)k)];
+                for (int i = 0; i < k && rnd(4) == 0; i++)
+                    if (strchr("\"}],:0123456789tfn{[", ok[i]) && ok[i])
+                        pick = ok[i];
+                path[n++] = (char)pick;
+                cr_assert(sampler_json_feed(&j, (const char *)&pick, 1));
+            }
+            completed += sampler_json_done(&j);
+            if (sampler_json_done(&j) && !schemas[si]) {
+                path[n] = 0;
+                json_error_t e;
+                json_t *v = json_loadb(path, (size_t)n, 0, &e);
+                /* numbers jansson cannot hold are still JSON */
+                cr_assert(json_is_object(v) || strstr(e.text, "overflow") ||
+                          strstr(e.text, "too big"), "'%s': %s", path, e.text);
+                json_decref(v);
+            }
+        }
+        cr_assert(completed > 0, "schema %zu: no walk completed", si);
+        sampler_schema_free(s);
+    }
 }

@@ -131,8 +131,20 @@ await check('openai: JSON mode and logit_bias through the SDK', async () => {
     streamed += ch.choices[0]?.delta?.content ?? '';
   assert.equal(streamed, r.choices[0].message.content);
   await assert.rejects(openai.chat.completions.create({ ...greedy, messages,
-    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } }),
-  (e) => e instanceof OpenAI.APIError && e.status === 400 && /json_schema/.test(e.message));
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object',
+      properties: { a: { type: 'string', format: 'email' } } } } } }),
+  (e) => e instanceof OpenAI.APIError && e.status === 400 && /keyword 'format'/.test(e.message));
+});
+
+await check('openai: structured output (json_schema) through the SDK', async () => {
+  const schema = { type: 'object', additionalProperties: false, required: ['city', 'rank'],
+    properties: { city: { enum: ['Paris', 'Rome'] }, rank: { type: 'integer' } } };
+  const r = await openai.chat.completions.create({ model, messages, max_tokens: 200, seed: 3,
+    response_format: { type: 'json_schema', json_schema: { name: 'c', schema, strict: true } } });
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  const o = JSON.parse(r.choices[0].message.content);
+  assert.deepEqual(Object.keys(o).sort(), ['city', 'rank']);
+  assert.ok(['Paris', 'Rome'].includes(o.city) && Number.isInteger(o.rank), JSON.stringify(o));
 });
 
 await check('anthropic: messages, whole', async () => {
