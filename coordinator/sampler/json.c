@@ -75,12 +75,6 @@ static bool top_is_array(const sampler_json_t *j) { return (j->stack >> (j->dept
 
 /* ---- the schema's side (no-ops without one; json_int.h) ---- */
 
-static int class_of(unsigned c)
-{
-    return c == '{' ? JC_OBJ : c == '[' ? JC_ARR : c == '"' ? JC_STR : c == 't' ? JC_TRUE
-           : c == 'f' ? JC_FALSE : c == 'n' ? JC_NULL : JC_NUM;
-}
-
 /* Candidates of set m whose text has byte c at offset off. */
 static uint64_t match(const sampler_json_t *j, uint16_t first, uint64_t m, unsigned off, unsigned c)
 {
@@ -113,7 +107,7 @@ static bool sch_value(sampler_json_t *j, unsigned c)
         j->any += container;
         return true;
     }
-    const uint16_t n = node(j, j->vnode)->alt[class_of(c)];
+    const uint16_t n = node(j, j->vnode)->alt[js_class_of(c)];
     if (n == JS_NONE)
         return false;
     const js_node_t *nd = node(j, n);

@@ -16,6 +16,12 @@
 /* A value's first byte: its class. */
 enum { JC_OBJ, JC_ARR, JC_STR, JC_NUM, JC_TRUE, JC_FALSE, JC_NULL, JC_N };
 
+static inline int js_class_of(unsigned char c)
+{
+    return c == '{' ? JC_OBJ : c == '[' ? JC_ARR : c == '"' ? JC_STR : c == 't' ? JC_TRUE
+           : c == 'f' ? JC_FALSE : c == 'n' ? JC_NULL : JC_NUM;
+}
+
 /* What a concrete node accepts. */
 enum { JK_ANY, JK_OBJECT, JK_ARRAY, JK_STRING, JK_NUMBER, JK_INTEGER, JK_BOOL, JK_NULL, JK_ENUM,
        JK_UNION };

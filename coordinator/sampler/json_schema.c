@@ -54,6 +54,15 @@ static ecs_err_t new_node(build_t *b, int kind, uint16_t *out)
     return ECS_OK;
 }
 
+/* A node that takes any value. */
+static ecs_err_t new_any(build_t *b, uint16_t *out)
+{
+    ecs_err_t rc = new_node(b, JK_ANY, out);
+    for (int c = 0; rc == ECS_OK && c < JC_N; c++)
+        b->s->nodes[*out].alt[c] = *out;
+    return rc;
+}
+
 /* A string for the tables (JSON text of a value, or a property's name as
  * it appears between quotes). */
 static ecs_err_t add_str(build_t *b, char *text, uint16_t node)
@@ -70,12 +79,6 @@ static ecs_err_t add_str(build_t *b, char *text, uint16_t node)
     s->texts[s->n_texts++] = text;
     s->strs[s->n_strs++] = (js_str_t){text, (uint16_t)len, node};
     return ECS_OK;
-}
-
-static int class_of(unsigned char c)
-{
-    return c == '{' ? JC_OBJ : c == '[' ? JC_ARR : c == '"' ? JC_STR : c == 't' ? JC_TRUE
-           : c == 'f' ? JC_FALSE : c == 'n' ? JC_NULL : JC_NUM;
 }
 
 static ecs_err_t build(build_t *b, json_t *sch, uint16_t *out);
@@ -95,7 +98,7 @@ static ecs_err_t build_enum(build_t *b, json_t *vals, uint16_t self)
         ecs_err_t rc = add_str(b, json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT), self);
         if (rc != ECS_OK)
             return rc;
-        b->s->nodes[self].alt[class_of((unsigned char)b->s->strs[b->s->n_strs - 1].text[0])] = self;
+        b->s->nodes[self].alt[js_class_of((unsigned char)b->s->strs[b->s->n_strs - 1].text[0])] = self;
     }
     b->s->nodes[self].n = (uint16_t)cnt;
     return ECS_OK;
@@ -156,10 +159,7 @@ static ecs_err_t build_object(build_t *b, json_t *sch, uint16_t self)
     if (extra && json_is_false(extra))
         return ECS_OK;
     uint16_t en;
-    ecs_err_t rc = extra && !json_is_true(extra) ? build(b, extra, &en) : new_node(b, JK_ANY, &en);
-    if (rc == ECS_OK && (!extra || json_is_true(extra)))
-        for (int c = 0; c < JC_N; c++)
-            b->s->nodes[en].alt[c] = en;
+    ecs_err_t rc = extra && !json_is_true(extra) ? build(b, extra, &en) : new_any(b, &en);
     b->s->nodes[self].extra = en;
     return rc;
 }
@@ -192,10 +192,7 @@ static ecs_err_t build_typed(build_t *b, json_t *sch, const char *t, uint16_t *o
     if (types[i].kind == JK_ARRAY) {
         json_t *items = json_object_get(sch, "items");
         uint16_t it;
-        rc = items ? build(b, items, &it) : new_node(b, JK_ANY, &it);
-        if (rc == ECS_OK && !items)
-            for (int c = 0; c < JC_N; c++)
-                b->s->nodes[it].alt[c] = it;
+        rc = items ? build(b, items, &it) : new_any(b, &it);
         b->s->nodes[*out].items = it;
     }
     return rc;
@@ -280,21 +277,13 @@ static ecs_err_t build_body(build_t *b, json_t *sch, uint16_t *out)
         return build_typed(b, sch, "object", out);
     if (json_object_get(sch, "items"))
         return build_typed(b, sch, "array", out);
-    if ((rc = new_node(b, JK_ANY, out)) != ECS_OK)
-        return rc;
-    for (int cl = 0; cl < JC_N; cl++)
-        b->s->nodes[*out].alt[cl] = *out;
-    return ECS_OK;
+    return new_any(b, out);
 }
 
 static ecs_err_t build(build_t *b, json_t *sch, uint16_t *out)
 {
-    if (json_is_true(sch)) { /* the schema that takes anything */
-        ecs_err_t rc = new_node(b, JK_ANY, out);
-        for (int c = 0; rc == ECS_OK && c < JC_N; c++)
-            b->s->nodes[*out].alt[c] = *out;
-        return rc;
-    }
+    if (json_is_true(sch)) /* the schema that takes anything */
+        return new_any(b, out);
     if (!json_is_object(sch))
         return refuse("a schema must be an object");
     json_t *ref = json_object_get(sch, "$ref");
