@@ -52,23 +52,6 @@ int sched_n_ctx(const sched_t *s)
     return s->o.n_ctx;
 }
 
-/* s->json_tok from the vocabulary (sched_int.h). */
-static void json_classify(sched_t *s)
-{
-    for (int32_t id = 0; id < s->n_vocab; id++) {
-        size_t len = 0;
-        const char *b = tok_token_piece(s->tok, id, &len);
-        const int ty = tok_token_type(s->tok, id);
-        uint8_t c = SCHED_JSON_PLAIN;
-        if (!b || !len || (ty != TOK_TYPE_NORMAL && ty != TOK_TYPE_USER_DEFINED && ty != TOK_TYPE_BYTE))
-            c = SCHED_JSON_NEVER;
-        for (size_t i = 0; i < len && c == SCHED_JSON_PLAIN; i++)
-            if (b[i] == '"' || b[i] == '\\' || (unsigned char)b[i] < 0x20)
-                c = SCHED_JSON_TRY;
-        s->json_tok[id] = c;
-    }
-}
-
 ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t **out)
 {
     *out = NULL;
@@ -124,7 +107,7 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     if (!s->logits || !s->lp_rows || !s->json_tok || !s->picks || !s->rows || !s->row_req ||
         ((o->slice_budget > 0 || o->slice_units > 0) && !s->slice_resid))
         goto nomem;
-    json_classify(s);
+    sched_json_classify(s);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->inited = true;

@@ -72,6 +72,7 @@ typedef struct sched_pick {
  * string), or to try on the request's recogniser. */
 enum { SCHED_JSON_NEVER, SCHED_JSON_PLAIN, SCHED_JSON_TRY };
 
+
 struct sched {
     model_t *m;
     const tok_t *tok;
@@ -175,5 +176,12 @@ ecs_err_t sched_kvfile_read(FILE *f, const sched_kvfile_id_t *id, sched_kvfile_p
                             int *n_loaded, int *n_skipped);
 void sched_mark_ready_locked(sched_t *s, sched_req_t *r);
 void sched_note_token_locked(sched_t *s, sched_req_t *r, double now);
+/* json_mode.c: s->json_tok from the vocabulary (at sched_new); the tokens
+ * r's recogniser refuses set to -inf in its logits row l (any thread); a
+ * drawn token fed to it (the scheduler thread), true when the object is
+ * complete */
+void sched_json_classify(sched_t *s);
+void sched_json_mask(const sched_t *s, const sched_req_t *r, float *l);
+bool sched_json_take(const sched_t *s, sched_req_t *r, int32_t id);
 
 #endif

@@ -150,44 +150,6 @@ static void logprobs_top(const float *l, int V, int k, sched_token_t *rec, float
         rec->top_id[i] = -1;
 }
 
-/* JSON mode: the tokens whose bytes would leave the text no longer the
- * start of one JSON object are masked, and so are control tokens (the end
- * of the turn among them: the request ends when the object does). */
-static void json_mask(const sched_t *s, const sched_req_t *r, float *l)
-{
-    /* most tokens are refused on their first byte: which bytes may come
-     * next is 256 trials, the vocabulary's first bytes then a lookup */
-    bool first_ok[256];
-    for (int b = 0; b < 256; b++) {
-        sampler_json_t t = r->json;
-        const char c = (char)b;
-        first_ok[b] = sampler_json_feed(&t, &c, 1);
-    }
-    const bool in_str = sampler_json_in_string(&r->json);
-    for (int32_t id = 0; id < s->n_vocab; id++) {
-        const uint8_t c = s->json_tok[id];
-        size_t len = 0;
-        const char *b = tok_token_piece(s->tok, id, &len);
-        if (c == SCHED_JSON_NEVER || !first_ok[(unsigned char)b[0]]) {
-            l[id] = -INFINITY;
-            continue;
-        }
-        if (c == SCHED_JSON_PLAIN && in_str)
-            continue;
-        sampler_json_t t = r->json;
-        if (!sampler_json_feed(&t, b, len))
-            l[id] = -INFINITY;
-    }
-}
-
-/* JSON mode: id's bytes taken; whether the object is complete. */
-static bool json_take(const sched_t *s, sched_req_t *r, int32_t id)
-{
-    size_t len = 0;
-    const char *b = tok_token_piece(s->tok, id, &len);
-    return b && sampler_json_feed(&r->json, b, len) && sampler_json_done(&r->json);
-}
-
 /* The half of a logits row's handling that touches only its request (its
  * sampler) and p: logprobs and the draw. lp: this thread's row buffer. */
 static void pick_row(const sched_t *s, sched_pick_t *p, float *lp)
@@ -200,7 +162,7 @@ static void pick_row(const sched_t *s, sched_pick_t *p, float *lp)
         logprobs_top(p->l, s->n_vocab, r->p.top_logprobs, &p->rec, &lse);
     }
     if (r->p.json) /* after the logprobs: those are the model's */
-        json_mask(s, r, p->l);
+        sched_json_mask(s, r, p->l);
     p->failed = sampler_sample(r->smp, p->l, &p->id) != ECS_OK;
     if (p->failed)
         snprintf(p->msg, sizeof p->msg, "sampling failed: %s", ecs_errmsg());
@@ -229,7 +191,7 @@ static void on_pick(sched_t *s, const sched_pick_t *p)
     r->gen[r->n_gen++] = id;
     const size_t mo = tok_decoder_max_out(s->tok);
     bool eog = !r->p.ignore_eos && tok_is_eog(s->tok, id);
-    const bool json_done = r->p.json && json_take(s, r, id);
+    const bool json_done = r->p.json && sched_json_take(s, r, id);
     bool last = eog || json_done || r->n_gen >= r->p.max_tokens;
     size_t before = r->text_len, k = 0;
     if (!eog && tok_decoder_push(&r->dec, id, r->text + r->text_len, mo, &k) == ECS_OK)
