@@ -449,16 +449,10 @@ static void q3_K_quantize(const float *x, void *blk)
 {
     ecs_block_q3_K *y = blk;
     int8_t L[QK_K];
-    float scales[16];
-    float max_scale = 0, amax = 0;
-    for (int j = 0; j < 16; j++) {
+    float scales[16], amax;
+    for (int j = 0; j < 16; j++)
         scales[j] = fit_q3(16, 4, x + 16 * j, L + 16 * j);
-        const float a = fabsf(scales[j]);
-        if (a > amax) {
-            amax = a;
-            max_scale = scales[j];
-        }
-    }
+    const float max_scale = signed_max(16, scales, &amax);
     memset(y->scales, 0, sizeof y->scales);
     if (max_scale) {
         const float iscale = -32.0f / max_scale;
@@ -560,16 +554,10 @@ static void q6_K_quantize(const float *x, void *blk)
 {
     ecs_block_q6_K *y = blk;
     int8_t L[QK_K];
-    float scales[16];
-    float max_scale = 0, max_abs_scale = 0;
-    for (int j = 0; j < 16; j++) {
+    float scales[16], max_abs_scale;
+    for (int j = 0; j < 16; j++)
         scales[j] = fit_symmetric(16, 32, x + 16 * j, L + 16 * j);
-        const float a = fabsf(scales[j]);
-        if (a > max_abs_scale) {
-            max_abs_scale = a;
-            max_scale = scales[j];
-        }
-    }
+    const float max_scale = signed_max(16, scales, &max_abs_scale);
     if (max_abs_scale < GROUP_MAX_EPS) {
         memset(y, 0, sizeof *y);
         return;

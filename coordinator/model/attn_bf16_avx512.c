@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/simd_avx512.h"
+#include "coordinator/model/attn_avx512_int.h"
 #include "coordinator/model/model_int.h"
 
 typedef ecs_bf16_t bf16;
@@ -54,37 +55,9 @@ static void load_kt(int32_t *kt, const bf16 *K, size_t ks, int dk, int t0, int n
 }
 
 #define QK_ROW(a, j) a = dp(a, k, pair(Q + (size_t)(j) * ldq + 2 * (size_t)p))
-
-/* S[j][t0 .. t0+16) = scale * Q[j] . keys, 8 queries (4 when four); Q
- * BF16 rows ldq values apart. */
-static inline __attribute__((always_inline)) void qk_block(const bf16 *Q, size_t ldq,
-                                                           const int32_t *kt, int np, float scale,
-                                                           float *S, int lds, bool four)
-{
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int p = 0; p < np; p++) {
-        const __m512i k = _mm512_load_si512(kt + (size_t)p * 16);
-        QK_ROW(a0, 0), QK_ROW(a1, 1), QK_ROW(a2, 2), QK_ROW(a3, 3);
-        if (!four)
-            QK_ROW(a4, 4), QK_ROW(a5, 5), QK_ROW(a6, 6), QK_ROW(a7, 7);
-    }
-    const __m512 sc = _mm512_set1_ps(scale);
-    const __m512 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-    for (int j = 0; j < (four ? 4 : 8); j++)
-        _mm512_storeu_ps(S + (size_t)j * lds, _mm512_mul_ps(acc[j], sc));
-}
-
-static void qk_block8(const bf16 *Q, size_t ldq, const int32_t *kt, int np, float scale, float *S,
-                      int lds)
-{
-    qk_block(Q, ldq, kt, np, scale, S, lds, false);
-}
-
-static void qk_block4(const bf16 *Q, size_t ldq, const int32_t *kt, int np, float scale, float *S,
-                      int lds)
-{
-    qk_block(Q, ldq, kt, np, scale, S, lds, true);
-}
+#define QK_KEYS(at) __m512i k = _mm512_load_si512(at)
+/* Q BF16 rows ldq values apart; np pairs of dimensions. */
+MODEL_QK_BLOCK(bf16, size_t, int32_t, QK_KEYS, QK_ROW)
 
 void model_bf16_scores(const float *Q, int nq, int ldq, const void *K, size_t ks, int dk, int dkp,
                        const int *len, int nt, float scale, float *S, int lds, float *kbuf)

@@ -272,6 +272,23 @@ enum {
 int model_kv_type_flag(const char *name);
 const char *model_kv_type_name(unsigned flags);
 
+/* The options of a model's run that ecs-run and ecs-coordinator share
+ * (opts.c): --kv-type f16|bf16|f32, --kv-f32, --repack DIR, --no-repack. */
+typedef struct {
+    unsigned kv_flag;       /* MODEL_CTX_KV_F32 / _BF16 or 0 (--kv-type) */
+    const char *repack_dir; /* --repack */
+    bool no_repack;
+} model_cli_t;
+/* An option without a value: true if opt is one of them (o updated). */
+bool model_cli_flag(model_cli_t *o, const char *opt);
+bool model_cli_takes_value(const char *opt);
+/* An option with its value v: 1 if opt is one of them and v good (o
+ * updated), 0 if opt is none of them, -1 for a bad value (message set). */
+int model_cli_opt(model_cli_t *o, const char *opt, const char *v);
+/* The decode copy's directory: NULL with --no-repack, --repack's, else
+ * krepack_default_dir's (written to buf). */
+const char *model_cli_repack_dir(const model_cli_t *o, char *buf, size_t cap);
+
 /* deepseek2 latent cache: a sequence's rows in a step attend in the expanded
  * form from this many rows on. Expanding costs about as much per cached
  * position as the absorbed form costs per query row and cached position, so

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/simd_avx512.h"
+#include "coordinator/model/attn_avx512_int.h"
 #include "coordinator/model/model_int.h"
 
 /* Round to nearest even, no exceptions (F16 conversions). */
@@ -64,37 +65,10 @@ static void load_kt(float *kt, const void *K, size_t ks, bool f16, int dk, int d
     }
 }
 
-#define QK_ROW(a, j) a = _mm512_fmadd_ps(_mm512_set1_ps(Q[(size_t)(j) * ldq + d]), k, a)
-
-/* S[j][t0 .. t0+16) = scale * Q[j] . keys, for 8 queries (or 4 when four). */
-static inline __attribute__((always_inline)) void qk_block(const float *Q, int ldq, const float *kt,
-                                                           int dkp, float scale, float *S, int lds,
-                                                           bool four)
-{
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int d = 0; d < dkp; d++) {
-        const __m512 k = _mm512_load_ps(kt + (size_t)d * 16);
-        QK_ROW(a0, 0), QK_ROW(a1, 1), QK_ROW(a2, 2), QK_ROW(a3, 3);
-        if (!four)
-            QK_ROW(a4, 4), QK_ROW(a5, 5), QK_ROW(a6, 6), QK_ROW(a7, 7);
-    }
-    const __m512 sc = _mm512_set1_ps(scale);
-    const __m512 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-    for (int j = 0; j < (four ? 4 : 8); j++)
-        _mm512_storeu_ps(S + (size_t)j * lds, _mm512_mul_ps(acc[j], sc));
-}
-
-static void qk_block8(const float *Q, int ldq, const float *kt, int dkp, float scale, float *S,
-                      int lds)
-{
-    qk_block(Q, ldq, kt, dkp, scale, S, lds, false);
-}
-
-static void qk_block4(const float *Q, int ldq, const float *kt, int dkp, float scale, float *S,
-                      int lds)
-{
-    qk_block(Q, ldq, kt, dkp, scale, S, lds, true);
-}
+#define QK_ROW(a, j) a = _mm512_fmadd_ps(_mm512_set1_ps(Q[(size_t)(j) * ldq + p]), k, a)
+#define QK_KEYS(at) __m512 k = _mm512_load_ps(at)
+/* np = dkp dimensions. */
+MODEL_QK_BLOCK(float, int, float, QK_KEYS, QK_ROW)
 
 /* Each block of 16 keys is transposed once, then every query takes one
  * broadcast FMA per dimension and no reductions. A score is the same

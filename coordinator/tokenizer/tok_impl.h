@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "tokenizer.h"
 
 /* Largest text tok_encode / tok_train_to_gguf accept; keeps every offset in
  * 32 bits and every scratch allocation proportional to a sane input. */
@@ -120,5 +121,53 @@ ecs_err_t tok_pretok_split(const tok_pretok_t *p, const char *text, size_t len, 
 struct tok;
 /* First line of the model's chat_template (for error messages), "" if none. */
 const char *tok_chat_first_line(const struct tok *t);
+
+/* ---- struct tok: filled by tok_load.c, read by tokenizer.c ---- */
+
+#define TOK_FLAG_EOG 1u
+
+typedef struct {
+    int32_t first; /* first child, -1 if none */
+    int32_t next;  /* next sibling, -1 if none */
+    int32_t tok;   /* token whose text ends here, -1 if none */
+    uint8_t byte;
+} tok_trie_node_t;
+
+struct tok {
+    int32_t n_vocab;
+    const char **text;
+    uint32_t *text_len;
+    const char **piece;
+    uint32_t *piece_len;
+    uint8_t *type;
+    uint8_t *flags;
+    uint32_t max_piece_len;
+
+    tok_strmap_t vocab;  /* text -> id, plus virtual merge strings */
+    int32_t n_virtual;
+    tok_u64map_t ranks;  /* (left id, right id) -> rank << 32 | merged id */
+    int32_t byte_tok[256];
+    tok_pretok_t *pre;
+
+    int32_t bos, eos, eot, eom, pad;
+    bool add_bos, add_eos;
+
+    tok_trie_node_t *trie;   /* special tokens matched in raw text */
+    size_t n_trie, trie_cap;
+    int32_t trie_root[256];
+
+    tok_chat_kind_t chat;
+    char chat_line[96];
+    tok_arena_t arena;
+};
+
+/* The child of trie node node on byte, -1 if none. */
+static inline int32_t tok_trie_child(const struct tok *t, int32_t node, uint8_t byte)
+{
+    for (int32_t c = t->trie[node].first; c >= 0; c = t->trie[c].next)
+        if (t->trie[c].byte == byte)
+            return c;
+    return -1;
+}
 
 #endif

@@ -312,6 +312,8 @@ typedef struct {
 
 kcpu_gemm_t kcpu_gemm_avx512(ecs_type_t wtype);
 kcpu_gemm_t kcpu_gemm_q4_K_avx512(void);
+/* Adds the row-interleaved kernels (r16, grp) of Q5_0 and Q8_0 to g. */
+void kcpu_gemm_r16_avx512(ecs_type_t wtype, kcpu_gemm_t *g);
 /* The kernels for wtype at the ISA in use (w_sb == 0: none). */
 kcpu_gemm_t kcpu_gemm(ecs_type_t wtype);
 

@@ -21,21 +21,20 @@
 #include "coordinator/model/model.h"
 #include "coordinator/sched/sched.h"
 #include "coordinator/tokenizer/tokenizer.h"
-#include "kernels/repack/repack.h"
 #include "common/mem.h"
 
 #define MAX_KEYS 256
 
 typedef struct {
-    const char *model, *http, *key_file, *model_id, *repack_dir, *cache_dir, *admin,
+    const char *model, *http, *key_file, *model_id, *cache_dir, *admin,
                *admin_key, *admin_clients;
     double grace;
     int threads, ctx, max_running, max_queue, chunk, slice_units, slice_chunk;
     double slice_budget;
-    unsigned kv_flag;
+    model_cli_t mcli; /* --kv-type, --kv-f32, --repack, --no-repack */
     size_t kv_mem, max_body, max_header;
     double read_timeout, idle_timeout;
-    bool no_repack, no_prefix_cache, print_placement;
+    bool no_prefix_cache, print_placement;
     dispatch_opts_t dispatch;
 } args_t;
 
@@ -127,14 +126,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             usage(stdout);
             exit(0);
         }
-        if (!strcmp(o, "--no-repack")) {
-            a->no_repack = true;
+        if (model_cli_flag(&a->mcli, o))
             continue;
-        }
-        if (!strcmp(o, "--kv-f32")) {
-            a->kv_flag = MODEL_CTX_KV_F32;
-            continue;
-        }
         if (!strcmp(o, "--no-prefix-cache")) {
             a->no_prefix_cache = true;
             continue;
@@ -147,23 +140,16 @@ static int parse_args(int argc, char **argv, args_t *a)
             return fail("%s needs a value (see --help)", o);
         const char *v = argv[++i];
         const int dr = dispatch_parse_opt(&a->dispatch, o, v);
-        if (dr < 0)
+        const int mr = dr ? 0 : model_cli_opt(&a->mcli, o, v);
+        if (dr < 0 || mr < 0)
             return fail("%s", ecs_errmsg());
-        if (dr > 0)
+        if (dr > 0 || mr > 0)
             continue;
         bool ok = true;
-        if (!strcmp(o, "--kv-type")) {
-            const int kvf = model_kv_type_flag(v);
-            if (kvf < 0)
-                return fail("--kv-type '%s': expected f16, bf16 or f32", v);
-            a->kv_flag = (unsigned)kvf;
-            continue;
-        }
         if (!strcmp(o, "-m")) a->model = v;
         else if (!strcmp(o, "--http")) a->http = v;
         else if (!strcmp(o, "--api-key-file")) a->key_file = v;
         else if (!strcmp(o, "--model-id")) a->model_id = v;
-        else if (!strcmp(o, "--repack")) a->repack_dir = v;
         else if (!strcmp(o, "--prefix-cache-dir")) a->cache_dir = v;
         else if (!strcmp(o, "--admin")) a->admin = v;
         else if (!strcmp(o, "--admin-key")) a->admin_key = v;
@@ -244,15 +230,6 @@ static int read_keys(const char *path, char ***out)
     return rc;
 }
 
-static const char *repack_dir(const args_t *a, char *buf, size_t cap)
-{
-    if (a->no_repack)
-        return NULL;
-    if (a->repack_dir)
-        return a->repack_dir;
-    return krepack_default_dir(buf, cap);
-}
-
 static void model_id_of(const char *path, char *out, size_t cap)
 {
     const char *b = strrchr(path, '/');
@@ -298,7 +275,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
                        .prefix_cache = !a->no_prefix_cache, .slice_budget = a->slice_budget,
                        .slice_units = a->slice_units,
                        .slice_chunk = a->slice_chunk < a->chunk ? a->slice_chunk : 0,
-                       .kv_flag = a->kv_flag};
+                       .kv_flag = a->mcli.kv_flag};
     sched_t *s = NULL;
     if (sched_new(m, tok, &so, &s) != ECS_OK)
         return fail("%s", ecs_errmsg());
@@ -392,7 +369,7 @@ int main(int argc, char **argv)
         return 2;
     char cache[4096];
     model_opts_t mo = {.n_ctx = a.ctx, .n_threads = a.threads,
-                       .repack_dir = repack_dir(&a, cache, sizeof cache),
+                       .repack_dir = model_cli_repack_dir(&a.mcli, cache, sizeof cache),
                        .experts_remote = dispatch_wanted(&a.dispatch)};
     model_t *m = NULL;
     tok_t *tok = NULL;

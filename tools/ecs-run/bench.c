@@ -318,7 +318,7 @@ int run_bench(model_t *m, model_ctx_t *c, const args_t *a, const dispatch_t *d)
     const int nth = ecs_threadpool_size(model_threadpool(m));
     printf("bench: %s  arch %s  layers %d  threads %d  ctx %d  kv %s  attention %s\n", a->model,
            hp->arch == ARCH_DEEPSEEK2 ? "deepseek2" : "qwen3moe", hp->n_layer,
-           nth, n_ctx, model_kv_type_name(a->kv_flag),
+           nth, n_ctx, model_kv_type_name(a->mcli.kv_flag),
            hp->arch != ARCH_DEEPSEEK2 ? "gqa"
            : a->expanded                   ? "mla-expanded"
            : a->absorbed                   ? "mla-latent (absorbed)"

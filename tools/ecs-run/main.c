@@ -15,7 +15,6 @@
 #include "common/cli.h"
 #include "common/threadpool.h"
 #include "coordinator/tokenizer/tokenizer.h"
-#include "kernels/repack/repack.h"
 #include "tools/ecs-run/run.h"
 #include "common/mem.h"
 
@@ -124,11 +123,11 @@ static bool takes_value(const char *o)
     static const char *const opts[] = {"-m", "-p", "-f", "-n", "--tokens", "--dump-logits",
                                        "--logits-of", "--threads", "--ctx", "--top", "--top-k",
                                        "--seed", "--temp", "--top-p", "--min-p", "--pp", "--tg", "--tg-batch",
-                                       "--reps", "--repack", "--step", "--attn-split", "--kv-type"};
+                                       "--reps", "--step", "--attn-split"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (!strcmp(o, opts[i]))
             return true;
-    return dispatch_opt_takes_value(o);
+    return dispatch_opt_takes_value(o) || model_cli_takes_value(o);
 }
 
 static int parse_args(int argc, char **argv, args_t *a)
@@ -151,11 +150,11 @@ static int parse_args(int argc, char **argv, args_t *a)
         if (!strcmp(o, "--ignore-eos")) { a->ignore_eos = true; continue; }
         if (!strcmp(o, "--mla-expanded")) { a->expanded = true; continue; }
         if (!strcmp(o, "--mla-absorbed")) { a->absorbed = true; continue; }
-        if (!strcmp(o, "--kv-f32")) { a->kv_flag = MODEL_CTX_KV_F32; continue; }
         if (!strcmp(o, "--bench")) { a->bench = true; continue; }
         if (!strcmp(o, "--profile")) { a->profile = true; continue; }
         if (!strcmp(o, "--print-placement")) { a->print_placement = true; continue; }
-        if (!strcmp(o, "--no-repack")) { a->no_repack = true; continue; }
+        if (model_cli_flag(&a->mcli, o))
+            continue;
         if (!takes_value(o))
             return run_fail("unknown option %s (see --help)", o);
         if (i + 1 >= argc)
@@ -164,9 +163,10 @@ static int parse_args(int argc, char **argv, args_t *a)
         long l;
         float f;
         const int dr = dispatch_parse_opt(&a->dispatch, o, v);
-        if (dr < 0)
+        const int mr = dr ? 0 : model_cli_opt(&a->mcli, o, v);
+        if (dr < 0 || mr < 0)
             return run_fail("%s", ecs_errmsg());
-        if (dr > 0)
+        if (dr > 0 || mr > 0)
             continue;
         if (!strcmp(o, "-m")) a->model = v;
         else if (!strcmp(o, "-p")) a->prompt = v;
@@ -174,13 +174,6 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--tokens")) a->tokens = v;
         else if (!strcmp(o, "--dump-logits")) a->dump = v;
         else if (!strcmp(o, "--logits-of")) a->logits_of = v;
-        else if (!strcmp(o, "--repack")) a->repack_dir = v;
-        else if (!strcmp(o, "--kv-type")) {
-            const int fl = model_kv_type_flag(v);
-            if (fl < 0)
-                return run_fail("--kv-type: '%s' is not f16, bf16 or f32", v);
-            a->kv_flag = (unsigned)fl;
-        }
         else if (!strcmp(o, "-n")) {
             if (!ecs_parse_long(v, 0, MODEL_MAX_CTX, &l)) return run_fail("-n: bad count '%s'", v);
             a->n_predict = (int)l;
@@ -514,16 +507,7 @@ static int cmd_generate(model_t *m, model_ctx_t *c, const args_t *a, const tok_t
 unsigned run_ctx_flags(const args_t *a)
 {
     return (a->expanded ? MODEL_CTX_MLA_EXPANDED : 0) | (a->absorbed ? MODEL_CTX_MLA_ABSORBED : 0) |
-           a->kv_flag;
-}
-
-static const char *repack_dir(const args_t *a, char *buf, size_t cap)
-{
-    if (a->no_repack)
-        return NULL;
-    if (a->repack_dir)
-        return a->repack_dir;
-    return krepack_default_dir(buf, cap);
+           a->mcli.kv_flag;
 }
 
 /* Says what became of the decode copy: made now (it took the load's time),
@@ -553,7 +537,7 @@ static int run_args(const args_t *ap)
     model_t *m;
     char cache[4096];
     model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads, .profile = a.profile,
-                         .repack_dir = repack_dir(&a, cache, sizeof cache),
+                         .repack_dir = model_cli_repack_dir(&a.mcli, cache, sizeof cache),
                          .attn_split_min = a.attn_split,
                          .experts_remote = dispatch_wanted(&a.dispatch)};
     const char *ram = getenv("ECS_REPACK_RAM"); /* bytes to assume (tests, ops) */

@@ -17,12 +17,12 @@
 #define MAX_TOP 4096
 
 typedef struct {
-    const char *model, *prompt, *prompt_file, *tokens, *dump, *logits_of, *repack_dir;
+    const char *model, *prompt, *prompt_file, *tokens, *dump, *logits_of;
     int n_predict, threads, ctx, top, pp, tg, reps, step;
     int tg_batch; /* --bench: sequences decoded together (0, 1: none) */
     bool chat, tokenize, ignore_eos, expanded, absorbed, bench, seed_given, profile;
-    unsigned kv_flag; /* MODEL_CTX_KV_F32 / _BF16 or 0 (--kv-type) */
-    bool no_repack, print_placement;
+    model_cli_t mcli; /* --kv-type, --kv-f32, --repack, --no-repack */
+    bool print_placement;
     int attn_split; /* model_opts_t.attn_split_min */
     sampler_params_t sp;
     dispatch_opts_t dispatch;
