@@ -57,8 +57,11 @@ static bool tracked(const sampler_json_t *j) { return j->sc && !j->any; }
 
 bool sampler_json_in_string(const sampler_json_t *j)
 {
+    /* free text: a value string that is not an enum's, or a key that can
+     * no longer name a listed property (an additional one: any text) */
     return j->state == J_STR &&
-           (!tracked(j) || (!j->key && node(j, j->cur)->kind != JK_ENUM));
+           (!tracked(j) || (!j->key && node(j, j->cur)->kind != JK_ENUM) ||
+            (j->key && !j->cand && j->freekey));
 }
 
 static bool is_ws(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }

@@ -23,6 +23,11 @@ echo "== bench_rtt: ExpertCall round trip through proto/mux vs raw libzmq =="
 if [ ${#quick[@]} -eq 0 ]; then
     "$(dirname "$0")/bench_workers.sh" "$build" "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 3
 fi
+# JSON mode's token mask, a decoded token's extra time (the tiny model: the
+# mask depends on the vocabulary, not on the model's size)
+if [ ${#quick[@]} -eq 0 ] && [ -f ../shared/models/tiny-ds2-q8_0.gguf ]; then
+    /usr/bin/python3 "$(dirname "$0")/bench_json_mode.py" "$build" ../shared/models/tiny-ds2-q8_0.gguf 5 128
+fi
 # serving (issue 17; tests/bench/bench_serve.py): ecs-coordinator, then each
 # llama-server built beside the project, on the same model, when it exists
 serve_model=${ECS_SERVE_MODEL:-/work/models-cache/ds2-lite-4l.gguf}

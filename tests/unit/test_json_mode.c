@@ -409,6 +409,16 @@ Test(json_schema, free_strings_only_take_the_plain_token_shortcut)
     cr_assert(!sampler_json_feed(&t, "x", 1));
     cr_assert(sampler_json_feed(&j, "ab\"}", 4) && sampler_json_done(&j));
     sampler_schema_free(s);
+    /* other properties allowed: a key is free text once no listed name fits */
+    s = schema("{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}}}");
+    sampler_json_init_schema(&j, s);
+    cr_assert(sampler_json_feed(&j, "{\"a", 3));
+    cr_assert(!sampler_json_in_string(&j), "'a' may still become 'ab'");
+    cr_assert(sampler_json_feed(&j, "x", 1));
+    cr_assert(sampler_json_in_string(&j), "'ax' is another property's name");
+    const char *rest = "\":\"v\",\"ab\":1}";
+    cr_assert(sampler_json_feed(&j, rest, strlen(rest)) && sampler_json_done(&j));
+    sampler_schema_free(s);
 }
 
 /* Random walks, one byte at a time among the bytes each state takes: no
