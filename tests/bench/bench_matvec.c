@@ -8,7 +8,10 @@
  *    arithmetic: `ecs-run --bench`'s probe of the mapped weights), the
  *    ceiling a product that only reads its weights is held to.
  * 2. Decode-shaped products (nb = 1) over weight matrices far larger than the
- *    caches: GB/s of weights read, and that as a fraction of the triad.
+ *    caches: GB/s of weights read, and that as a fraction of the triad;
+ *    and paired (the form decode reads, at 2 threads): each kernel timed
+ *    right after a triad, the median of 9 such ratios (the host's speed
+ *    moves too much for one triad at the start to stand for all).
  * 3. Batched products (nb = 8, 32), which prompt processing and batched
  *    experts use: operations per second and the cost per activation row
  *    relative to nb = 1.
@@ -22,7 +25,7 @@
  *    calls per token), back to back, after serial gaps, and with work.
  * 8. Activation quantization (Q8_0, Q8_K): ns per 256 values.
  *
- * usage: bench_matvec [--quick] [--only triad|matvec|batch|kernel|prefill|copy|pool|quant]
+ * usage: bench_matvec [--quick] [--only triad|matvec|paired|batch|kernel|prefill|copy|pool|quant]
  *   --quick: small sizes (a smoke run; the arrays then fit in the caches)
  *   --only:  one section (matvec still measures the triad it compares to) */
 #include <stdatomic.h>
@@ -313,6 +316,72 @@ static void bench_decode(ecs_threadpool_t *const *pools, const int *nths, int np
         free(act);
         free(y);
     }
+}
+
+/* ---- paired: each decode kernel against a triad run just before it ----
+ * The host's memory speed moves by up to 2x within minutes here, so a
+ * kernel's % of triad is taken per pair (triad best of reps, then the
+ * kernel best of reps) and the median over PAIRED_ROUNDS pairs printed,
+ * for the form decode reads: the interleaved copies of Q4_K, Q5_0 and
+ * Q8_0, the rows of Q6_K. */
+#define PAIRED_ROUNDS 9
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void bench_paired(ecs_threadpool_t *tp, int nth, const config_t *cfg)
+{
+    static const struct {
+        ecs_type_t type;
+        bool r16;
+    } forms[] = {{ECS_TYPE_Q4_K, true}, {ECS_TYPE_Q5_0, true}, {ECS_TYPE_Q8_0, true},
+                 {ECS_TYPE_Q6_K, false}};
+    const int64_t ncols = 4096;
+    triad_t t = {xmalloc(cfg->triad_bytes), xmalloc(cfg->triad_bytes), xmalloc(cfg->triad_bytes),
+                 cfg->triad_bytes / sizeof(double), TRIAD_INIT, 0};
+    ecs_threadpool_run(tp, triad_task, &t);
+    t.mode = TRIAD_RUN;
+    triad_run_t run = {tp, &t};
+    for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+        kcpu_mat_t w = make_matrix(forms[f].type, ncols, cfg->weight_bytes);
+        void *act = make_act(forms[f].type, ncols, 1);
+        float *y = xmalloc(sizeof(float) * (size_t)w.nrows);
+        if (forms[f].r16 && !add_r16(&w)) {
+            printf("paired  %-5s/r16: no interleaved copy for this shape\n",
+                   ecs_type_name(forms[f].type));
+        } else {
+            const size_t bytes = forms[f].r16 ? kcpu_r16_bytes(w.type, w.nrows, ncols)
+                                              : w.row_bytes * (size_t)w.nrows;
+            double ratio[PAIRED_ROUNDS], kg[PAIRED_ROUNDS], tg[PAIRED_ROUNDS];
+            for (int r = 0; r < PAIRED_ROUNDS; r++) {
+                const timing_t ttm = best_of(triad_run, &run, cfg->reps, nth);
+                const timing_t ktm = time_matmul(tp, &w, act, 1, y, cfg->reps);
+                tg[r] = 3.0 * (double)cfg->triad_bytes / ttm.wall * 1e-9;
+                kg[r] = (double)bytes / ktm.wall * 1e-9;
+                ratio[r] = kg[r] / tg[r];
+            }
+            qsort(ratio, PAIRED_ROUNDS, sizeof *ratio, cmp_double);
+            qsort(kg, PAIRED_ROUNDS, sizeof *kg, cmp_double);
+            qsort(tg, PAIRED_ROUNDS, sizeof *tg, cmp_double);
+            printf("paired  %-5s%s threads=%d  median %5.1f%% of triad (%.1f-%.1f %%, %d pairs)  "
+                   "kernel %.2f GB/s, triad %.2f GB/s (medians)\n",
+                   ecs_type_name(forms[f].type), forms[f].r16 ? "/r16" : "    ", nth,
+                   100.0 * ratio[PAIRED_ROUNDS / 2], 100.0 * ratio[0],
+                   100.0 * ratio[PAIRED_ROUNDS - 1], PAIRED_ROUNDS, kg[PAIRED_ROUNDS / 2],
+                   tg[PAIRED_ROUNDS / 2]);
+            fflush(stdout);
+        }
+        free((void *)w.data);
+        free((void *)w.r16);
+        free(act);
+        free(y);
+    }
+    free(t.a);
+    free(t.b);
+    free(t.c);
 }
 
 static void bench_batch(ecs_threadpool_t *const *pools, const int *nths, int npools,
@@ -674,7 +743,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: %s [--quick] "
-                    "[--only triad|matvec|batch|kernel|prefill|copy|pool|quant]\n",
+                    "[--only triad|matvec|paired|batch|kernel|prefill|copy|pool|quant]\n",
                     argv[0]);
             return 2;
         }
@@ -713,6 +782,8 @@ int main(int argc, char **argv)
     }
     if (wanted(only, "matvec"))
         bench_decode(pools, nths, NPOOLS, triad, read, &cfg);
+    if (wanted(only, "paired"))
+        bench_paired(pools[NPOOLS - 1], nths[NPOOLS - 1], &cfg);
     if (wanted(only, "batch"))
         bench_batch(pools, nths, NPOOLS, &cfg);
     if (wanted(only, "kernel"))
