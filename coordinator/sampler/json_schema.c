@@ -83,6 +83,23 @@ static ecs_err_t add_str(build_t *b, char *text, uint16_t node)
 
 static ecs_err_t build(build_t *b, json_t *sch, uint16_t *out);
 
+/* A scalar's JSON text as a model would write it: a real in the fewest
+ * digits that read back the same (jansson writes 0.1 as
+ * 0.10000000000000001). */
+static char *value_text(json_t *v)
+{
+    if (!json_is_real(v))
+        return json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    const double d = json_real_value(v);
+    char buf[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, d);
+        if (strtod(buf, NULL) == d)
+            break;
+    }
+    return strdup(buf);
+}
+
 /* enum / const: scalars only, each as its compact JSON text. */
 static ecs_err_t build_enum(build_t *b, json_t *vals, uint16_t self)
 {
@@ -95,7 +112,7 @@ static ecs_err_t build_enum(build_t *b, json_t *vals, uint16_t self)
         json_t *v = json_is_array(vals) ? json_array_get(vals, i) : vals;
         if (json_is_object(v) || json_is_array(v))
             return refuse("enum and const values must be strings, numbers, booleans or null");
-        ecs_err_t rc = add_str(b, json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT), self);
+        ecs_err_t rc = add_str(b, value_text(v), self);
         if (rc != ECS_OK)
             return rc;
         b->s->nodes[self].alt[js_class_of((unsigned char)b->s->strs[b->s->n_strs - 1].text[0])] = self;
@@ -286,13 +303,17 @@ static ecs_err_t build(build_t *b, json_t *sch, uint16_t *out)
         return new_any(b, out);
     if (!json_is_object(sch))
         return refuse("a schema must be an object");
-    json_t *ref = json_object_get(sch, "$ref");
-    if (ref) {
+    json_t *ref;
+    for (int hops = 0; (ref = json_object_get(sch, "$ref")); hops++) { /* a chain of them */
         if (!json_is_string(ref))
             return refuse("'$ref' must be a string");
+        if (hops == 64)
+            return refuse("a $ref chain of more than 64 (a cycle?)");
         ecs_err_t rc = resolve_ref(b, json_string_value(ref), &sch);
         if (rc != ECS_OK)
             return rc;
+        if (!json_is_object(sch))
+            return refuse("a $ref to something other than a schema object");
     }
     for (int i = 0; i < b->n_memo; i++) /* a $ref's target, or a recursion */
         if (b->memo_key[i] == sch) {

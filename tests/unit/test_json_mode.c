@@ -350,7 +350,7 @@ Test(json_schema, enums_consts_unions_and_refs)
 {
     sampler_schema_t *s = schema(
         "{\"type\":\"object\",\"properties\":{"
-        "\"color\":{\"enum\":[\"red\",\"green\",\"re\\\"d\"]},\"n\":{\"enum\":[1,10,2.5]},"
+        "\"color\":{\"enum\":[\"red\",\"green\",\"re\\\"d\"]},\"n\":{\"enum\":[1,10,2.5,0.1,-1e-7]},"
         "\"k\":{\"const\":\"fixed\"},\"v\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"number\"},"
         "{\"type\":\"null\"}]},\"node\":{\"$ref\":\"#/$defs/node\"}},"
         "\"required\":[\"color\"],\"additionalProperties\":false,"
@@ -359,6 +359,8 @@ Test(json_schema, enums_consts_unions_and_refs)
     cr_assert(follows(s, "{\"color\":\"green\"}"));
     cr_assert(follows(s, "{\"color\":\"re\\\"d\",\"n\":10,\"k\":\"fixed\",\"v\":null}"));
     cr_assert(follows(s, "{\"color\":\"red\",\"n\":2.5,\"v\":\"x\"}"));
+    cr_assert(follows(s, "{\"color\":\"red\",\"n\":0.1}"), "a real as written, not %.17g");
+    cr_assert(follows(s, "{\"color\":\"red\",\"n\":-1e-07}"));
     cr_assert(follows(s, "{\"color\":\"red\",\"node\":{\"kids\":[{\"kids\":[]},{}]}}"));
     cr_assert(!follows(s, "{\"color\":\"blue\"}"));
     cr_assert(!follows(s, "{\"color\":\"gree\"}"), "a prefix of a value");
@@ -368,6 +370,17 @@ Test(json_schema, enums_consts_unions_and_refs)
     cr_assert(!follows(s, "{\"color\":\"red\",\"v\":true}"));
     cr_assert(!follows(s, "{\"color\":\"red\",\"node\":{\"kids\":[{\"x\":1}]}}"));
     sampler_schema_free(s);
+    /* a $ref to a $ref is followed to the schema it names */
+    s = schema("{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#/$defs/a\"}},"
+               "\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"type\":\"string\"}}}");
+    cr_assert(follows(s, "{\"x\":\"s\"}"));
+    cr_assert(!follows(s, "{\"x\":1}"));
+    sampler_schema_free(s);
+    sampler_schema_t *bad = NULL;
+    const char *cyc = "{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#/$defs/a\"}},"
+                      "\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}}}";
+    cr_assert_eq(sampler_schema_new(cyc, strlen(cyc), &bad), ECS_ERR_UNSUPPORTED);
+    cr_assert(strstr(ecs_errmsg(), "cycle"), "%s", ecs_errmsg());
 }
 
 Test(json_schema, unsupported_or_bad_schemas_are_refused_by_name)
