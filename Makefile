@@ -181,10 +181,10 @@ build/fuzz/fuzz_api_req: tests/fuzz/fuzz_api_req.c $(FUZZ_API_SRC) $(COMMON_SRC)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o $@ $< \
 	  $(FUZZ_API_SRC) $(COMMON_SRC) -ljansson -lhttp_parser -lm -lpthread
 # JSON mode's recogniser against jansson
-build/fuzz/fuzz_json_mode: tests/fuzz/fuzz_json_mode.c coordinator/sampler/json.c coordinator/sampler/sampler.h
+build/fuzz/fuzz_json_mode: tests/fuzz/fuzz_json_mode.c coordinator/sampler/json.c coordinator/sampler/json_schema.c coordinator/sampler/sampler.h coordinator/sampler/json_int.h
 	@mkdir -p $(dir $@)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o $@ $< \
-	  coordinator/sampler/json.c -ljansson
+	  coordinator/sampler/json.c coordinator/sampler/json_schema.c $(COMMON_SRC) -ljansson -lm -lpthread
 # the reader of the prefix cache's file (--prefix-cache-dir): the format
 # alone, no model
 FUZZ_KVB_SRC = coordinator/sched/kvfile.c coordinator/kvcache/kvcache.c

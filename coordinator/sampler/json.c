@@ -61,7 +61,7 @@ bool sampler_json_in_string(const sampler_json_t *j)
      * no longer name a listed property (an additional one: any text) */
     return j->state == J_STR &&
            (!tracked(j) || (!j->key && node(j, j->cur)->kind != JK_ENUM) ||
-            (j->key && !j->cand && j->freekey));
+            (j->key && !j->cand && !j->dup && j->freekey));
 }
 
 static bool is_ws(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -160,7 +160,9 @@ static bool sch_key_start(sampler_json_t *j)
     if (!tracked(j))
         return true;
     const js_node_t *o = top_node(j);
-    j->cand = (o->n >= 64 ? ~0ull : (1ull << o->n) - 1) & ~j->fseen[j->sdepth - 1];
+    const uint64_t all = o->n >= 64 ? ~0ull : (1ull << o->n) - 1;
+    j->cand = all & ~j->fseen[j->sdepth - 1];
+    j->dup = o->extra != JS_NONE ? j->fseen[j->sdepth - 1] : 0; /* another name may not repeat one */
     j->off = 0;
     j->freekey = o->extra != JS_NONE;
     return j->cand || j->freekey;
@@ -170,6 +172,7 @@ static bool sch_key_byte(sampler_json_t *j, unsigned c)
 {
     if (!tracked(j))
         return true;
+    j->dup = match(j, top_node(j)->first, j->dup, j->off, c);
     j->cand = match(j, top_node(j)->first, j->cand, j->off++, c);
     return j->cand || j->freekey;
 }
@@ -187,7 +190,7 @@ static bool sch_key_end(sampler_json_t *j)
         return true;
     }
     j->vnode = o->extra;
-    return j->freekey;
+    return j->freekey && exact(j, o->first, j->dup, j->off) < 0;
 }
 
 /* An object's ',': only where a property may still come (else the

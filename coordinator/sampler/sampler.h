@@ -112,7 +112,7 @@ typedef struct {
     const sampler_schema_t *sc;
     uint16_t vnode, cur, off;
     uint8_t sdepth, any, freekey;
-    uint64_t cand;
+    uint64_t cand, dup;     /* dup: a free key's seen properties it may still repeat */
     uint16_t fnode[SAMPLER_SCHEMA_MAX_DEPTH];
     uint64_t fseen[SAMPLER_SCHEMA_MAX_DEPTH];
 } sampler_json_t;

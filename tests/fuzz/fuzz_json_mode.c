@@ -1,6 +1,7 @@
 /* fuzz_json_mode.c - libFuzzer target for JSON mode's recogniser
- * (sampler_json_*): the input fed whole and in pieces (cut where its first
- * byte says) must get the same verdict, and on ASCII input the verdict
+ * (sampler_json_*), plain and following a schema: the input fed whole and
+ * in pieces (cut where its first byte says) must get the same verdict, a
+ * schema may only refuse more than plain JSON mode, and on ASCII input the verdict
  * must agree with jansson's on whether the text is one JSON object (the
  * recogniser's own bounds, whitespace runs and depth, and integers too big
  * for jansson excepted, in the direction they excuse). */
@@ -11,10 +12,26 @@
 
 #include "coordinator/sampler/sampler.h"
 
-static bool ours(const uint8_t *d, size_t n, size_t cut)
+/* A schema with most of the subset in it; its verdicts must be a subset of
+ * plain JSON mode's. */
+static const char schema_text[] =
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+    "\"b\":{\"enum\":[\"x\",\"xy\",1.5,true,null]},\"c\":{\"type\":\"array\","
+    "\"items\":{\"$ref\":\"#\"}},\"d\":{\"anyOf\":[{\"type\":\"string\"},"
+    "{\"type\":\"number\"}]}},\"required\":[\"a\"],\"additionalProperties\":{\"type\":\"boolean\"}}";
+
+static const sampler_schema_t *the_schema(void)
+{
+    static sampler_schema_t *s;
+    if (!s && sampler_schema_new(schema_text, sizeof schema_text - 1, &s) != ECS_OK)
+        abort();
+    return s;
+}
+
+static bool ours_with(const sampler_schema_t *sc, const uint8_t *d, size_t n, size_t cut)
 {
     sampler_json_t j;
-    sampler_json_init(&j);
+    sampler_json_init_schema(&j, sc);
     for (size_t i = 0; i < n; i += cut) {
         const size_t k = n - i < cut ? n - i : cut;
         /* complete before the end: the rest is refused */
@@ -23,6 +40,8 @@ static bool ours(const uint8_t *d, size_t n, size_t cut)
     }
     return sampler_json_done(&j);
 }
+
+static bool ours(const uint8_t *d, size_t n, size_t cut) { return ours_with(NULL, d, n, cut); }
 
 /* What the recogniser may refuse that jansson takes. */
 static bool beyond_bounds(const uint8_t *d, size_t n)
@@ -49,6 +68,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const bool whole = ours(d, n, n ? n : 1);
     if (ours(d, n, cut) != whole)
         abort();
+    const bool sch = ours_with(the_schema(), d, n, n ? n : 1);
+    if (ours_with(the_schema(), d, n, cut) != sch || (sch && !whole))
+        abort(); /* pieces change nothing; the schema only narrows */
     for (size_t i = 0; i < n; i++)
         if (d[i] >= 0x80 || d[i] == 0)
             return 0; /* UTF-8 is the detokenizer's business, not the recogniser's;

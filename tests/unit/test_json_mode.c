@@ -343,6 +343,8 @@ Test(json_schema, objects_types_required_and_extra_properties)
     s = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
     cr_assert(follows(s, "{\"zz\":{\"deep\":[1,{\"x\":null}]},\"a\":2,\"b\":\"s\"}"));
     cr_assert(!follows(s, "{\"a\":\"s\"}"));
+    cr_assert(!follows(s, "{\"a\":1,\"a\":\"s\"}"), "a listed property again as another");
+    cr_assert(follows(s, "{\"a\":1,\"aa\":\"s\"}"));
     sampler_schema_free(s);
 }
 
