@@ -15,7 +15,7 @@
 #define QWEN_Q8 "../shared/models/tiny-qwen3moe-q8_0.gguf"
 
 /* The english_sentence prompt of the reference files plus a few ids (as
- * test_model.c's). */
+ * model_fixture.h's). */
 static const int32_t PROMPT[] = {100000, 549, 3399, 10176, 32431, 33747, 855, 254, 24547, 5025,
                                  3345, 254, 7257, 8144, 6185, 13, 82987, 32840, 94838, 62990};
 #define N_PROMPT ((int)(sizeof PROMPT / sizeof PROMPT[0]))
