@@ -1,12 +1,16 @@
 /* json.c - JSON mode's recogniser (sampler.h, response_format
- * {"type": "json_object"}): a pushdown automaton over bytes that accepts
- * exactly the prefixes of one RFC 8259 object. The scheduler tries each
- * token's bytes on a copy of a request's state and masks the tokens that
- * fail, so the recogniser must be exact (a prefix it wrongly refuses can
- * leave nothing to sample; one it wrongly accepts ends in invalid JSON)
- * and cheap: ~100k tokens are tried per step, most of them refused on
- * their first byte. The state is a few bytes of plain data and allocates
- * nothing. */
+ * json_object and json_schema): a pushdown automaton over bytes that
+ * accepts exactly the prefixes of one RFC 8259 object, and, with a schema
+ * (json_schema.c's node table), only those the schema allows: hooks at a
+ * value's first byte, a key's bytes, a scalar's bytes and a container's
+ * close narrow the syntax's verdict. The scheduler tries each token's
+ * bytes on a copy of a request's state and masks the tokens that fail, so
+ * the recogniser must be exact (a prefix it wrongly refuses can leave
+ * nothing to sample; one it wrongly accepts ends in invalid JSON), every
+ * state it can reach must take some byte (no dead ends: a refusal comes
+ * at the first byte that rules a text out), and it must be cheap: ~100k
+ * tokens are tried a step. The state is ~150 bytes of plain data and
+ * allocates nothing. */
 #include "coordinator/sampler/json_int.h"
 
 #include <string.h>
