@@ -124,8 +124,13 @@ ecs_err_t dispatch_spawn_one(dispatch_t *d, int i)
     if (pid < 0)
         return ecs_error(ECS_ERR_IO, "dispatch: fork: %s", strerror(errno));
     if (pid == 0) {
-        /* the worker goes when this process goes, however it goes */
+        /* the worker goes when this process goes, however it goes; and in
+         * a process group of its own, so a terminal's Ctrl-C reaches only
+         * the coordinator, which drains and then stops its workers (the
+         * group's SIGINT killed them mid-drain, and the supervisor set out
+         * to restart them) */
         prctl(PR_SET_PDEATHSIG, SIGTERM);
+        setpgid(0, 0);
         if (getppid() != parent)
             _exit(127);
         execv(bin, (char *const *)argv);

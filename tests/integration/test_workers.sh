@@ -11,7 +11,8 @@
 # micro-batches in ping-pong (--micro-batches) give the same logits and
 # text, and the option is refused without workers; replicated workers take
 # a decode call whole to one replica with all the cores, and a worker
-# refuses a call for more threads than it has.
+# refuses a call for more threads than it has; a terminal's Ctrl-C (SIGINT
+# to the process group) drains the coordinator, which stops its workers.
 # The layouts run on the same-host shared-memory plane (the default,
 # --data-plane auto, docs/protocol.md), some on ZeroMQ only
 # (--data-plane zmq) too; a worker that reports another host name, or
@@ -361,6 +362,25 @@ else
     bad "budget refusal message: $(tail -3 "$tmp/budget.err")"
 fi
 [ -e "$tmp/x.json" ] && bad "a failed run left its output file"
+
+# Ctrl-C at a terminal signals the whole foreground process group: only the
+# coordinator may act on it (drain, then stop its workers); workers that
+# took it too died mid-drain and the supervisor set out to restart them
+port=$($py -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+setsid "$build/bin/ecs-coordinator" -m "$ds2" --http "127.0.0.1:$port" --threads 1 --spawn-workers 2 \
+    >"$tmp/sigint.log" 2>&1 &
+cpid=$!
+pids+=("$cpid")
+for _ in $(seq 200); do curl -fs "http://127.0.0.1:$port/ready" >/dev/null 2>&1 && break; sleep 0.1; done
+kill -INT -- "-$cpid" # its group, as a terminal does
+wait "$cpid"
+rc=$?
+if [ "$rc" -eq 0 ] && grep -q "shutting down" "$tmp/sigint.log" &&
+   ! grep -qE "declared dead|restarting worker" "$tmp/sigint.log"; then
+    ok "SIGINT to the coordinator's process group: it drains and stops its workers, none restarted"
+else
+    bad "SIGINT to the group: exit $rc, $(grep -E 'dead|restarting|shutting' "$tmp/sigint.log" | head -3 | tr '\n' ' ')"
+fi
 
 # 5. nothing left behind
 sleep 0.2
