@@ -375,7 +375,7 @@ static ecs_err_t get_response_format(perr_t *e, json_t *o, api_req_t *r)
         return get_json_schema(e, v, r);
     if (strcmp(s, "text"))
         return bad(e, ECS_ERR_INVAL, "'response_format': unknown type '%.32s' (text, "
-                   "json_object)", s);
+                   "json_object, json_schema)", s);
     return ECS_OK;
 }
 
