@@ -59,13 +59,21 @@ static const js_node_t *node(const sampler_json_t *j, uint16_t i) { return &j->s
  * free). */
 static bool tracked(const sampler_json_t *j) { return j->sc && !j->any; }
 
+static const js_node_t *top_node(const sampler_json_t *j) { return node(j, j->fnode[j->sdepth - 1]); }
+
+/* Whether the object being read takes properties it does not list. */
+static bool free_keys(const sampler_json_t *j) { return top_node(j)->extra != JS_NONE; }
+
+/* Every one of a node's properties or values, as a candidate set. */
+static uint64_t all_of(const js_node_t *n) { return n->n >= 64 ? ~0ull : (1ull << n->n) - 1; }
+
 bool sampler_json_in_string(const sampler_json_t *j)
 {
     /* free text: a value string that is not an enum's, or a key that can
      * no longer name a listed property (an additional one: any text) */
     return j->state == J_STR &&
            (!tracked(j) || (!j->key && node(j, j->cur)->kind != JK_ENUM) ||
-            (j->key && !j->cand && !j->dup && j->freekey));
+            (j->key && !j->cand && !j->dup && free_keys(j)));
 }
 
 static bool is_ws(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -132,7 +140,7 @@ static bool sch_value(sampler_json_t *j, unsigned c)
         j->vnode = nd->items; /* an array's first item */
         return true;
     case JK_ENUM:
-        j->cand = match(j, nd->first, nd->n >= 64 ? ~0ull : (1ull << nd->n) - 1, 0, c);
+        j->cand = match(j, nd->first, all_of(nd), 0, c);
         j->off = 1;
         return j->cand != 0;
     default:
@@ -156,20 +164,15 @@ static bool sch_scalar_end(const sampler_json_t *j)
            exact(j, node(j, j->cur)->first, j->cand, j->off) >= 0;
 }
 
-static const js_node_t *top_node(const sampler_json_t *j) { return node(j, j->fnode[j->sdepth - 1]); }
-
 /* A key's opening quote: its candidates are the properties not seen yet. */
 static bool sch_key_start(sampler_json_t *j)
 {
     if (!tracked(j))
         return true;
-    const js_node_t *o = top_node(j);
-    const uint64_t all = o->n >= 64 ? ~0ull : (1ull << o->n) - 1;
-    j->cand = all & ~j->fseen[j->sdepth - 1];
-    j->dup = o->extra != JS_NONE ? j->fseen[j->sdepth - 1] : 0; /* another name may not repeat one */
+    j->cand = all_of(top_node(j)) & ~j->fseen[j->sdepth - 1];
+    j->dup = free_keys(j) ? j->fseen[j->sdepth - 1] : 0; /* another name may not repeat one */
     j->off = 0;
-    j->freekey = o->extra != JS_NONE;
-    return j->cand || j->freekey;
+    return j->cand || free_keys(j);
 }
 
 static bool sch_key_byte(sampler_json_t *j, unsigned c)
@@ -178,7 +181,7 @@ static bool sch_key_byte(sampler_json_t *j, unsigned c)
         return true;
     j->dup = match(j, top_node(j)->first, j->dup, j->off, c);
     j->cand = match(j, top_node(j)->first, j->cand, j->off++, c);
-    return j->cand || j->freekey;
+    return j->cand || free_keys(j);
 }
 
 /* A key's closing quote: the property it names, else another property's. */
@@ -194,7 +197,7 @@ static bool sch_key_end(sampler_json_t *j)
         return true;
     }
     j->vnode = o->extra;
-    return j->freekey && exact(j, o->first, j->dup, j->off) < 0;
+    return free_keys(j) && exact(j, o->first, j->dup, j->off) < 0;
 }
 
 /* An object's ',': only where a property may still come (else the
@@ -203,9 +206,7 @@ static bool sch_more_keys(const sampler_json_t *j)
 {
     if (!tracked(j))
         return true;
-    const js_node_t *o = top_node(j);
-    const uint64_t all = o->n >= 64 ? ~0ull : (1ull << o->n) - 1;
-    return (all & ~j->fseen[j->sdepth - 1]) || o->extra != JS_NONE;
+    return (all_of(top_node(j)) & ~j->fseen[j->sdepth - 1]) || free_keys(j);
 }
 
 /* An array's ',': the next item's node. */

@@ -111,7 +111,7 @@ typedef struct {
      * candidates (64-bit sets) with the bytes matched so far */
     const sampler_schema_t *sc;
     uint16_t vnode, cur, off;
-    uint8_t sdepth, any, freekey;
+    uint8_t sdepth, any;
     uint64_t cand, dup;     /* dup: a free key's seen properties it may still repeat */
     uint16_t fnode[SAMPLER_SCHEMA_MAX_DEPTH];
     uint64_t fseen[SAMPLER_SCHEMA_MAX_DEPTH];
