@@ -80,8 +80,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const bool theirs = v && json_is_object(v);
     json_decref(v);
     /* numbers jansson cannot hold ("too big integer", "real number
-     * overflow") are still JSON */
-    if (whole && !theirs && !strstr(e.text, "too big") && !strstr(e.text, "overflow"))
+     * overflow") and a \u0000 in a key ("NUL byte in object key not
+     * supported") are still JSON */
+    if (whole && !theirs && !strstr(e.text, "too big") && !strstr(e.text, "overflow") &&
+        !strstr(e.text, "NUL byte"))
         abort();
     /* jansson takes whitespace after the object; the request ends before */
     size_t m = n;
