@@ -9,7 +9,7 @@
 # common <- kernels): tools/ecs-worker links worker, proto, kernels and
 # common only, and tests/integration/test_deps.sh checks with nm that it
 # (and build/deps/moe_only, kernels + common) holds no coordinator symbol.
-# SIMD files are chosen by suffix: *_avx2.c and *_avx512.c get their ISA's
+# SIMD files are chosen by suffix: *_avx2.c, *_avx512.c and *_amx.c get their ISA's
 # flags; nothing else is built with -m flags, so one binary runs on any
 # x86-64 and picks its kernels at run time.
 
@@ -28,6 +28,7 @@ CFLAGS  = $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 LDLIBS  = -lpcre2-8 -lev -lhttp_parser -ljansson -lprotobuf-c -lzmq -lm -lpthread -ldl
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16
+AMX_FLAGS    = $(AVX512_FLAGS) -mamx-tile -mamx-bf16
 
 COMMON_SRC  = $(wildcard common/*.c)
 # kernels/cuda/ holds .cu files only: built into libecs_cuda.so below
@@ -93,6 +94,9 @@ $(BUILD)/obj/%_avx2.o: %_avx2.c
 $(BUILD)/obj/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/obj/%_amx.o: %_amx.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AMX_FLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@

@@ -390,6 +390,37 @@ static float *blk_o(const split_t *sp, int b)
     return sp->O + (size_t)b * ws->att_qmax * (ws->dvp + 2);
 }
 
+bool model_attn_amx(const model_t *m)
+{
+    const arch_hparams_t *hp = &m->hp;
+    return hp->arch == ARCH_DEEPSEEK2 && !m->opts.no_amx && hp->rope.n_rot % 2 == 0 &&
+           hp->kv_lora_rank % 64 == 0 && model_cpu_amx();
+}
+
+/* split_block on the tile unit: scores run by run, the block's softmax,
+ * then one P.V over all its runs (its staging is per call). */
+static void split_block_amx(const split_t *sp, int t0, int end, float *S, int lds, float *kbuf,
+                            float *O, float *mx, float *sum, int ith)
+{
+    const attn_run_t *a = sp->a;
+    const model_ws_t *ws = &a->m->ws;
+    const size_t elt = sizeof(ecs_bf16_t);
+    const void *vr[MODEL_SPLIT_KEYS / MODEL_KV_BLOCK + 1];
+    int rn[MODEL_SPLIT_KEYS / MODEL_KV_BLOCK + 1], nrun = 0, len[MODEL_ATT_QMAX], run;
+    const char *kr, *v;
+    for (int t = t0; t < end; t += run, nrun++) {
+        kv_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t, end, &kr, &v, &run);
+        prefetch_next_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t + run, end, a->dk);
+        model_amx_scores(sp->QT, sp->nq, kr, sp->kv.k_row, a->dk, run, a->m->hp.kq_scale,
+                         S + (t - t0), lds, kbuf);
+        vr[nrun] = v, rn[nrun] = run;
+    }
+    run_len(sp->len, sp->nqp, t0, end - t0, len);
+    model_simd()->softmax(S, sp->nqp, lds, len, end - t0, MODEL_KV_BF16, mx, sum);
+    model_amx_pv(S, sp->nq, lds, vr, rn, nrun, sp->kv.v_row, a->dv, O, ws->dvp,
+                 ws->amx_stage + (size_t)ith * ws->amx_stride);
+}
+
 static void split_block(void *arg, int item, int ith)
 {
     const split_t *sp = arg;
@@ -405,6 +436,10 @@ static void split_block(void *arg, int item, int ith)
     float *O = blk_o(sp, item), *mx = O + (size_t)ws->att_qmax * ws->dvp, *sum = mx + ws->att_qmax;
     /* rows a little over the block: 16 rows 1 KB apart would share L1 sets */
     const int lds = ws->t_pad < MODEL_SPLIT_KEYS + 16 ? ws->t_pad : MODEL_SPLIT_KEYS + 16;
+    if (kt == MODEL_KV_BF16 && ws->amx_stride) {
+        split_block_amx(sp, t0, end, S, lds, kbuf, O, mx, sum, ith);
+        return;
+    }
     /* per contiguous run of KV blocks inside the item: a score is one
      * query's product with one key, the same however the keys are cut */
     const char *kr, *vr;

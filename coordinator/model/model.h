@@ -101,6 +101,11 @@ typedef struct {
      * the cache once instead of once per group of heads. 0: 512; < 0:
      * never (tests use 1 to cover the split on short contexts). */
     int attn_split_min;
+    /* The decode key split's products on the tile unit (AMX-BF16) where
+     * the CPU has it and the cache is BF16 (attn_amx.c): results within
+     * rounding of the vector kernels', not their bits. true: never
+     * (--no-amx, to compare). */
+    bool no_amx;
     /* The routed experts run in workers (coordinator/dispatch): the decode
      * copy leaves them out (its own file, <gguf>.coord.r16) and nothing here
      * reads their bytes, so a coordinator holds attention, shared experts
@@ -273,11 +278,13 @@ int model_kv_type_flag(const char *name);
 const char *model_kv_type_name(unsigned flags);
 
 /* The options of a model's run that ecs-run and ecs-coordinator share
- * (opts.c): --kv-type f16|bf16|f32, --kv-f32, --repack DIR, --no-repack. */
+ * (opts.c): --kv-type f16|bf16|f32, --kv-f32, --repack DIR, --no-repack,
+ * --no-amx. */
 typedef struct {
     unsigned kv_flag;       /* MODEL_CTX_KV_F32 / _BF16 or 0 (--kv-type) */
     const char *repack_dir; /* --repack */
     bool no_repack;
+    bool no_amx;            /* --no-amx (model_opts_t.no_amx) */
 } model_cli_t;
 /* An option without a value: true if opt is one of them (o updated). */
 bool model_cli_flag(model_cli_t *o, const char *opt);

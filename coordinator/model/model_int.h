@@ -111,6 +111,29 @@ void model_bf16_scores_t(const float *QT, int nq, const void *K, size_t ks, int 
 void model_bf16_pv(const float *P, int nq, int ldp, const void *V, size_t vs, int dv,
                    const int *len, float *O, int ldo, bool acc);
 
+/* Whether this CPU has AMX-BF16 and the kernel lets the process use its
+ * tiles (asked once, arch_prctl), with AVX-512 BF16 (model_cpu_bf16). */
+bool model_cpu_amx(void);
+/* Whether m's decode key split runs on the tile unit for BF16 caches
+ * (attn.c): deepseek2, model_cpu_amx(), not opts.no_amx, shapes the tiles
+ * take. */
+bool model_attn_amx(const model_t *m);
+/* attn_amx.c: the decode key split's block on a BF16 cache with AMX (only
+ * where model_cpu_amx(); dk even, dv a multiple of 64). model_amx_scores:
+ * model_simd_t.scores_t's contract (QT's
+ * groups zero past the dk / 2 pairs, as a whole group, and dk >= 32), each score the tile unit's sum (within
+ * rounding of scores_t's, not its bits). model_amx_pv: O[j][d] = sum_t
+ * P[j][t] V[t][d] for j < nq rounded up to 16 (rows past nq zero, O holds
+ * them), d < dv, over the keys of nrun runs (run r: rn[r] rows at vr[r], vs
+ * elements apart; every run but the last an even count), O overwritten;
+ * P rows ldp floats apart, BF16 values as model_simd_t.softmax leaves them;
+ * stage: model_amx_pv_stage(nq, keys, dv) bytes, 64-byte aligned. */
+void model_amx_scores(const float *QT, int nq, const void *K, size_t ks, int dk, int nt,
+                      float scale, float *S, int lds, float *kbuf);
+void model_amx_pv(const float *P, int nq, int ldp, const void *const *vr, const int *rn, int nrun,
+                  size_t vs, int dv, float *O, int ldo, void *stage);
+size_t model_amx_pv_stage(int nq, int nt, int dv);
+
 /* The packed Q8_0 layout of W_kT (short rows: 128 values in ds2): groups of
  * MODEL_Q8P_ROWS rows; per group and block, the rows' F16 scales, then the
  * levels plus 128 (unsigned, for VNNI) four at a time: 4 of row 0, 4 of
@@ -194,6 +217,8 @@ typedef struct {
     int dkp, dvp;    /* widest key / value rows, padded to 16 */
     int t_pad;       /* n_ctx padded to 16 */
     float *split_o;  /* the decode key split's per-block outputs (attn.c) */
+    char *amx_stage; /* per thread amx_stride bytes: model_amx_pv's staging */
+    size_t amx_stride;
 } model_ws_t;
 
 /* deepseek2 latent attention: W_k of W_kv_b transposed per head, so that

@@ -13,6 +13,8 @@ bool model_cli_flag(model_cli_t *o, const char *opt)
         o->kv_flag = MODEL_CTX_KV_F32;
     else if (!strcmp(opt, "--no-repack"))
         o->no_repack = true;
+    else if (!strcmp(opt, "--no-amx"))
+        o->no_amx = true;
     else
         return false;
     return true;

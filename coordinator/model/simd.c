@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "coordinator/model/model_int.h"
 
@@ -248,6 +250,25 @@ bool model_cpu_bf16(void)
         atomic_store_explicit(&cached, v, memory_order_relaxed);
     }
     return v && kcpu_isa() >= KCPU_ISA_AVX512;
+}
+
+/* Linux's request for the tile data state (arch/x86/include/uapi/asm/prctl.h,
+ * 5.16+): without it the first tile instruction kills the process. */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+bool model_cpu_amx(void)
+{
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        unsigned a, b, c, d = 0;
+        /* leaf 7, sub-leaf 0: EDX bit 22 AMX-BF16, bit 24 AMX-TILE */
+        v = model_cpu_bf16() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) &&
+            (d & (1u << 24)) && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
 }
 
 const model_simd_t *model_simd(void)

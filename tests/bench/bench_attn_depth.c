@@ -15,7 +15,10 @@
  * merge), alternating with 1 thread in the same process, and says where
  * the threads' time went (busy in items, the merge, the rest waiting).
  *
- * usage: bench_attn_depth [T] [bf16|f16] [NC] [REPS] [B: keys per block] [TH] */
+ * With "amx" (BF16 only) the one pass's two products run on the tile unit
+ * (attn_amx.c, as attn.c on a CPU with AMX-BF16) instead of model_simd().
+ *
+ * usage: bench_attn_depth [T] [bf16|f16] [NC] [REPS] [B: keys per block] [TH] [amx|vec] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +53,31 @@ static void merge(const model_simd_t *sd, const float *O, int nb, int j, float *
 
 #define MAXTH 8
 
+static bool use_amx; /* the one pass's products on the tile unit */
+static void *amx_stage[MAXTH];
+
+/* One block's scores into S (rows B + 16 apart), as attn.c's block. */
+static void block_scores(const model_simd_t *sd, model_kvt_t kt, const float *QT, const char *K,
+                         int n, float scale, float *S, int B, float *kbuf)
+{
+    if (use_amx)
+        model_amx_scores(QT, NQ, K, DK, DK, n, scale, S, B + 16, kbuf);
+    else
+        sd->scores_t(QT, NQ, K, DK, kt, DK, n, scale, S, B + 16, kbuf);
+}
+
+/* Its P.V into Ob (NQ rows of DV). */
+static void block_pv(const model_simd_t *sd, model_kvt_t kt, const float *S, int B, const char *K,
+                     int n, const int *rl, float *Ob, int ith)
+{
+    if (use_amx) {
+        const void *vr[1] = {K};
+        model_amx_pv(S, NQ, B + 16, vr, &n, 1, DK, DV, Ob, DV, amx_stage[ith]);
+    } else {
+        sd->pv(S, NQ, B + 16, K, DK, kt, DV, rl, Ob, DV, false);
+    }
+}
+
 /* The pool's run of one layer's one pass: blocks, then the merge. */
 typedef struct {
     const model_simd_t *sd;
@@ -74,11 +102,10 @@ static void pool_block(void *arg, int b, int ith)
     int rl[NQ];
     for (int j = 0; j < NQ; j++)
         rl[j] = n;
-    p->sd->scores_t(p->QT, NQ, p->K + (size_t)t0 * DK * 2, DK, p->kt, DK, n, p->scale, p->S[ith],
-                    p->B + 16, p->kbuf[ith]);
+    block_scores(p->sd, p->kt, p->QT, p->K + (size_t)t0 * DK * 2, n, p->scale, p->S[ith], p->B,
+                 p->kbuf[ith]);
     p->sd->softmax(p->S[ith], NQ, p->B + 16, rl, n, p->kt, mx, mx + NQ);
-    p->sd->pv(p->S[ith], NQ, p->B + 16, p->K + (size_t)t0 * DK * 2, DK, p->kt, DV, rl, Ob, DV,
-              false);
+    block_pv(p->sd, p->kt, p->S[ith], p->B, p->K + (size_t)t0 * DK * 2, n, rl, Ob, ith);
     p->busy[ith] += now() - a;
     p->items[ith]++;
 }
@@ -184,6 +211,16 @@ int main(int argc, char **argv)
     const int NC = argc > 3 ? atoi(argv[3]) : 27, REPS = argc > 4 ? atoi(argv[4]) : 10;
     const int B = argc > 5 ? atoi(argv[5]) : MODEL_SPLIT_KEYS;
     const int TH = argc > 6 ? atoi(argv[6]) : 1;
+    use_amx = argc > 7 && !strcmp(argv[7], "amx");
+    if (use_amx && (kt != MODEL_KV_BF16 || !model_cpu_amx())) {
+        fprintf(stderr, "bench_attn_depth: amx needs a bf16 cache and a CPU with AMX-BF16\n");
+        return 2;
+    }
+    for (int i = 0; i < MAXTH; i++)
+        if (use_amx && !(amx_stage[i] = aligned_alloc(64, model_amx_pv_stage(NQ, B, DV)))) {
+            fprintf(stderr, "bench_attn_depth: out of memory\n");
+            return 1;
+        }
     if (T < 16 || NC < 1 || REPS < 1 || B < 16 || B % 16 || TH < 1 || TH > MAXTH ||
         (T + B - 1) / B > 1024) {
         fprintf(stderr, "usage: bench_attn_depth [T] [bf16|f16] [NC] [REPS] [B] [TH]\n");
@@ -251,15 +288,13 @@ int main(int argc, char **argv)
                         const int t0b = b * B, n = T - t0b < B ? T - t0b : B;
                         float *Ob = O + (size_t)b * NQ * (DV + 2), *mx = Ob + NQ * DV;
                         const double a = now();
-                        sd->scores_t(QT, NQ, K + (size_t)t0b * row, DK, kt, DK, n, scale, S,
-                                     B + 16, kbuf);
+                        block_scores(sd, kt, QT, K + (size_t)t0b * row, n, scale, S, B, kbuf);
                         for (int j = 0; j < NQ; j++)
                             rl[j] = n;
                         const double b1 = now();
                         sd->softmax(S, NQ, B + 16, rl, n, kt, mx, mx + NQ);
                         const double b2 = now();
-                        sd->pv(S, NQ, B + 16, K + (size_t)t0b * row, DK, kt, DV, rl, Ob, DV,
-                               false);
+                        block_pv(sd, kt, S, B, K + (size_t)t0b * row, n, rl, Ob, 0);
                         ph[0] += b1 - a, ph[1] += b2 - b1, ph[2] += now() - b2;
                     }
                     for (int j = 0; j < NQ; j++)
@@ -268,8 +303,9 @@ int main(int argc, char **argv)
             }
             tm[v][r] = (now() - t0) / NC;
         }
-    printf("bench_attn_depth: T %d, %s cache, %d layers rotated (%.1f MB each), %d reps, blocks of %d keys, 1 thread\n",
-           T, kt == MODEL_KV_BF16 ? "bf16" : "f16", NC, (double)T * row / 1e6, REPS, B);
+    printf("bench_attn_depth: T %d, %s cache, %d layers rotated (%.1f MB each), %d reps, blocks of %d keys, 1 thread, one pass on %s\n",
+           T, kt == MODEL_KV_BF16 ? "bf16" : "f16", NC, (double)T * row / 1e6, REPS, B,
+           use_amx ? "the tile unit (AMX)" : "vector kernels");
     for (int v = 0; v < 2; v++) {
         qsort(tm[v], (size_t)REPS, sizeof(double), cmpd);
         printf("  %-9s ms/layer best %.3f median %.3f  ns/key/head best %.2f median %.2f\n",

@@ -31,7 +31,7 @@ typedef struct {
     double grace;
     int threads, ctx, max_running, max_queue, chunk, slice_units, slice_chunk;
     double slice_budget;
-    model_cli_t mcli; /* --kv-type, --kv-f32, --repack, --no-repack */
+    model_cli_t mcli; /* --kv-type, --kv-f32, --repack, --no-repack, --no-amx */
     size_t kv_mem, max_body, max_header;
     double read_timeout, idle_timeout;
     bool no_prefix_cache, print_placement;
@@ -69,6 +69,7 @@ static void usage(FILE *f)
             "  --read-timeout S     seconds to receive a whole request (default 30)\n"
             "  --idle-timeout S     seconds a kept-alive idle connection stays open (default 60)\n"
             "  --repack DIR         decode copy directory (see ecs-run); --no-repack: none\n"
+            "  --no-amx             attention at depth without the tile unit (see ecs-run)\n"
             "  --prefix-cache-dir DIR  keep the prefix cache in DIR across restarts (written at\n"
             "                       a clean shutdown, read at start-up)\n"
             "  --admin ADDR         admin endpoint for ecsctl (default ipc:///tmp/ecs-admin-PORT,\n"
@@ -370,6 +371,7 @@ int main(int argc, char **argv)
     char cache[4096];
     model_opts_t mo = {.n_ctx = a.ctx, .n_threads = a.threads,
                        .repack_dir = model_cli_repack_dir(&a.mcli, cache, sizeof cache),
+                       .no_amx = a.mcli.no_amx,
                        .experts_remote = dispatch_wanted(&a.dispatch)};
     model_t *m = NULL;
     tok_t *tok = NULL;

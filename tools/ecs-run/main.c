@@ -46,7 +46,9 @@ static void usage(FILE *f)
             "                     with AVX-512 BF16 where the CPU has it), f32 (exact)\n"
             "  --kv-f32           --kv-type f32 (exact attention, for references)\n"
             "  --attn-split N     deepseek2 decode: split attention by keys from depth N\n"
-            "                     on (default 512; -1: never; same results either way)\n"
+            "                     on (default 512; -1: never)\n"
+            "  --no-amx           deepseek2 decode at depth with a BF16 cache: the vector\n"
+            "                     kernels instead of the tile unit (AMX-BF16), to compare\n"
             "  --repack DIR       where the decode copy of the weights is cached (default:\n"
             "                     $ECS_CACHE_DIR, else $XDG_CACHE_HOME/ecs, else ~/.cache/ecs);\n"
             "                     made on first use: a copy of the Q4_K, Q5_0, Q8_0 matrices\n"
@@ -538,7 +540,7 @@ static int run_args(const args_t *ap)
     char cache[4096];
     model_opts_t opts = {.n_ctx = a.ctx, .n_threads = a.threads, .profile = a.profile,
                          .repack_dir = model_cli_repack_dir(&a.mcli, cache, sizeof cache),
-                         .attn_split_min = a.attn_split,
+                         .attn_split_min = a.attn_split, .no_amx = a.mcli.no_amx,
                          .experts_remote = dispatch_wanted(&a.dispatch)};
     const char *ram = getenv("ECS_REPACK_RAM"); /* bytes to assume (tests, ops) */
     if (ram && *ram)

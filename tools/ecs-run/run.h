@@ -21,7 +21,7 @@ typedef struct {
     int n_predict, threads, ctx, top, pp, tg, reps, step;
     int tg_batch; /* --bench: sequences decoded together (0, 1: none) */
     bool chat, tokenize, ignore_eos, expanded, absorbed, bench, seed_given, profile;
-    model_cli_t mcli; /* --kv-type, --kv-f32, --repack, --no-repack */
+    model_cli_t mcli; /* --kv-type, --kv-f32, --repack, --no-repack, --no-amx */
     bool print_placement;
     int attn_split; /* model_opts_t.attn_split_min */
     sampler_params_t sp;
