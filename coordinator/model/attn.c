@@ -136,6 +136,66 @@ static int get_query(const attn_run_t *a, const tile_t *tl, int h0, int j, model
     return a->rows[r].pos + 1;
 }
 
+/* Whether nq queries of run a on a cache of type kt take the tile unit:
+ * a BF16 cache where model_attn_amx, shapes the tiles take, and the
+ * queries' groups of 16 fit the scratch's att_qmax rows. */
+static bool amx_takes(const attn_run_t *a, model_kvt_t kt, int nq)
+{
+    const model_ws_t *ws = &a->m->ws;
+    return kt == MODEL_KV_BF16 && ws->amx_stride && a->dk % 2 == 0 && a->dk >= 32 &&
+           a->dv % 64 == 0 && (nq + 15) / 16 * 16 <= ws->att_qmax;
+}
+
+/* attend() on the tile unit: the queries transposed into groups of 16
+ * (model_qt_bf16), scores run by run, the softmax, then P.V in chunks of
+ * MODEL_SPLIT_KEYS keys (the staging's size) at fixed key positions, so a
+ * query's bits depend on nothing but its own query and keys. */
+static void attend_amx(const attn_run_t *a, const tile_t *tl, int h0, int ith,
+                       const model_kv_t *kv)
+{
+    model_t *m = a->m;
+    const model_ws_t *ws = &m->ws;
+    const size_t elt = sizeof(ecs_bf16_t);
+    const int nq = tl->nrows * a->hg, nqp = (nq + 3) & ~3;
+    float *QT = thr(m, ith);
+    float *S = QT + (size_t)ws->att_qmax * ws->dkp;
+    float *kbuf = S + (size_t)ws->att_qmax * ws->t_pad;
+    float *O = kbuf + (size_t)16 * ws->dkp;
+    int len[MODEL_ATT_QMAX] = {0}, run;
+    memset(QT, 0, (size_t)(nq + 15) / 16 * 16 * a->dk * sizeof(float));
+    for (int j = 0; j < nq; j++) { /* kbuf: the query as put_query rounds it */
+        len[j] = get_query(a, tl, h0, j, MODEL_KV_BF16, kbuf);
+        model_qt_bf16(QT, j, a->dk, (const ecs_bf16_t *)kbuf);
+    }
+    const int nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1, kvh = h0 / a->group;
+    const char *K = (const char *)kv->k + (size_t)kvh * a->dk * elt;
+    const char *V = (const char *)kv->v + (size_t)kvh * a->dv * elt;
+    const char *kr, *vr;
+    for (int t0 = 0; t0 < nt; t0 += run) {
+        kv_run(kv, K, V, elt, t0, nt, &kr, &vr, &run);
+        prefetch_next_run(kv, K, V, elt, t0 + run, nt, a->dk);
+        model_amx_scores(QT, nq, kr, kv->k_row, a->dk, run, m->hp.kq_scale, S + t0, ws->t_pad,
+                         kbuf);
+    }
+    model_simd()->softmax(S, nqp, ws->t_pad, len, nt, MODEL_KV_BF16, NULL, NULL);
+    for (int c0 = 0; c0 < nt; c0 += MODEL_SPLIT_KEYS) {
+        const int end = nt - c0 < MODEL_SPLIT_KEYS ? nt : c0 + MODEL_SPLIT_KEYS;
+        const void *vrs[MODEL_SPLIT_KEYS / MODEL_KV_BLOCK + 1];
+        int rn[MODEL_SPLIT_KEYS / MODEL_KV_BLOCK + 1], nrun = 0;
+        for (int t = c0; t < end; t += run, nrun++) {
+            kv_run(kv, K, V, elt, t, end, &kr, &vr, &run);
+            vrs[nrun] = vr, rn[nrun] = run;
+        }
+        model_amx_pv(S + c0, nq, ws->t_pad, vrs, rn, nrun, kv->v_row, a->dv, O, ws->dvp, c0 > 0,
+                     ws->amx_stage + (size_t)ith * ws->amx_stride);
+    }
+    for (int j = 0; j < nq; j++) {
+        const int r = tl->row0 + j / a->hg, h = h0 + j % a->hg;
+        memcpy(a->out + (size_t)r * a->out_ld + (size_t)h * a->dv, O + (size_t)j * ws->dvp,
+               (size_t)a->dv * sizeof(float));
+    }
+}
+
 /* Queries of tile tl x heads [h0, h0 + hg) against the tile's cache. */
 static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
 {
@@ -144,6 +204,10 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     const model_ws_t *ws = &m->ws;
     const model_kv_t kv = a->kv ? *a->kv : ctx_kv(a->rows[tl->row0].ctx, a->layer);
     const model_kvt_t kt = kv.kvt;
+    if (amx_takes(a, kt, tl->nrows * a->hg)) {
+        attend_amx(a, tl, h0, ith, &kv);
+        return;
+    }
     const size_t elt = model_kvt_size(kt);
     /* this run's keys padded, not the widest (ds2's expanded rows are a
      * third of the latent ones) */
@@ -390,12 +454,7 @@ static float *blk_o(const split_t *sp, int b)
     return sp->O + (size_t)b * ws->att_qmax * (ws->dvp + 2);
 }
 
-bool model_attn_amx(const model_t *m)
-{
-    const arch_hparams_t *hp = &m->hp;
-    return hp->arch == ARCH_DEEPSEEK2 && !m->opts.no_amx && hp->rope.n_rot % 2 == 0 &&
-           hp->kv_lora_rank % 64 == 0 && model_cpu_amx();
-}
+bool model_attn_amx(const model_t *m) { return !m->opts.no_amx && model_cpu_amx(); }
 
 /* split_block on the tile unit: scores run by run, the block's softmax,
  * then one P.V over all its runs (its staging is per call). */
@@ -417,7 +476,7 @@ static void split_block_amx(const split_t *sp, int t0, int end, float *S, int ld
     }
     run_len(sp->len, sp->nqp, t0, end - t0, len);
     model_simd()->softmax(S, sp->nqp, lds, len, end - t0, MODEL_KV_BF16, mx, sum);
-    model_amx_pv(S, sp->nq, lds, vr, rn, nrun, sp->kv.v_row, a->dv, O, ws->dvp,
+    model_amx_pv(S, sp->nq, lds, vr, rn, nrun, sp->kv.v_row, a->dv, O, ws->dvp, false,
                  ws->amx_stage + (size_t)ith * ws->amx_stride);
 }
 
@@ -436,7 +495,7 @@ static void split_block(void *arg, int item, int ith)
     float *O = blk_o(sp, item), *mx = O + (size_t)ws->att_qmax * ws->dvp, *sum = mx + ws->att_qmax;
     /* rows a little over the block: 16 rows 1 KB apart would share L1 sets */
     const int lds = ws->t_pad < MODEL_SPLIT_KEYS + 16 ? ws->t_pad : MODEL_SPLIT_KEYS + 16;
-    if (kt == MODEL_KV_BF16 && ws->amx_stride) {
+    if (amx_takes(a, kt, sp->nq)) {
         split_block_amx(sp, t0, end, S, lds, kbuf, O, mx, sum, ith);
         return;
     }

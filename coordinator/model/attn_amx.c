@@ -239,14 +239,22 @@ static void stage_probs(bf16 *a, const float *P, int nq, int ldp, int nt, int ng
             }
 }
 
-/* O rows [16 g, 16 g + 16) x 64 columns = the A tiles of group g . the
- * B tiles of those columns, over nkc chunks of keys. */
-static void pv_tiles4(const bf16 *a, const bf16 *stage, int nkc, float *O, size_t ldo_bytes)
+/* O rows [16 g, 16 g + 16) x 64 columns (+)= the A tiles of group g .
+ * the B tiles of those columns, over nkc chunks of keys. */
+static void pv_tiles4(const bf16 *a, const bf16 *stage, int nkc, float *O, size_t ldo_bytes,
+                      bool acc)
 {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if (acc) {
+        _tile_loadd(0, O, ldo_bytes);
+        _tile_loadd(1, O + 16, ldo_bytes);
+        _tile_loadd(2, O + 32, ldo_bytes);
+        _tile_loadd(3, O + 48, ldo_bytes);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
     for (int kc = 0; kc < nkc; kc++) {
         _tile_loadd(4, a + (size_t)kc * 512, 64);
         _tile_loadd(5, b_tile((bf16 *)stage, kc, 0), 64);
@@ -272,7 +280,7 @@ size_t model_amx_pv_stage(int nq, int nt, int dv)
 }
 
 void model_amx_pv(const float *P, int nq, int ldp, const void *const *vr, const int *rn, int nrun,
-                  size_t vs, int dv, float *O, int ldo, void *stage)
+                  size_t vs, int dv, float *O, int ldo, bool acc, void *stage)
 {
     int nt = 0;
     for (int r = 0; r < nrun; r++)
@@ -285,7 +293,7 @@ void model_amx_pv(const float *P, int nq, int ldp, const void *const *vr, const 
         stage_values(b, (const bf16 *const *)vr, rn, nrun, vs, d0, nkc);
         for (int g = 0; g < ng; g++)
             pv_tiles4(a + (size_t)g * nkc * 512, b, nkc, O + (size_t)g * 16 * ldo + d0,
-                      (size_t)ldo * sizeof(float));
+                      (size_t)ldo * sizeof(float), acc);
     }
     _tile_release();
 }

@@ -161,10 +161,11 @@ static void ws_layout(model_t *m, carve_t *c)
     ws->rope = carve(c, nb * nrot * F);
     ws->act = carve(c, 2 * nb * act_row_max(m));
     ws->thr = carve(c, (size_t)nth * ws->thr_stride * F);
-    /* the staging of the key split's P.V on the tile unit (model_amx_pv) */
-    ws->amx_stride = ds2 && model_attn_amx(m) ? (model_amx_pv_stage(ws->att_qmax, MODEL_SPLIT_KEYS,
-                                                                    ws->dvp) + 63) & ~(size_t)63
-                                              : 0;
+    /* the staging of P.V on the tile unit (model_amx_pv), chunks of
+     * MODEL_SPLIT_KEYS keys */
+    ws->amx_stride = model_attn_amx(m) ? (model_amx_pv_stage(ws->att_qmax, MODEL_SPLIT_KEYS,
+                                                             ws->dvp) + 63) & ~(size_t)63
+                                       : 0;
     ws->amx_stage = carve(c, (size_t)nth * ws->amx_stride);
     ws->jobs = carve(c, (size_t)ws->jobs_cap * sizeof(kcpu_job_t));
     ws->plan.cap = 64 * ws->jobs_cap + 4096;

@@ -114,9 +114,8 @@ void model_bf16_pv(const float *P, int nq, int ldp, const void *V, size_t vs, in
 /* Whether this CPU has AMX-BF16 and the kernel lets the process use its
  * tiles (asked once, arch_prctl), with AVX-512 BF16 (model_cpu_bf16). */
 bool model_cpu_amx(void);
-/* Whether m's decode key split runs on the tile unit for BF16 caches
- * (attn.c): deepseek2, model_cpu_amx(), not opts.no_amx, shapes the tiles
- * take. */
+/* Whether m's attention on BF16 caches runs on the tile unit (attn.c,
+ * where the shapes fit the tiles): model_cpu_amx() and not opts.no_amx. */
 bool model_attn_amx(const model_t *m);
 /* attn_amx.c: the decode key split's block on a BF16 cache with AMX (only
  * where model_cpu_amx(); dk even, dv a multiple of 64). model_amx_scores:
@@ -125,13 +124,15 @@ bool model_attn_amx(const model_t *m);
  * rounding of scores_t's, not its bits). model_amx_pv: O[j][d] = sum_t
  * P[j][t] V[t][d] for j < nq rounded up to 16 (rows past nq zero, O holds
  * them), d < dv, over the keys of nrun runs (run r: rn[r] rows at vr[r], vs
- * elements apart; every run but the last an even count), O overwritten;
+ * elements apart; every run but the last an even count), O overwritten
+ * (acc: added to; calls over consecutive chunks of keys, each but the last
+ * a multiple of 32 keys, sum each chunk's tiles in turn);
  * P rows ldp floats apart, BF16 values as model_simd_t.softmax leaves them;
  * stage: model_amx_pv_stage(nq, keys, dv) bytes, 64-byte aligned. */
 void model_amx_scores(const float *QT, int nq, const void *K, size_t ks, int dk, int nt,
                       float scale, float *S, int lds, float *kbuf);
 void model_amx_pv(const float *P, int nq, int ldp, const void *const *vr, const int *rn, int nrun,
-                  size_t vs, int dv, float *O, int ldo, void *stage);
+                  size_t vs, int dv, float *O, int ldo, bool acc, void *stage);
 size_t model_amx_pv_stage(int nq, int nt, int dv);
 
 /* The packed Q8_0 layout of W_kT (short rows: 128 values in ds2): groups of

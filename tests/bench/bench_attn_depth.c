@@ -72,7 +72,7 @@ static void block_pv(const model_simd_t *sd, model_kvt_t kt, const float *S, int
 {
     if (use_amx) {
         const void *vr[1] = {K};
-        model_amx_pv(S, NQ, B + 16, vr, &n, 1, DK, DV, Ob, DV, amx_stage[ith]);
+        model_amx_pv(S, NQ, B + 16, vr, &n, 1, DK, DV, Ob, DV, false, amx_stage[ith]);
     } else {
         sd->pv(S, NQ, B + 16, K, DK, kt, DV, rl, Ob, DV, false);
     }

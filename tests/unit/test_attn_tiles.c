@@ -99,7 +99,8 @@ Test(amx, scores_near_plain)
         for (size_t b = 0; b < sizeof nts / sizeof *nts; b++) {
             check_scores(nqs[a], nts[b], 576);
             check_scores(nqs[a], nts[b], 64);
-            check_scores(nqs[a], nts[b], 80); /* a last chunk of 16 dimensions */
+            check_scores(nqs[a], nts[b], 80);  /* a last chunk of 16 dimensions */
+            check_scores(nqs[a], nts[b], 192); /* ds2's expanded heads */
         }
 }
 
@@ -143,7 +144,7 @@ static void check_pv(int nq, const int *rn, int nrun, int dv)
     void *stage = xalloc(model_amx_pv_stage(nq, nt, dv));
     for (size_t k = 0; k < (size_t)ng * 16 * dv; k++)
         O[1][k] = 1234.5f;
-    model_amx_pv(P, nq, ldp, vr, rn, nrun, vs, dv, O[1], dv, stage);
+    model_amx_pv(P, nq, ldp, vr, rn, nrun, vs, dv, O[1], dv, false, stage);
     for (int j = 0; j < ng * 16; j++)
         for (int d = 0; d < dv; d++) {
             const double got = O[1][(size_t)j * dv + d];
@@ -176,8 +177,37 @@ Test(amx, pv_near_plain)
     for (size_t a = 0; a < sizeof nqs / sizeof *nqs; a++)
         for (size_t b = 0; b < sizeof runs / sizeof *runs; b++) {
             check_pv(nqs[a], runs[b] + 1, runs[b][0], 512);
+            check_pv(nqs[a], runs[b] + 1, runs[b][0], 128);
             check_pv(nqs[a], runs[b] + 1, runs[b][0], 64);
         }
+}
+
+/* P.V over 300 keys in one call, and in calls over [0, 256) and [256,
+ * 300) (runs 64, 64, 128 | 44), the second adding to the first's output
+ * (acc): the same bits, as the head split's chunks rely on. */
+Test(amx, pv_chunks_add_up_bit_for_bit)
+{
+    need_amx();
+    const int nq = 20, dv = 128, nt = 300, ldp = 320;
+    const size_t vs = 576;
+    ecs_bf16_t *V = rand_bf16((size_t)nt * vs, 1.0f);
+    float *P = xalloc((size_t)32 * ldp * sizeof(float)), *O[2];
+    for (int j = 0; j < nq; j++)
+        for (int t = 0; t < nt - j; t++)
+            P[(size_t)j * ldp + t] = ecs_bf16_to_f32(ecs_f32_to_bf16(frand() * 0.5f + 0.5f));
+    void *stage = xalloc(model_amx_pv_stage(nq, nt, dv));
+    for (int i = 0; i < 2; i++)
+        O[i] = xalloc((size_t)32 * dv * sizeof(float));
+    const void *one[1] = {V};
+    const int n_one[1] = {nt};
+    model_amx_pv(P, nq, ldp, one, n_one, 1, vs, dv, O[0], dv, false, stage);
+    const void *first[3] = {V, V + 64 * vs, V + 128 * vs}, *second[1] = {V + 256 * vs};
+    const int n_first[3] = {64, 64, 128}, n_second[1] = {44};
+    model_amx_pv(P, nq, ldp, first, n_first, 3, vs, dv, O[1], dv, false, stage);
+    model_amx_pv(P + 256, nq, ldp, second, n_second, 1, vs, dv, O[1], dv, true, stage);
+    cr_assert(memcmp(O[0], O[1], (size_t)nq * dv * sizeof(float)) == 0,
+              "P.V in two chunks differs from one call");
+    free(V), free(P), free(O[0]), free(O[1]), free(stage);
 }
 
 /* ------------------------------------------------ a query's own bits */
@@ -210,7 +240,7 @@ Test(amx, query_bits_independent_of_neighbours)
                 float *s = &S[v][(size_t)j * lds + t];
                 *s = ecs_bf16_to_f32(ecs_f32_to_bf16(1.0f / (1.0f + fabsf(*s))));
             }
-        model_amx_pv(S[v], nq[v], lds, vr, rn, 1, dk, dv, O[v], dv, stage);
+        model_amx_pv(S[v], nq[v], lds, vr, rn, 1, dk, dv, O[v], dv, false, stage);
     }
     cr_assert(memcmp(S[0], S[1] + (size_t)row[1] * lds, nt * sizeof(float)) == 0,
               "a query's scores depend on the queries beside it");
