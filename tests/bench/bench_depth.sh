@@ -14,6 +14,8 @@
 #                   -pg D,N, which times prompt and generation together:
 #                   printed as such, not comparable to tgN @ D
 #   ECS_BENCH_TG    N (default 32)   ECS_BENCH_THREADS (default 2)
+#   ECS_BENCH_ARGS  more ecs-run options (e.g. "--kv-type bf16": the cache the
+#                   AMX tile unit takes)
 # The peers are built beside the project by whoever runs this; nothing here
 # builds them. Timed runs hold /tmp/ecs-bench.lock.
 set -euo pipefail
@@ -35,14 +37,15 @@ lock() {
 ecs_rate() { awk -v k="$1" '$1 == k && $2 != "@" {for (f = 2; f < NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$2"; }
 peer_rate() { awk -F'|' -v k="$1" 'index($0, k) {split($(NF - 1), a, " "); print a[1]; exit}' "$2"; }
 
-echo "== bench_depth: $(basename "$model"), tg$tg at depths $depths, $threads threads, $(date -u '+%Y-%m-%d %H:%M UTC') =="
+echo "== bench_depth: $(basename "$model"), tg$tg at depths $depths, $threads threads, ECS ${ECS_BENCH_ARGS:-(defaults)}, $(date -u '+%Y-%m-%d %H:%M UTC') =="
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 IFS=, read -r -a ds <<<"$depths"
 for r in $(seq "$rounds"); do
     for d in "${ds[@]}"; do
         ctx=$((d + tg + 64))
+        # shellcheck disable=SC2086
         lock "$run" -m "$model" --bench --pp "$d" --tg "$tg" --ctx "$ctx" --threads "$threads" \
-            >"$tmp/ecs" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+            ${ECS_BENCH_ARGS:-} >"$tmp/ecs" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
         e0=$(ecs_rate "tg$tg" "$tmp/ecs")
         ed=$(awk -v k="tg$tg" -v d="$d" '$1 == k && $2 == "@" && $4 == d {for (f = 5; f < NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$tmp/ecs")
         printf "round %d  depth %5d  ECS          tg%d %7s tok/s  @depth %7s tok/s  ratio %s\n" \
