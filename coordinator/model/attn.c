@@ -136,14 +136,16 @@ static int get_query(const attn_run_t *a, const tile_t *tl, int h0, int j, model
     return a->rows[r].pos + 1;
 }
 
-/* Whether nq queries of run a on a cache of type kt take the tile unit:
- * a BF16 cache where model_attn_amx, shapes the tiles take, and the
- * queries' groups of 16 fit the scratch's att_qmax rows. */
-static bool amx_takes(const attn_run_t *a, model_kvt_t kt, int nq)
+/* Whether run a on a cache of type kt takes the tile unit: a BF16 cache
+ * where model_attn_amx, shapes the tiles take, and att_qmax a multiple of
+ * 16 (ws_layout rounds it so), so any item's groups of 16 queries fit the
+ * scratch. Nothing about the step (its rows, the item's tile): a query's
+ * kernels, hence its bits, must not depend on what else the step holds. */
+static bool amx_takes(const attn_run_t *a, model_kvt_t kt)
 {
     const model_ws_t *ws = &a->m->ws;
     return kt == MODEL_KV_BF16 && ws->amx_stride && a->dk % 2 == 0 && a->dk >= 32 &&
-           a->dv % 64 == 0 && (nq + 15) / 16 * 16 <= ws->att_qmax;
+           a->dv % 64 == 0 && ws->att_qmax % 16 == 0;
 }
 
 /* attend() on the tile unit: the queries transposed into groups of 16
@@ -204,7 +206,7 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     const model_ws_t *ws = &m->ws;
     const model_kv_t kv = a->kv ? *a->kv : ctx_kv(a->rows[tl->row0].ctx, a->layer);
     const model_kvt_t kt = kv.kvt;
-    if (amx_takes(a, kt, tl->nrows * a->hg)) {
+    if (amx_takes(a, kt)) {
         attend_amx(a, tl, h0, ith, &kv);
         return;
     }
@@ -495,7 +497,7 @@ static void split_block(void *arg, int item, int ith)
     float *O = blk_o(sp, item), *mx = O + (size_t)ws->att_qmax * ws->dvp, *sum = mx + ws->att_qmax;
     /* rows a little over the block: 16 rows 1 KB apart would share L1 sets */
     const int lds = ws->t_pad < MODEL_SPLIT_KEYS + 16 ? ws->t_pad : MODEL_SPLIT_KEYS + 16;
-    if (amx_takes(a, kt, sp->nq)) {
+    if (amx_takes(a, kt)) {
         split_block_amx(sp, t0, end, S, lds, kbuf, O, mx, sum, ith);
         return;
     }

@@ -117,6 +117,8 @@ static void ws_layout(model_t *m, carve_t *c)
     ws->dvp = pad16(ds2 ? imax(kvl, hp->head_v) : hp->head_v);
     ws->t_pad = pad16(m->opts.n_ctx);
     int qmax = (int)((size_t)(1 << 20) / (size_t)ws->t_pad) & ~3;
+    if (qmax >= 16 && model_attn_amx(m)) /* whole groups of 16 (attn_amx.c) */
+        qmax &= ~15;
     ws->att_qmax = qmax < 4 ? 4 : qmax > MODEL_ATT_QMAX ? MODEL_ATT_QMAX : qmax;
     ws->thr_stride = (size_t)ws->att_qmax * (size_t)(ws->dkp + ws->t_pad + ws->dvp) +
                      16 * (size_t)ws->dkp;
