@@ -23,6 +23,7 @@
  * Q.K and the probabilities before P.V (ggml converts the F32 operand of an
  * F16 product); likewise to BF16 for a BF16 cache (whose products sum in
  * pairs, model_kvt_t); with an F32 cache nothing is rounded. */
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -630,27 +631,69 @@ static void split_merge_values(void *arg, int h, int ith)
     values_head(mv->f->a.m, mv->f->ly, mv->f->attv, h, mv->f->n);
 }
 
-/* The key split for a decode step of n rows, when some sequence is deep
- * enough and a tile of all heads fits the scratch: returns false (nothing
- * done) otherwise. */
+/* Rows at position p with p + 1 >= this take the key split (m's
+ * attn_split_min: 0 means 512, < 0 never). */
+static int split_min(const model_t *m)
+{
+    const int o = m->opts.attn_split_min;
+    return o < 0 ? INT_MAX : o ? o : 512;
+}
+
+/* Rows a tile of all heads holds in the scratch (0: the key split cannot
+ * run: fewer than one row's heads fit att_qmax). */
+static int split_max_rows(const model_t *m, int n)
+{
+    int r = 0;
+    while (r < n && ((r + 1) * m->hp.n_head + 15) / 16 * 16 <= m->ws.att_qmax)
+        r++;
+    return r;
+}
+
+/* Runs of consecutive rows of one sequence, as make_tiles, of the rows
+ * that take the key split (deep) or of the others. */
+static int make_tiles_depth(const model_step_row_t *rows, int n, int min, bool deep, int max_rows,
+                            tile_t *t)
+{
+    int nt = 0;
+    for (int i = 0; i < n; i++) {
+        if ((rows[i].pos + 1 >= min) != deep)
+            continue;
+        tile_t *last = nt ? &t[nt - 1] : NULL;
+        if (last && last->nrows < max_rows && last->row0 + last->nrows == i &&
+            rows[i].ctx == rows[i - 1].ctx && rows[i].pos == rows[i - 1].pos + 1)
+            last->nrows++;
+        else
+            t[nt++] = (tile_t){i, 1};
+    }
+    return nt;
+}
+
+/* The fused_t of the key split over all n rows (absorption and values
+ * for every row; tiles set by the caller). */
+static fused_t split_fused(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
+                           const model_step_row_t *rows, int n, int layer, const float *q,
+                           float *attv, tile_t *tiles)
+{
+    const arch_hparams_t *hp = &m->hp;
+    const int nh = hp->n_head;
+    return (fused_t){.a = {.m = m, .rows = rows, .q = q, .layer = layer, .tiles = tiles, .hg = nh,
+                           .n_hg = 1, .group = nh, .dk = hp->kv_lora_rank + hp->rope.n_rot,
+                           .dv = hp->kv_lora_rank, .latent = true, .out = m->ws.ato,
+                           .out_ld = (int64_t)nh * hp->kv_lora_rank},
+                     .ly = ly, .ex = ex, .attv = attv, .n = n};
+}
+
+/* The key split for a step whose rows all take it (any row count):
+ * returns false (nothing done) when a tile of all heads does not fit the
+ * scratch. */
 static bool split_run(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                       const model_step_row_t *rows, int n, int layer, const float *q, float *attv)
 {
-    const arch_hparams_t *hp = &m->hp;
-    const int nh = hp->n_head, min = m->opts.attn_split_min ? m->opts.attn_split_min : 512;
-    int deepest = 0, max_rows = 0;
-    for (int i = 0; i < n; i++)
-        deepest = rows[i].pos + 1 > deepest ? rows[i].pos + 1 : deepest;
-    while (max_rows < n && ((max_rows + 1) * nh + 15) / 16 * 16 <= m->ws.att_qmax)
-        max_rows++;
-    if (min < 0 || deepest < min || max_rows == 0)
+    const int nh = m->hp.n_head, max_rows = split_max_rows(m, n);
+    if (max_rows == 0)
         return false;
     tile_t tiles[MODEL_MAX_BATCH];
-    fused_t f = {.a = {.m = m, .rows = rows, .q = q, .layer = layer, .tiles = tiles, .hg = nh,
-                       .n_hg = 1, .group = nh, .dk = hp->kv_lora_rank + hp->rope.n_rot,
-                       .dv = hp->kv_lora_rank, .latent = true, .out = m->ws.ato,
-                       .out_ld = (int64_t)nh * hp->kv_lora_rank},
-                 .ly = ly, .ex = ex, .attv = attv, .n = n};
+    fused_t f = split_fused(m, ly, ex, rows, n, layer, q, attv, tiles);
     f.a.n_tiles = make_tiles(rows, n, NULL, max_rows, tiles);
     split_t sp;
     kcpu_par_for(m->tp, nh, split_absorb, &f);
@@ -669,6 +712,33 @@ static bool split_run(model_t *m, const model_layer_t *ly, const model_layer_ext
     return true;
 }
 
+/* A step of deep and shallow rows: each row's attention as it would be
+ * alone (the key split and the head split differ in their last bits, and
+ * a request's tokens must not depend on what else a step holds): the
+ * absorption of every row, the deep rows' tiles by the key split, the
+ * others' by the head split's items, then every row's values. */
+static void mixed_run(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
+                      const model_step_row_t *rows, int n, int layer, const float *q, float *attv,
+                      int min)
+{
+    const int nh = m->hp.n_head;
+    tile_t deep[MODEL_MAX_BATCH], shallow[MODEL_MAX_BATCH];
+    fused_t f = split_fused(m, ly, ex, rows, n, layer, q, attv, deep);
+    f.a.n_tiles = make_tiles_depth(rows, n, min, true, split_max_rows(m, n), deep);
+    kcpu_par_for(m->tp, nh, split_absorb, &f);
+    split_t sp;
+    for (int t = 0; t < f.a.n_tiles; t++) {
+        split_attend(&f.a, &deep[t], &sp);
+        kcpu_par_for(m->tp, sp.nq, split_merge, &sp);
+    }
+    attn_run_t a;
+    plan_run(&a, m, rows, n, layer, nh, f.a.dk, f.a.dv, true, m->ws.ato, f.a.out_ld, shallow);
+    a.q = q;
+    a.n_tiles = make_tiles_depth(rows, n, min, false, m->ws.att_qmax / a.hg, shallow);
+    kcpu_par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
+    kcpu_par_for(m->tp, nh, split_values, &f);
+}
+
 void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
                          const model_step_row_t *rows, int n, int layer, const float *q,
                          float *attv)
@@ -679,8 +749,18 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
     const int hv = hp->head_v;
     kcpu_job_t *jobs = ws->jobs;
     tile_t tiles[MODEL_MAX_BATCH];
-    if (n <= MODEL_FUSED_ROWS && split_run(m, ly, ex, rows, n, layer, q, attv))
+    /* the key split per row, by its own depth */
+    const int min = split_min(m);
+    int n_deep = 0;
+    for (int i = 0; i < n; i++)
+        n_deep += rows[i].pos + 1 >= min;
+    if (n_deep > 0 && split_max_rows(m, n) > 0) {
+        if (n_deep == n)
+            split_run(m, ly, ex, rows, n, layer, q, attv);
+        else
+            mixed_run(m, ly, ex, rows, n, layer, q, attv, min);
         return;
+    }
     if (n <= MODEL_FUSED_ROWS) {
         fused_t f = {.ly = ly, .ex = ex, .attv = attv, .n = n};
         plan_run(&f.a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato,

@@ -94,12 +94,13 @@ typedef struct {
      * (model_repack_note). NULL: everything is read from the GGUF. */
     const char *repack_dir;
     size_t repack_ram;
-    /* Decode steps of deepseek2 latent contexts split the attention core
-     * by keys (fixed runs, each thread taking all heads) once a sequence
-     * holds this many keys; below it, by heads. The same bits either way
-     * (each score and output is the same sequential sum); the split reads
-     * the cache once instead of once per group of heads. 0: 512; < 0:
-     * never (tests use 1 to cover the split on short contexts). */
+    /* Rows of deepseek2 latent contexts in the absorbed form split the
+     * attention core by keys (fixed runs, each thread taking all heads)
+     * once the row sees this many keys; below it, by heads. The split
+     * reads the cache once instead of once per group of heads. The two
+     * differ in their last bits (the split's online softmax), so the
+     * choice is each row's own, whatever else its step holds. 0: 512;
+     * < 0: never (tests use 1 to cover the split on short contexts). */
     int attn_split_min;
     /* The decode key split's products on the tile unit (AMX-BF16) where
      * the CPU has it and the cache is BF16 (attn_amx.c): results within

@@ -335,3 +335,66 @@ Test(split, two_sequences_one_step_same_bits, .timeout = 300)
     two_sequences(MODEL_CTX_MLA_ABSORBED, 2);
     two_sequences(MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_BF16, 3);
 }
+
+/* ------------------------------------- a row's attention, whatever the step
+ * The key split and the head split differ in their last bits, so each row
+ * takes the one its own depth picks (attn_split_min, 512 here, as by
+ * default), whatever else the step holds: ns sequences at depths lens
+ * decoded one row each in one step give each one's logits alone, bit for
+ * bit. Failed when the deepest row chose for the whole step, and when
+ * more than MODEL_FUSED_ROWS rows took the head split. */
+static void step_vs_alone(unsigned flags, int threads, const int *lens, int ns)
+{
+    model_opts_t o = {.n_ctx = 640, .n_threads = threads, .attn_split_min = 512};
+    model_t *m = NULL;
+    cr_assert_eq(model_load(DS2_Q8, &o, &m), ECS_OK, "%s", ecs_errmsg());
+    const size_t V = (size_t)model_n_vocab(m);
+    enum { NS = 6 };
+    cr_assert(ns <= NS);
+    model_ctx_t *c[2][NS];
+    int32_t *toks = malloc(600 * sizeof *toks);
+    float *l = malloc(2 * NS * V * sizeof *l);
+    cr_assert(toks && l);
+    for (int i = 0; i < 600; i++)
+        toks[i] = (int32_t)((frand() * 0.5f + 0.5f) * 30000);
+    for (int s = 0; s < 2; s++) /* s 0: alone, s 1: in one step */
+        for (int q = 0; q < ns; q++) {
+            cr_assert_eq(model_ctx_new(m, 640, flags, &c[s][q]), ECS_OK, "%s", ecs_errmsg());
+            cr_assert_eq(model_eval(c[s][q], toks + q * 3, lens[q], NULL, false), ECS_OK, "%s",
+                         ecs_errmsg());
+        }
+    for (int step = 0; step < 2; step++) {
+        model_row_t rows[NS];
+        for (int q = 0; q < ns; q++) {
+            const int32_t t = toks[560 + step + q];
+            cr_assert_eq(model_eval(c[0][q], &t, 1, l + q * V, false), ECS_OK, "%s",
+                         ecs_errmsg());
+            rows[q] = (model_row_t){c[1][q], t, true};
+        }
+        cr_assert_eq(model_eval_batch(m, rows, ns, l + NS * V), ECS_OK, "%s", ecs_errmsg());
+        for (int q = 0; q < ns; q++)
+            cr_assert(memcmp(l + q * V, l + (NS + q) * V, V * sizeof *l) == 0,
+                      "flags %u, %d threads, step %d: sequence %d (depth %d) in a step of %d "
+                      "differs from alone",
+                      flags, threads, step, q, lens[q], ns);
+    }
+    for (int s = 0; s < 2; s++)
+        for (int q = 0; q < ns; q++)
+            model_ctx_free(c[s][q]);
+    free(l), free(toks);
+    model_free(m);
+}
+
+Test(split, shallow_and_deep_in_one_step_as_alone, .timeout = 300)
+{
+    const int lens[2] = {300, 530};
+    step_vs_alone(MODEL_CTX_MLA_ABSORBED, 2, lens, 2);
+    step_vs_alone(MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_BF16, 1, lens, 2);
+}
+
+Test(split, deep_in_a_step_of_many_rows_as_alone, .timeout = 300)
+{
+    const int lens[6] = {530, 100, 120, 140, 160, 515};
+    step_vs_alone(MODEL_CTX_MLA_ABSORBED, 2, lens, 6);
+    step_vs_alone(MODEL_CTX_MLA_ABSORBED | MODEL_CTX_KV_BF16, 2, lens, 6);
+}
