@@ -16,40 +16,24 @@
  * after them, each head's latent output goes through its W_v rows of W_kv_b.
  * Prompt steps run these as three regions (per-head products batched over
  * the rows); decode steps run each group of heads through all three in one
- * item, so the layer's attention core is a single region.
+ * item, so the layer's attention core is a single region. Rows deep enough
+ * take the key split instead (attn_split.c), each row by its own depth.
  * Prompt steps of latent contexts mostly attend in the expanded form
  * instead (attn_exp.c), through model_attend_kv here.
  * Numerics as llama.cpp's F16 cache: the query is rounded to F16 before
  * Q.K and the probabilities before P.V (ggml converts the F32 operand of an
  * F16 product); likewise to BF16 for a BF16 cache (whose products sum in
  * pairs, model_kvt_t); with an F32 cache nothing is rounded. */
-#include <limits.h>
 #include <math.h>
 #include <string.h>
 
-#include "coordinator/model/model_int.h"
+#include "coordinator/model/attn_int.h"
 
-typedef struct {
-    int row0, nrows;
-} tile_t;
 
-typedef struct {
-    model_t *m;
-    const model_step_row_t *rows;
-    const float *q; /* queries: row r, head h at q + (r * n_head + h) * head_k */
-    const model_kv_t *kv; /* NULL: each tile's context cache at layer */
-    int layer;
-    const tile_t *tiles;
-    int n_tiles;
-    int hg, n_hg;   /* query heads per item; groups per tile */
-    int group;      /* query heads per cached head */
-    int dk, dv;     /* per cached head */
-    bool latent;
-    float *out;     /* row r, head h: out + r * out_ld + h * dv */
-    int64_t out_ld;
-} attn_run_t;
 
-static float *thr(model_t *m, int ith) { return m->ws.thr + (size_t)ith * m->ws.thr_stride; }
+
+
+float *attn_thr(model_t *m, int ith) { return m->ws.thr + (size_t)ith * m->ws.thr_stride; }
 
 /* Values [off, off + n) of a query row q = src: rounded to F16 for an F16
  * cache, BF16 values (the row's elements) for a BF16 one, F32 otherwise. */
@@ -66,7 +50,7 @@ static void put_query(const model_simd_t *sd, float *q, int off, const float *sr
 
 /* The cached rows of one layer of c: the pool's rows of that layer,
  * located through c's table. */
-static model_kv_t ctx_kv(const model_ctx_t *c, int layer)
+model_kv_t attn_ctx_kv(const model_ctx_t *c, int layer)
 {
     const model_kv_geom_t *g = &c->pool->g;
     const char *base = c->pool->mem + (size_t)layer * g->lay_stride;
@@ -77,8 +61,8 @@ static model_kv_t ctx_kv(const model_ctx_t *c, int layer)
 /* Contiguous runs of the cached rows: [t0, t0 + *run) of kv start at
  * *kr / *vr (one run of nt when kv is not paged, else one per run of
  * consecutive block ids). elt: bytes per element. */
-static void kv_run(const model_kv_t *kv, const char *k, const char *v, size_t elt, int t0, int nt,
-                   const char **kr, const char **vr, int *run)
+void attn_kv_run(const model_kv_t *kv, const char *k, const char *v, size_t elt, int t0, int nt,
+                 const char **kr, const char **vr, int *run)
 {
     if (!kv->tab) {
         *kr = k, *vr = v, *run = nt - t0;
@@ -95,14 +79,14 @@ static void kv_run(const model_kv_t *kv, const char *k, const char *v, size_t el
 /* The kernels prefetch the keys ahead of them within a run; the first
  * keys of the next run (another block) are asked for here, into L2, so a
  * run boundary does not stall on them (16: the kernels' tile). */
-static void prefetch_next_run(const model_kv_t *kv, const char *k, const char *v, size_t elt,
-                              int t0, int nt, int dk)
+void attn_prefetch_next_run(const model_kv_t *kv, const char *k, const char *v, size_t elt,
+                            int t0, int nt, int dk)
 {
     if (!kv->tab || t0 >= nt)
         return;
     const char *kr, *vr;
     int run;
-    kv_run(kv, k, v, elt, t0, nt, &kr, &vr, &run);
+    attn_kv_run(kv, k, v, elt, t0, nt, &kr, &vr, &run);
     const size_t row = kv->k_row * elt, bytes = (size_t)dk * elt;
     for (int i = 0; i < (run < 16 ? run : 16); i++)
         for (size_t o = 0; o < bytes; o += 64)
@@ -110,7 +94,7 @@ static void prefetch_next_run(const model_kv_t *kv, const char *k, const char *v
 }
 
 /* len of the queries within the run [t0, t0 + run). */
-static void run_len(const int *len, int nq, int t0, int run, int *out)
+void attn_run_len(const int *len, int nq, int t0, int run, int *out)
 {
     for (int j = 0; j < nq; j++) {
         const int l = len[j] - t0;
@@ -120,8 +104,8 @@ static void run_len(const int *len, int nq, int t0, int run, int *out)
 
 /* Query j of tile tl x heads [h0, h0 + hg) into q (dk values, as
  * put_query stores them for kt); returns the keys it sees. */
-static int get_query(const attn_run_t *a, const tile_t *tl, int h0, int j, model_kvt_t kt,
-                     float *q)
+int attn_get_query(const attn_run_t *a, const tile_t *tl, int h0, int j, model_kvt_t kt,
+                   float *q)
 {
     const arch_hparams_t *hp = &a->m->hp;
     const model_simd_t *sd = model_simd();
@@ -137,12 +121,14 @@ static int get_query(const attn_run_t *a, const tile_t *tl, int h0, int j, model
     return a->rows[r].pos + 1;
 }
 
+bool model_attn_amx(const model_t *m) { return !m->opts.no_amx && model_cpu_amx(); }
+
 /* Whether run a on a cache of type kt takes the tile unit: a BF16 cache
  * where model_attn_amx, shapes the tiles take, and att_qmax a multiple of
  * 16 (ws_layout rounds it so), so any item's groups of 16 queries fit the
  * scratch. Nothing about the step (its rows, the item's tile): a query's
  * kernels, hence its bits, must not depend on what else the step holds. */
-static bool amx_takes(const attn_run_t *a, model_kvt_t kt)
+bool attn_amx_takes(const attn_run_t *a, model_kvt_t kt)
 {
     const model_ws_t *ws = &a->m->ws;
     return kt == MODEL_KV_BF16 && ws->amx_stride && a->dk % 2 == 0 && a->dk >= 32 &&
@@ -160,14 +146,14 @@ static void attend_amx(const attn_run_t *a, const tile_t *tl, int h0, int ith,
     const model_ws_t *ws = &m->ws;
     const size_t elt = sizeof(ecs_bf16_t);
     const int nq = tl->nrows * a->hg, nqp = (nq + 3) & ~3;
-    float *QT = thr(m, ith);
+    float *QT = attn_thr(m, ith);
     float *S = QT + (size_t)ws->att_qmax * ws->dkp;
     float *kbuf = S + (size_t)ws->att_qmax * ws->t_pad;
     float *O = kbuf + (size_t)16 * ws->dkp;
     int len[MODEL_ATT_QMAX] = {0}, run;
     memset(QT, 0, (size_t)(nq + 15) / 16 * 16 * a->dk * sizeof(float));
     for (int j = 0; j < nq; j++) { /* kbuf: the query as put_query rounds it */
-        len[j] = get_query(a, tl, h0, j, MODEL_KV_BF16, kbuf);
+        len[j] = attn_get_query(a, tl, h0, j, MODEL_KV_BF16, kbuf);
         model_qt_bf16(QT, j, a->dk, (const ecs_bf16_t *)kbuf);
     }
     const int nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1, kvh = h0 / a->group;
@@ -175,8 +161,8 @@ static void attend_amx(const attn_run_t *a, const tile_t *tl, int h0, int ith,
     const char *V = (const char *)kv->v + (size_t)kvh * a->dv * elt;
     const char *kr, *vr;
     for (int t0 = 0; t0 < nt; t0 += run) {
-        kv_run(kv, K, V, elt, t0, nt, &kr, &vr, &run);
-        prefetch_next_run(kv, K, V, elt, t0 + run, nt, a->dk);
+        attn_kv_run(kv, K, V, elt, t0, nt, &kr, &vr, &run);
+        attn_prefetch_next_run(kv, K, V, elt, t0 + run, nt, a->dk);
         model_amx_scores(QT, nq, kr, kv->k_row, a->dk, run, m->hp.kq_scale, S + t0, ws->t_pad,
                          kbuf);
     }
@@ -186,7 +172,7 @@ static void attend_amx(const attn_run_t *a, const tile_t *tl, int h0, int ith,
         const void *vrs[MODEL_SPLIT_KEYS / MODEL_KV_BLOCK + 1];
         int rn[MODEL_SPLIT_KEYS / MODEL_KV_BLOCK + 1], nrun = 0;
         for (int t = c0; t < end; t += run, nrun++) {
-            kv_run(kv, K, V, elt, t, end, &kr, &vr, &run);
+            attn_kv_run(kv, K, V, elt, t, end, &kr, &vr, &run);
             vrs[nrun] = vr, rn[nrun] = run;
         }
         model_amx_pv(S + c0, nq, ws->t_pad, vrs, rn, nrun, kv->v_row, a->dv, O, ws->dvp, c0 > 0,
@@ -205,9 +191,9 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     model_t *m = a->m;
     const arch_hparams_t *hp = &m->hp;
     const model_ws_t *ws = &m->ws;
-    const model_kv_t kv = a->kv ? *a->kv : ctx_kv(a->rows[tl->row0].ctx, a->layer);
+    const model_kv_t kv = a->kv ? *a->kv : attn_ctx_kv(a->rows[tl->row0].ctx, a->layer);
     const model_kvt_t kt = kv.kvt;
-    if (amx_takes(a, kt)) {
+    if (attn_amx_takes(a, kt)) {
         attend_amx(a, tl, h0, ith, &kv);
         return;
     }
@@ -216,7 +202,7 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
      * third of the latent ones) */
     const int dkp = (a->dk + 15) & ~15;
     const int nq = tl->nrows * a->hg, nqp = (nq + 3) & ~3;
-    float *Q = thr(m, ith);
+    float *Q = attn_thr(m, ith);
     float *S = Q + (size_t)ws->att_qmax * ws->dkp;
     float *kbuf = S + (size_t)ws->att_qmax * ws->t_pad;
     float *O = kbuf + (size_t)16 * ws->dkp;
@@ -225,7 +211,7 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     for (int j = 0; j < nqp; j++) {
         float *q = Q + (size_t)j * dkp;
         memset(q, 0, (size_t)dkp * sizeof *q);
-        len[j] = j < nq ? get_query(a, tl, h0, j, kt, q) : 0;
+        len[j] = j < nq ? attn_get_query(a, tl, h0, j, kt, q) : 0;
     }
     const int nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1;
     const int kvh = h0 / a->group;
@@ -237,16 +223,16 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     int rl[MODEL_ATT_QMAX], run;
     const char *kr, *vr;
     for (int t0 = 0; t0 < nt; t0 += run) {
-        kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
-        run_len(len, nqp, t0, run, rl);
-        prefetch_next_run(&kv, K, V, elt, t0 + run, nt, a->dk);
+        attn_kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
+        attn_run_len(len, nqp, t0, run, rl);
+        attn_prefetch_next_run(&kv, K, V, elt, t0 + run, nt, a->dk);
         sd->scores(Q, nqp, dkp, kr, kv.k_row, kt, a->dk, dkp, rl, run, hp->kq_scale, S + t0,
                    ws->t_pad, kbuf);
     }
     sd->softmax(S, nqp, ws->t_pad, len, nt, kt, NULL, NULL);
     for (int t0 = 0; t0 < nt; t0 += run) {
-        kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
-        run_len(len, nqp, t0, run, rl);
+        attn_kv_run(&kv, K, V, elt, t0, nt, &kr, &vr, &run);
+        attn_run_len(len, nqp, t0, run, rl);
         sd->pv(S + t0, nqp, ws->t_pad, vr, kv.v_row, kt, a->dv, rl, O, ws->dvp, t0 > 0);
     }
     for (int j = 0; j < nq; j++) {
@@ -256,7 +242,7 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     }
 }
 
-static void attn_item(void *arg, int item, int ith)
+void attn_item(void *arg, int item, int ith)
 {
     const attn_run_t *a = arg;
     /* the last tiles attend to the most keys: hand them out first */
@@ -273,14 +259,15 @@ static int divisor_at_most(int g, int cap)
 }
 
 /* Runs of consecutive rows of one sequence at consecutive positions, at
- * most max_rows each, of the rows of only (all rows when NULL); returns
- * the count. */
-static int make_tiles(const model_step_row_t *rows, int n, const model_ctx_t *only, int max_rows,
-                      tile_t *t)
+ * most max_rows each, of the rows f takes (f.only's, all when NULL; with
+ * f.min > 0 those seeing at least f.min keys when f.deep, else fewer);
+ * returns the count. */
+int attn_make_tiles(const model_step_row_t *rows, int n, attn_rows_t f, int max_rows, tile_t *t)
 {
     int nt = 0;
     for (int i = 0; i < n; i++) {
-        if (only && rows[i].ctx != only)
+        const bool deep = rows[i].pos + 1 >= f.min;
+        if ((f.only && rows[i].ctx != f.only) || (f.min > 0 && deep != f.deep))
             continue;
         tile_t *last = nt ? &t[nt - 1] : NULL;
         if (last && last->nrows < max_rows && last->row0 + last->nrows == i &&
@@ -295,15 +282,15 @@ static int make_tiles(const model_step_row_t *rows, int n, const model_ctx_t *on
 /* Sets up a run: heads per item as many as share a cached head (each K
  * block is converted once for all of them), but at least one item per
  * thread. */
-static void plan_run(attn_run_t *a, model_t *m, const model_step_row_t *rows, int n, int layer,
-                     int group, int dk, int dv, bool latent, float *out, int64_t out_ld,
-                     tile_t *tiles)
+void attn_plan_run(attn_run_t *a, model_t *m, const model_step_row_t *rows, int n, int layer,
+                   int group, int dk, int dv, bool latent, float *out, int64_t out_ld,
+                   tile_t *tiles)
 {
     const int nh = m->hp.n_head, qmax = m->ws.att_qmax, nth = ecs_threadpool_size(m->tp);
     int hg = divisor_at_most(group, qmax);
     while (hg > 1 && (int64_t)n * (nh / hg) < nth)
         hg = divisor_at_most(group, hg - 1);
-    const int n_tiles = make_tiles(rows, n, NULL, qmax / hg, tiles);
+    const int n_tiles = attn_make_tiles(rows, n, (attn_rows_t){0}, qmax / hg, tiles);
     *a = (attn_run_t){.m = m, .rows = rows, .q = m->ws.q, .layer = layer, .tiles = tiles,
                       .n_tiles = n_tiles, .hg = hg, .n_hg = nh / hg, .group = group, .dk = dk,
                       .dv = dv, .latent = latent, .out = out, .out_ld = out_ld};
@@ -355,13 +342,13 @@ static void absorb_mul(model_t *m, const model_layer_ext_t *ex, int h, int n)
     float *y = ws->att + (size_t)h * kvl;
     if (ex->packed)
         model_simd()->dot_q8p(w.data, kvl, (int)(w.ncols / ECS_QK), act, ws->qn_row, n, y,
-                              (int64_t)nh * kvl);
+                   (int64_t)nh * kvl);
     else
         kcpu_matmul_q(NULL, &w, act, n, y, (int64_t)nh * kvl);
 }
 
 /* Head h of the latent path: q_abs = W_kT q_nope, and the values W_v o. */
-static void absorb_head(model_t *m, const model_layer_ext_t *ex, const float *q, int h, int n)
+void attn_absorb_head(model_t *m, const model_layer_ext_t *ex, const float *q, int h, int n)
 {
     const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
@@ -390,7 +377,7 @@ static kcpu_mat_t wv_head(const arch_hparams_t *hp, const kcpu_mat_t *wb, int h)
     return kcpu_mat_rows(wb, (int64_t)h * (hp->qk_nope + hp->head_v) + hp->qk_nope, hp->head_v);
 }
 
-static void values_head(model_t *m, const model_layer_t *ly, float *attv, int h, int n)
+void attn_values_head(model_t *m, const model_layer_t *ly, float *attv, int h, int n)
 {
     const arch_hparams_t *hp = &m->hp;
     model_ws_t *ws = &m->ws;
@@ -402,13 +389,7 @@ static void values_head(model_t *m, const model_layer_t *ly, float *attv, int h,
     kcpu_matmul_q(NULL, &wv, act, n, attv + (size_t)h * hp->head_v, (int64_t)nh * hp->head_v);
 }
 
-typedef struct {
-    attn_run_t a;
-    const model_layer_t *ly;
-    const model_layer_ext_t *ex;
-    float *attv;
-    int n;
-} fused_t;
+
 
 /* Decode: one item = a group of heads through absorption, attention and
  * values, so the whole attention core is one parallel region. */
@@ -417,326 +398,11 @@ static void fused_item(void *arg, int item, int ith)
     const fused_t *f = arg;
     const int h0 = item * f->a.hg;
     for (int h = h0; h < h0 + f->a.hg; h++)
-        absorb_head(f->a.m, f->ex, f->a.q, h, f->n);
+        attn_absorb_head(f->a.m, f->ex, f->a.q, h, f->n);
     for (int t = 0; t < f->a.n_tiles; t++)
         attend(&f->a, &f->a.tiles[t], h0, ith);
     for (int h = h0; h < h0 + f->a.hg; h++)
-        values_head(f->a.m, f->ly, f->attv, h, f->n);
-}
-
-/* ------------------------------------------- decode at depth: key split
- * Split by heads, every thread converts (and reads) each key for its own
- * heads; at depth that costs more than the products. The split run gives
- * each item all heads of a tile and one fixed block of MODEL_SPLIT_KEYS
- * keys, through scores, a block softmax and P.V while the block is in L2
- * (one pass over the cache: the latent values are the keys' first dv
- * values); then each query's blocks are merged in block order, rescaled
- * to the common max (an online softmax, as flash attention). With one
- * tile (one sequence) a layer is three regions: per head its absorption;
- * the blocks, after thread 0 has put the queries for them (serially: the
- * transposed queries of a tile share their cache lines, so threads putting
- * them at once pass each line back and forth, ~2x the serial time); per
- * head the merge of its queries and its W_v. Item boundaries depend on neither the thread count nor the timing, so
- * neither do the bits. Rounding stays llama.cpp's: the query to the cache
- * type before Q.K, each probability before P.V (here exp(s - the block's
- * max), the division by the sum after P.V, in F32). */
-
-typedef struct {
-    const attn_run_t *a;
-    model_kv_t kv;
-    float *QT;         /* shared: the transposed queries */
-    float *O;          /* per block: att_qmax rows of dvp, max and sum (ws.split_o) */
-    int nq, nqp, nt, nblk;
-    float *out0;       /* the tile's first output row */
-    int len[MODEL_ATT_QMAX];
-} split_t;
-
-static float *blk_o(const split_t *sp, int b)
-{
-    const model_ws_t *ws = &sp->a->m->ws;
-    return sp->O + (size_t)b * ws->att_qmax * (ws->dvp + 2);
-}
-
-bool model_attn_amx(const model_t *m) { return !m->opts.no_amx && model_cpu_amx(); }
-
-/* split_block on the tile unit: scores run by run, the block's softmax,
- * then one P.V over all its runs (its staging is per call). */
-static void split_block_amx(const split_t *sp, int t0, int end, float *S, int lds, float *kbuf,
-                            float *O, float *mx, float *sum, int ith)
-{
-    const attn_run_t *a = sp->a;
-    const model_ws_t *ws = &a->m->ws;
-    const size_t elt = sizeof(ecs_bf16_t);
-    const void *vr[MODEL_SPLIT_KEYS / MODEL_KV_BLOCK + 1];
-    int rn[MODEL_SPLIT_KEYS / MODEL_KV_BLOCK + 1], nrun = 0, len[MODEL_ATT_QMAX], run;
-    const char *kr, *v;
-    for (int t = t0; t < end; t += run, nrun++) {
-        kv_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t, end, &kr, &v, &run);
-        prefetch_next_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t + run, end, a->dk);
-        model_amx_scores(sp->QT, sp->nq, kr, sp->kv.k_row, a->dk, run, a->m->hp.kq_scale,
-                         S + (t - t0), lds, kbuf);
-        vr[nrun] = v, rn[nrun] = run;
-    }
-    run_len(sp->len, sp->nqp, t0, end - t0, len);
-    model_simd()->softmax(S, sp->nqp, lds, len, end - t0, MODEL_KV_BF16, mx, sum);
-    model_amx_pv(S, sp->nq, lds, vr, rn, nrun, sp->kv.v_row, a->dv, O, ws->dvp, false,
-                 ws->amx_stage + (size_t)ith * ws->amx_stride);
-}
-
-static void split_block(void *arg, int item, int ith)
-{
-    const split_t *sp = arg;
-    const attn_run_t *a = sp->a;
-    const model_ws_t *ws = &a->m->ws;
-    const model_simd_t *sd = model_simd();
-    const model_kvt_t kt = sp->kv.kvt;
-    const size_t elt = model_kvt_size(kt);
-    const int t0 = item * MODEL_SPLIT_KEYS;
-    const int end = sp->nt - t0 < MODEL_SPLIT_KEYS ? sp->nt : t0 + MODEL_SPLIT_KEYS;
-    float *S = thr(a->m, ith) + (size_t)ws->att_qmax * ws->dkp;
-    float *kbuf = S + (size_t)ws->att_qmax * ws->t_pad;
-    float *O = blk_o(sp, item), *mx = O + (size_t)ws->att_qmax * ws->dvp, *sum = mx + ws->att_qmax;
-    /* rows a little over the block: 16 rows 1 KB apart would share L1 sets */
-    const int lds = ws->t_pad < MODEL_SPLIT_KEYS + 16 ? ws->t_pad : MODEL_SPLIT_KEYS + 16;
-    if (amx_takes(a, kt)) {
-        split_block_amx(sp, t0, end, S, lds, kbuf, O, mx, sum, ith);
-        return;
-    }
-    /* per contiguous run of KV blocks inside the item: a score is one
-     * query's product with one key, the same however the keys are cut */
-    const char *kr, *vr;
-    int run, len[MODEL_ATT_QMAX], rl[MODEL_ATT_QMAX];
-    for (int t = t0; t < end; t += run) {
-        kv_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t, end, &kr, &vr, &run);
-        prefetch_next_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t + run, end, a->dk);
-        sd->scores_t(sp->QT, sp->nq, kr, sp->kv.k_row, kt, a->dk, run, a->m->hp.kq_scale,
-                     S + (t - t0), lds, kbuf);
-    }
-    run_len(sp->len, sp->nqp, t0, end - t0, len);
-    sd->softmax(S, sp->nqp, lds, len, end - t0, kt, mx, sum);
-    /* P.V continues its sums run after run (KV blocks, even lengths) */
-    for (int t = t0; t < end; t += run) {
-        kv_run(&sp->kv, sp->kv.k, sp->kv.v, elt, t, end, &kr, &vr, &run);
-        run_len(len, sp->nqp, t - t0, run, rl);
-        sd->pv(S + (t - t0), sp->nqp, lds, vr, sp->kv.v_row, kt, a->dv, rl, O, ws->dvp, t > t0);
-    }
-}
-
-/* Query j: its blocks' outputs, each scaled by exp(its max - the max),
- * summed in block order and divided by the sum of the blocks' sums so
- * scaled (model_simd_t.wsum: one read of each block's row, o written
- * once). The blocks it sees are the first ceil(len / block) ones (the
- * others' max is -inf). */
-static void split_merge(void *arg, int j, int ith)
-{
-    const split_t *sp = arg;
-    const model_ws_t *ws = &sp->a->m->ws;
-    const int q = ws->att_qmax;
-    const size_t bs = (size_t)q * (ws->dvp + 2); /* floats between blocks */
-    const int nb = (sp->len[j] + MODEL_SPLIT_KEYS - 1) / MODEL_SPLIT_KEYS;
-    const float *mx = sp->O + (size_t)q * ws->dvp + j;
-    /* the weights, in this thread's scores scratch (idle in this region) */
-    float *w = thr(sp->a->m, ith) + (size_t)q * ws->dkp;
-    float M = -INFINITY;
-    for (int b = 0; b < nb; b++)
-        M = mx[b * bs] > M ? mx[b * bs] : M;
-    double L = 0.0;
-    for (int b = 0; b < nb; b++) {
-        w[b] = expf(mx[b * bs] - M);
-        L += (double)w[b] * (double)mx[b * bs + q];
-    }
-    model_simd()->wsum(sp->out0 + (size_t)j * sp->a->dv, sp->a->dv, sp->O + (size_t)j * ws->dvp,
-                       bs, w, nb, (float)(1.0 / L));
-}
-
-/* Tile tl (all heads: a->hg == n_head) by the key split: sp's fields,
- * its transposed queries (thread 0's scratch) zeroed, none put yet. */
-static void split_prepare(const attn_run_t *a, const tile_t *tl, split_t *sp)
-{
-    model_t *m = a->m;
-    const model_ws_t *ws = &m->ws;
-    *sp = (split_t){.a = a, .kv = ctx_kv(a->rows[tl->row0].ctx, a->layer), .O = ws->split_o};
-    sp->QT = thr(m, 0);
-    sp->nq = tl->nrows * a->hg;
-    sp->nqp = (sp->nq + 3) & ~3;
-    sp->nt = a->rows[tl->row0 + tl->nrows - 1].pos + 1;
-    sp->nblk = (sp->nt + MODEL_SPLIT_KEYS - 1) / MODEL_SPLIT_KEYS;
-    sp->out0 = a->out + (size_t)tl->row0 * a->out_ld;
-    const int ng = (sp->nq + 15) / 16;
-    memset(sp->QT, 0, (size_t)ng * 16 * a->dk * sizeof(float));
-    memset(sp->len, 0, sizeof sp->len);
-}
-
-/* Query j of tile tl into sp's transposed queries; tmp: dk floats of
- * the calling thread's. */
-static void split_query(split_t *sp, const tile_t *tl, int j, float *tmp)
-{
-    const attn_run_t *a = sp->a;
-    sp->len[j] = get_query(a, tl, 0, j, sp->kv.kvt, tmp);
-    if (sp->kv.kvt == MODEL_KV_BF16) {
-        model_qt_bf16(sp->QT, j, a->dk, (const ecs_bf16_t *)tmp);
-        return;
-    }
-    float *qt = sp->QT + (size_t)(j / 16) * a->dk * 16 + j % 16;
-    for (int d = 0; d < a->dk; d++)
-        qt[(size_t)d * 16] = tmp[d];
-}
-
-/* A thread's scratch for split_query: its scores (idle until the blocks;
- * thread 0's queries lie before them). */
-static float *split_tmp(model_t *m, int ith)
-{
-    return thr(m, ith) + (size_t)m->ws.att_qmax * m->ws.dkp;
-}
-
-/* Tile tl by the key split, its queries put here: the region of its
- * blocks into sp; the merge (split_merge over sp->nq queries) is the
- * caller's. */
-static void split_attend(const attn_run_t *a, const tile_t *tl, split_t *sp)
-{
-    split_prepare(a, tl, sp);
-    for (int j = 0; j < sp->nq; j++)
-        split_query(sp, tl, j, split_tmp(a->m, 0));
-    kcpu_par_for(a->m->tp, sp->nblk, split_block, sp);
-}
-
-/* Region items over heads of a fused_t: absorption, then the values. */
-static void split_absorb(void *arg, int h, int ith)
-{
-    const fused_t *f = arg;
-    (void)ith;
-    absorb_head(f->a.m, f->ex, f->a.q, h, f->n);
-}
-
-static void split_values(void *arg, int h, int ith)
-{
-    const fused_t *f = arg;
-    (void)ith;
-    values_head(f->a.m, f->ly, f->attv, h, f->n);
-}
-
-typedef struct {
-    const fused_t *f;
-    split_t *sp;
-} merge_values_t;
-
-/* One tile: head h's queries (row r: query r * n_head + h) merged, then
- * its values, in one item: a region fewer per layer, and the merged rows
- * are quantized where they were written. */
-static void split_merge_values(void *arg, int h, int ith)
-{
-    const merge_values_t *mv = arg;
-    for (int j = h; j < mv->sp->nq; j += mv->f->a.hg)
-        split_merge((void *)mv->sp, j, ith);
-    values_head(mv->f->a.m, mv->f->ly, mv->f->attv, h, mv->f->n);
-}
-
-/* Rows at position p with p + 1 >= this take the key split (m's
- * attn_split_min: 0 means 512, < 0 never). */
-static int split_min(const model_t *m)
-{
-    const int o = m->opts.attn_split_min;
-    return o < 0 ? INT_MAX : o ? o : 512;
-}
-
-/* Rows a tile of all heads holds in the scratch (0: the key split cannot
- * run: fewer than one row's heads fit att_qmax). */
-static int split_max_rows(const model_t *m, int n)
-{
-    int r = 0;
-    while (r < n && ((r + 1) * m->hp.n_head + 15) / 16 * 16 <= m->ws.att_qmax)
-        r++;
-    return r;
-}
-
-/* Runs of consecutive rows of one sequence, as make_tiles, of the rows
- * that take the key split (deep) or of the others. */
-static int make_tiles_depth(const model_step_row_t *rows, int n, int min, bool deep, int max_rows,
-                            tile_t *t)
-{
-    int nt = 0;
-    for (int i = 0; i < n; i++) {
-        if ((rows[i].pos + 1 >= min) != deep)
-            continue;
-        tile_t *last = nt ? &t[nt - 1] : NULL;
-        if (last && last->nrows < max_rows && last->row0 + last->nrows == i &&
-            rows[i].ctx == rows[i - 1].ctx && rows[i].pos == rows[i - 1].pos + 1)
-            last->nrows++;
-        else
-            t[nt++] = (tile_t){i, 1};
-    }
-    return nt;
-}
-
-/* The fused_t of the key split over all n rows (absorption and values
- * for every row; tiles set by the caller). */
-static fused_t split_fused(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
-                           const model_step_row_t *rows, int n, int layer, const float *q,
-                           float *attv, tile_t *tiles)
-{
-    const arch_hparams_t *hp = &m->hp;
-    const int nh = hp->n_head;
-    return (fused_t){.a = {.m = m, .rows = rows, .q = q, .layer = layer, .tiles = tiles, .hg = nh,
-                           .n_hg = 1, .group = nh, .dk = hp->kv_lora_rank + hp->rope.n_rot,
-                           .dv = hp->kv_lora_rank, .latent = true, .out = m->ws.ato,
-                           .out_ld = (int64_t)nh * hp->kv_lora_rank},
-                     .ly = ly, .ex = ex, .attv = attv, .n = n};
-}
-
-/* The key split for a step whose rows all take it (any row count):
- * returns false (nothing done) when a tile of all heads does not fit the
- * scratch. */
-static bool split_run(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
-                      const model_step_row_t *rows, int n, int layer, const float *q, float *attv)
-{
-    const int nh = m->hp.n_head, max_rows = split_max_rows(m, n);
-    if (max_rows == 0)
-        return false;
-    tile_t tiles[MODEL_MAX_BATCH];
-    fused_t f = split_fused(m, ly, ex, rows, n, layer, q, attv, tiles);
-    f.a.n_tiles = make_tiles(rows, n, NULL, max_rows, tiles);
-    split_t sp;
-    kcpu_par_for(m->tp, nh, split_absorb, &f);
-    if (f.a.n_tiles == 1) { /* 3 regions: absorption, blocks, merge and values */
-        split_attend(&f.a, &tiles[0], &sp);
-        const merge_values_t mv = {&f, &sp};
-        kcpu_par_for(m->tp, nh, split_merge_values, (void *)&mv);
-        return true;
-    }
-    /* tiles share the blocks' outputs (ws.split_o): each merged first */
-    for (int t = 0; t < f.a.n_tiles; t++) {
-        split_attend(&f.a, &tiles[t], &sp);
-        kcpu_par_for(m->tp, sp.nq, split_merge, &sp);
-    }
-    kcpu_par_for(m->tp, nh, split_values, &f);
-    return true;
-}
-
-/* A step of deep and shallow rows: each row's attention as it would be
- * alone (the key split and the head split differ in their last bits, and
- * a request's tokens must not depend on what else a step holds): the
- * absorption of every row, the deep rows' tiles by the key split, the
- * others' by the head split's items, then every row's values. */
-static void mixed_run(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
-                      const model_step_row_t *rows, int n, int layer, const float *q, float *attv,
-                      int min)
-{
-    const int nh = m->hp.n_head;
-    tile_t deep[MODEL_MAX_BATCH], shallow[MODEL_MAX_BATCH];
-    fused_t f = split_fused(m, ly, ex, rows, n, layer, q, attv, deep);
-    f.a.n_tiles = make_tiles_depth(rows, n, min, true, split_max_rows(m, n), deep);
-    kcpu_par_for(m->tp, nh, split_absorb, &f);
-    split_t sp;
-    for (int t = 0; t < f.a.n_tiles; t++) {
-        split_attend(&f.a, &deep[t], &sp);
-        kcpu_par_for(m->tp, sp.nq, split_merge, &sp);
-    }
-    attn_run_t a;
-    plan_run(&a, m, rows, n, layer, nh, f.a.dk, f.a.dv, true, m->ws.ato, f.a.out_ld, shallow);
-    a.q = q;
-    a.n_tiles = make_tiles_depth(rows, n, min, false, m->ws.att_qmax / a.hg, shallow);
-    kcpu_par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
-    kcpu_par_for(m->tp, nh, split_values, &f);
+        attn_values_head(f->a.m, f->ly, f->attv, h, f->n);
 }
 
 void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_ext_t *ex,
@@ -750,21 +416,21 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
     kcpu_job_t *jobs = ws->jobs;
     tile_t tiles[MODEL_MAX_BATCH];
     /* the key split per row, by its own depth */
-    const int min = split_min(m);
+    const int min = attn_split_min(m);
     int n_deep = 0;
     for (int i = 0; i < n; i++)
         n_deep += rows[i].pos + 1 >= min;
-    if (n_deep > 0 && split_max_rows(m, n) > 0) {
+    if (n_deep > 0 && attn_split_max_rows(m, n) > 0) {
         if (n_deep == n)
-            split_run(m, ly, ex, rows, n, layer, q, attv);
+            attn_split_run(m, ly, ex, rows, n, layer, q, attv);
         else
-            mixed_run(m, ly, ex, rows, n, layer, q, attv, min);
+            attn_split_mixed(m, ly, ex, rows, n, layer, q, attv, min);
         return;
     }
     if (n <= MODEL_FUSED_ROWS) {
         fused_t f = {.ly = ly, .ex = ex, .attv = attv, .n = n};
-        plan_run(&f.a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato,
-                 (int64_t)nh * kvl, tiles);
+        attn_plan_run(&f.a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato,
+                      (int64_t)nh * kvl, tiles);
         f.a.q = q;
         kcpu_par_for(m->tp, f.a.n_hg, fused_item, &f);
         return;
@@ -787,8 +453,8 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
     }
 
     attn_run_t a;
-    plan_run(&a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato, (int64_t)nh * kvl,
-             tiles);
+    attn_plan_run(&a, m, rows, n, layer, nh, kvl + hp->rope.n_rot, kvl, true, ws->ato,
+                  (int64_t)nh * kvl, tiles);
     a.q = q;
     kcpu_par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
 
@@ -816,8 +482,8 @@ void model_attention(model_t *m, const model_layer_t *ly, const model_layer_ext_
     const int nh = m->hp.n_head;
     tile_t tiles[MODEL_MAX_BATCH];
     attn_run_t a;
-    plan_run(&a, m, rows, n, layer, nh / c->n_kv_head, c->dk, c->dv, false, m->ws.attv,
-             (int64_t)nh * c->dv, tiles);
+    attn_plan_run(&a, m, rows, n, layer, nh / c->n_kv_head, c->dk, c->dv, false, m->ws.attv,
+                  (int64_t)nh * c->dv, tiles);
     kcpu_par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
 }
 
@@ -829,7 +495,7 @@ void model_attend_kv(model_t *m, const model_step_row_t *rows, int n, const mode
     attn_run_t a = {.m = m, .rows = rows, .q = m->ws.q, .kv = kv, .tiles = tiles, .hg = 1,
                     .n_hg = nh, .group = 1, .dk = dk, .dv = dv, .out = m->ws.attv,
                     .out_ld = (int64_t)nh * dv};
-    a.n_tiles = make_tiles(rows, n, only, m->ws.att_qmax, tiles);
+    a.n_tiles = attn_make_tiles(rows, n, (attn_rows_t){.only = only}, m->ws.att_qmax, tiles);
     kcpu_par_for(m->tp, a.n_tiles * a.n_hg, attn_item, &a);
 }
 

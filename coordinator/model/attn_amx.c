@@ -205,7 +205,8 @@ static void stage_values(bf16 *stage, const bf16 *const *vr, const int *rn, int 
             for (int h = 0; h < 2; h++) {
                 const __m512i x = _mm512_loadu_si512(v0 + 32 * h);
                 const __m512i y = two ? _mm512_loadu_si512(v1 + 32 * h) : _mm512_setzero_si512();
-                _mm512_store_si512(dst + (size_t)(2 * h) * 512, _mm512_permutex2var_epi16(x, lo, y));
+                _mm512_store_si512(dst + (size_t)(2 * h) * 512,
+                                   _mm512_permutex2var_epi16(x, lo, y));
                 _mm512_store_si512(dst + (size_t)(2 * h + 1) * 512,
                                    _mm512_permutex2var_epi16(x, hi, y));
             }
