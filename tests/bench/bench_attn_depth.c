@@ -18,12 +18,17 @@
  * With "amx" (BF16 only) the one pass's two products run on the tile unit
  * (attn_amx.c, as attn.c on a CPU with AMX-BF16) instead of model_simd().
  *
+ * A third pass, alternating with the two, only reads each layer's cache
+ * (512-bit loads, summed): the memory's floor for the same bytes, so the
+ * one pass's distance from the memory is read off in one run.
+ *
  * usage: bench_attn_depth [T] [bf16|f16] [NC] [REPS] [B: keys per block] [TH] [amx|vec] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <immintrin.h>
 
 #include "common/threadpool.h"
 #include "coordinator/model/model_int.h"
@@ -204,6 +209,19 @@ static int pool_bench(const model_simd_t *sd, model_kvt_t kt, const char *kv, co
     return 0;
 }
 
+/* Every byte of n at p, four chains of 512-bit loads (the floor); the
+ * checksum keeps the loads. */
+__attribute__((target("avx512f"))) static int read_floor(const char *p, size_t n)
+{
+    __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                    _mm512_setzero_si512()};
+    for (size_t i = 0; i + 256 <= n; i += 256)
+        for (int j = 0; j < 4; j++)
+            a[j] = _mm512_add_epi32(a[j], _mm512_load_si512(p + i + 64 * j));
+    return _mm512_reduce_add_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3])));
+}
+
 int main(int argc, char **argv)
 {
     const int T = argc > 1 ? atoi(argv[1]) : 4096;
@@ -267,15 +285,21 @@ int main(int argc, char **argv)
     for (int j = 0; j < NQ; j++)
         len[j] = T;
     const float scale = 1.0f / sqrtf(192.0f);
-    double *tm[2], ph[3] = {0, 0, 0}; /* one-pass: scores, softmax, P.V */
-    for (int v = 0; v < 2; v++)
-        tm[v] = malloc((size_t)REPS * sizeof(double));
+    double *tm[3], ph[3] = {0, 0, 0}; /* one-pass: scores, softmax, P.V */
+    for (int v = 0; v < 3; v++)
+        if (!(tm[v] = malloc((size_t)REPS * sizeof(double)))) {
+            fprintf(stderr, "bench_attn_depth: out of memory\n");
+            return 1;
+        }
+    unsigned rd = 0;
     for (int r = 0; r < REPS; r++)
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 3; v++) {
             const double t0 = now();
             for (int c = 0; c < NC; c++) {
                 const char *K = kv + (size_t)c * T * row;
-                if (v == 0) {
+                if (v == 2) {
+                    rd += (unsigned)read_floor(K, (size_t)T * row);
+                } else if (v == 0) {
                     for (int t = 0; t < T; t += 512)
                         sd->scores_t(QT, NQ, K + (size_t)t * row, DK, kt, DK,
                                      T - t < 512 ? T - t : 512, scale, S + t, (int)tp, kbuf);
@@ -306,17 +330,20 @@ int main(int argc, char **argv)
     printf("bench_attn_depth: T %d, %s cache, %d layers rotated (%.1f MB each), %d reps, blocks of %d keys, 1 thread, one pass on %s\n",
            T, kt == MODEL_KV_BF16 ? "bf16" : "f16", NC, (double)T * row / 1e6, REPS, B,
            use_amx ? "the tile unit (AMX)" : "vector kernels");
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 3; v++) {
         qsort(tm[v], (size_t)REPS, sizeof(double), cmpd);
         printf("  %-9s ms/layer best %.3f median %.3f  ns/key/head best %.2f median %.2f\n",
-               v ? "one-pass" : "two-pass", 1e3 * tm[v][0], 1e3 * tm[v][REPS / 2],
-               1e9 * tm[v][0] / T / NQ, 1e9 * tm[v][REPS / 2] / T / NQ);
+               v == 2 ? "read" : v ? "one-pass" : "two-pass", 1e3 * tm[v][0],
+               1e3 * tm[v][REPS / 2], 1e9 * tm[v][0] / T / NQ, 1e9 * tm[v][REPS / 2] / T / NQ);
     }
+    printf("  one-pass / read (median): %.2f; read %.1f GB/s (median; checksum %u)\n",
+           tm[1][REPS / 2] / tm[2][REPS / 2], (double)T * row / tm[2][REPS / 2] / 1e9,
+           rd & 1);
     const double all = ph[0] + ph[1] + ph[2];
     printf("  one-pass shares: scores %.0f %%, block softmax %.0f %%, P.V %.0f %% (the rest: the merge)\n",
            100 * ph[0] / all, 100 * ph[1] / all, 100 * ph[2] / all);
     if (TH > 1 && pool_bench(sd, kt, kv, QT, T, B, NC, REPS, TH, scale, O, out) != 0)
         return 1;
-    free(tm[0]), free(tm[1]), free(q), free(out), free(O), free(kbuf), free(S), free(QT), free(kv);
+    free(tm[0]), free(tm[1]), free(tm[2]), free(q), free(out), free(O), free(kbuf), free(S), free(QT), free(kv);
     return 0;
 }
