@@ -14,6 +14,9 @@
  *     header and body bytes (431 / 413), a read timeout from a request's
  *     first byte to its end (408) and an idle timeout between requests.
  *     A client that goes away cancels its request at once.
+ *   - Tools (function calling) in Qwen's Hermes form, where the model's
+ *     template is ChatML or absent: described in the system turn, calls
+ *     read back from the output, a forced call constrained to its schema.
  *   - Chat messages are tokenized so that text inside a message that spells
  *     a control token stays plain text (it cannot forge a turn); a raw
  *     /v1/completions prompt parses control-token text as llama-server does.
@@ -89,6 +92,13 @@ typedef enum {
     API_ROUTE_MESSAGES,      /* /v1/messages (Anthropic) */
 } api_route_t;
 
+/* How a request's output is read for tool calls (tools.c). */
+typedef enum {
+    API_TOOLS_OFF = 0,  /* no tools, or tool_choice none: all text */
+    API_TOOLS_AUTO,     /* the model may call: <tool_call> blocks at the end */
+    API_TOOLS_FORCED,   /* one call of a named function: the output is its JSON */
+} api_tool_mode_t;
+
 typedef struct {
     api_route_t route;
     char *model;
@@ -106,11 +116,15 @@ typedef struct {
     char *prompt;            /* completions: text prompt */
     int32_t *prompt_ids;     /* completions: a prompt given as token ids */
     int n_prompt_ids;
+    api_tool_mode_t tool_mode;
+    char *tools_text;        /* the tools as the system turn describes them, NULL: none */
+    bool tool_parts;         /* tools, calls or results: the template needs a place for them */
+    int tool_turn_end;       /* parsing: n_msgs just after a turn of tool results, else 0 */
 } api_req_t;
 
 /* Parses a JSON body for route into r. On failure returns ECS_ERR_INVAL
- * (or ECS_ERR_UNSUPPORTED for a feature this server cannot do, e.g. tools
- * or n > 1) and writes a message for the client into err; r is then
+ * (or ECS_ERR_UNSUPPORTED for a feature this server cannot do, e.g.
+ * n > 1) and writes a message for the client into err; r is then
  * already freed. */
 ecs_err_t api_req_parse(api_route_t route, const char *body, size_t len, api_req_t *r,
                         char *err, size_t err_cap);

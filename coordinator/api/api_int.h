@@ -1,10 +1,12 @@
 /* api_int.h - the HTTP front's private state, shared by its files:
  * server.c (loop, connections, limits, timeouts), routes.c (handlers),
- * reply.c (JSON and SSE bodies), prompt.c (tokenizing requests). */
+ * reply.c (JSON and SSE bodies), prompt.c (tokenizing requests), req.c
+ * (request bodies), tools.c (tool calls in and out), buf.c (buffers). */
 #ifndef ECS_API_INT_H
 #define ECS_API_INT_H
 
 #include <ev.h>
+#include <jansson.h>
 #include <stdatomic.h>
 #include <stdio.h>
 
@@ -24,8 +26,48 @@ typedef struct {
 ecs_err_t api_specials_init(const tok_t *tok, api_specials_t *sp);
 void api_specials_free(api_specials_t *sp);
 ecs_err_t api_prompt_text(const tok_t *tok, const char *text, int n_ctx, int32_t **out, int *n_out);
+/* prefill (NULL: none): text the answer starts with, after the template's
+ * assistant prompt (a forced tool call's tag). */
 ecs_err_t api_prompt_chat(const tok_t *tok, const api_specials_t *sp, const tok_chat_msg_t *msgs,
-                          int n, int n_ctx, int32_t **out, int *n_out);
+                          int n, const char *prefill, int n_ctx, int32_t **out, int *n_out);
+
+/* Request parsing (req.c, tools.c): the client's message for a mistake. */
+typedef struct {
+    char *err;
+    size_t cap;
+    ecs_err_t code;
+} api_perr_t;
+/* Writes the message, returns code. */
+ecs_err_t api_bad(api_perr_t *e, ecs_err_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const char *api_type_name(const json_t *v); /* "an object", "a string", ... */
+json_t *api_field(json_t *o, const char *k); /* present and not null, or NULL */
+/* A message's content (a string or text parts, joined) into *out (malloc'd). */
+ecs_err_t api_content_text(api_perr_t *e, json_t *c, size_t idx, char **out);
+/* Appends a message (takes text, even on failure). */
+ecs_err_t api_push_msg(api_perr_t *e, api_req_t *r, const char *role, char *text);
+
+/* Tools (tools.c; Qwen's Hermes form in a ChatML template). A forced call's
+ * answer starts with API_TOOL_CALL_OPEN. */
+#define API_TOOL_CALL_OPEN "<tool_call>\n"
+/* tools / tool_choice of a chat (OpenAI) or messages (Anthropic) body. */
+ecs_err_t api_tools_get(api_perr_t *e, json_t *o, api_req_t *r);
+/* A message that carries tool calls or results (OpenAI role tool or
+ * assistant tool_calls, Anthropic tool_use / tool_result blocks): its
+ * rendering appended to r's messages, *done set; else *done false. */
+ecs_err_t api_tools_message(api_perr_t *e, json_t *msg, size_t i, api_req_t *r, bool *done);
+/* After the messages: the tools' description joins the system turn. */
+ecs_err_t api_tools_system(api_perr_t *e, api_req_t *r);
+/* ECS_OK when a template of kind k (NONE: the ChatML fallback) has a place
+ * for tools; else the error, naming the template. */
+ecs_err_t api_tools_template(tok_chat_kind_t k);
+/* Bytes of the output that may go out as text while streaming (a call's
+ * tag and what follows it are held back). */
+size_t api_tools_text_len(const api_req_t *r, const char *text, size_t len);
+/* The output's calls as OpenAI tool_calls (ids from id), or NULL when it
+ * holds none (then all of it is text); *text_len: the text before them. */
+json_t *api_tools_calls(const api_req_t *r, const char *id, const char *text, size_t len,
+                        size_t *text_len);
 
 /* A growable byte buffer; `failed` latches an allocation failure. */
 typedef struct {

@@ -115,14 +115,14 @@ ecs_err_t api_prompt_text(const tok_t *tok, const char *text, int n_ctx, int32_t
 #define SENT_CLOSE '\x02'
 
 ecs_err_t api_prompt_chat(const tok_t *tok, const api_specials_t *sp, const tok_chat_msg_t *msgs,
-                          int n, int n_ctx, int32_t **out, int *n_out)
+                          int n, const char *prefill, int n_ctx, int32_t **out, int *n_out)
 {
     ecs_err_t e = ECS_ERR_NOMEM;
     tok_chat_msg_t *sm = calloc((size_t)n + 1, sizeof *sm);
     char (*sent)[16] = calloc((size_t)n + 1, sizeof *sent);
     char *tmpl = NULL;
     build_t b = {.tok = tok, .cap = (size_t)n_ctx + 1};
-    size_t total = 0, len = 0;
+    size_t total = prefill ? strlen(prefill) : 0, len = 0;
     if (!sm || !sent)
         goto fail;
     for (int i = 0; i < n; i++) {
@@ -164,6 +164,10 @@ ecs_err_t api_prompt_chat(const tok_t *tok, const api_specials_t *sp, const tok_
         push_id(&b, sp->v[hit].id);
         i += sp->v[hit].len;
     }
+    if (prefill) { /* text of the answer: plain */
+        memcpy(b.plain + b.plain_len, prefill, strlen(prefill));
+        b.plain_len += strlen(prefill);
+    }
     if ((e = flush_plain(&b)) != ECS_OK)
         goto fail;
     free(sm);
@@ -180,4 +184,14 @@ fail:
     free(b.plain);
     free(b.ids);
     return e;
+}
+
+/* Tools live in Qwen's ChatML form (tools.c). */
+ecs_err_t api_tools_template(tok_chat_kind_t k)
+{
+    if (k == TOK_CHAT_CHATML || k == TOK_CHAT_NONE) /* NONE: the ChatML fallback */
+        return ECS_OK;
+    return ecs_error(ECS_ERR_UNSUPPORTED, "tools are not supported with this model: its chat "
+                     "template (%s) has no place for tool calls (ChatML / Qwen templates have)",
+                     tok_chat_kind_name(k));
 }

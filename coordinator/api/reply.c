@@ -128,12 +128,34 @@ static json_t *logprobs_json(const api_job_t *j, const sched_view_t *v, int from
                      tops, "text_offset", offs);
 }
 
-/* Text published since the last reply, clipped at what the view allows. */
-static json_t *new_text(api_job_t *j, const sched_view_t *v)
+/* Text published since the last reply, up to end (<= the view's). */
+static json_t *new_text(api_job_t *j, const sched_view_t *v, size_t end)
 {
-    size_t from = j->sent_text < v->text_len ? j->sent_text : v->text_len;
-    j->sent_text = v->text_len;
-    return jstr(v->text + from, v->text_len - from);
+    size_t from = j->sent_text < end ? j->sent_text : end;
+    j->sent_text = end > j->sent_text ? end : j->sent_text;
+    return jstr(v->text + from, end - from);
+}
+
+/* Anthropic's tool_use id for an OpenAI call id (call_...). */
+static json_t *toolu_id(json_t *call)
+{
+    const char *id = json_string_value(json_object_get(call, "id"));
+    char s[112];
+    snprintf(s, sizeof s, "toolu_%s", id && !strncmp(id, "call_", 5) ? id + 5 : "0");
+    return json_string(s);
+}
+
+/* A call's arguments as an object (Anthropic's input). */
+static json_t *call_input(json_t *call)
+{
+    const char *a = json_string_value(json_object_get(json_object_get(call, "function"), "arguments"));
+    json_t *o = a ? json_loads(a, JSON_DECODE_ANY, NULL) : NULL;
+    return o ? o : json_object();
+}
+
+static json_t *call_name(json_t *call)
+{
+    return json_incref(json_object_get(json_object_get(call, "function"), "name"));
 }
 
 static void sse(api_buf_t *b, const char *event, json_t *o)
@@ -179,9 +201,10 @@ void api_reply_stream_delta(api_job_t *j, api_buf_t *b, const sched_view_t *v, c
                             const tok_t *tok)
 {
     bool toks = j->req.top_logprobs >= 0 && v->n_tokens > j->sent_toks;
-    if (v->text_len <= j->sent_text && !toks)
+    const size_t end = api_tools_text_len(&j->req, v->text, v->text_len);
+    if (end <= j->sent_text && !toks)
         return;
-    json_t *text = new_text(j, v);
+    json_t *text = new_text(j, v, end);
     if (j->req.route == API_ROUTE_MESSAGES) {
         sse(b, "content_block_delta",
             json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index", 0, "delta",
@@ -200,33 +223,91 @@ void api_reply_stream_delta(api_job_t *j, api_buf_t *b, const sched_view_t *v, c
 
 static json_t *error_obj(api_route_t route, int status, const char *msg);
 
+/* The end of a stream's text that was held back for a call that did not
+ * come (tools.c). */
+static void stream_rest(api_job_t *j, api_buf_t *b, const sched_view_t *v, const char *model)
+{
+    if (j->sent_text >= v->text_len)
+        return;
+    json_t *text = new_text(j, v, v->text_len);
+    if (j->req.route == API_ROUTE_MESSAGES)
+        sse(b, "content_block_delta",
+            json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index", 0, "delta",
+                      "type", "text_delta", "text", text));
+    else
+        sse(b, NULL, chunk_openai(j, model, json_pack("{s:i,s:{s:o},s:n,s:n}", "index", 0, "delta",
+                                                      "content", text, "logprobs", "finish_reason")));
+}
+
+/* Anthropic: each call a tool_use block after the text's (index 0). */
+static void stream_tool_use(api_buf_t *b, json_t *calls)
+{
+    size_t k;
+    json_t *c;
+    json_array_foreach(calls, k, c) {
+        const int idx = (int)k + 1;
+        sse(b, "content_block_start",
+            json_pack("{s:s,s:i,s:{s:s,s:o,s:o,s:{}}}", "type", "content_block_start", "index", idx,
+                      "content_block", "type", "tool_use", "id", toolu_id(c), "name", call_name(c),
+                      "input"));
+        sse(b, "content_block_delta",
+            json_pack("{s:s,s:i,s:{s:s,s:O}}", "type", "content_block_delta", "index", idx, "delta",
+                      "type", "input_json_delta", "partial_json",
+                      json_object_get(json_object_get(c, "function"), "arguments")));
+        sse(b, "content_block_stop",
+            json_pack("{s:s,s:i}", "type", "content_block_stop", "index", idx));
+    }
+}
+
+/* OpenAI: the calls in one delta, each with its index. */
+static void stream_tool_calls(api_job_t *j, api_buf_t *b, json_t *calls, const char *model)
+{
+    size_t k;
+    json_t *c;
+    json_array_foreach(calls, k, c)
+        json_object_set_new(c, "index", json_integer((json_int_t)k));
+    sse(b, NULL, chunk_openai(j, model, json_pack("{s:i,s:{s:O},s:n,s:n}", "index", 0, "delta",
+                                                  "tool_calls", calls, "logprobs", "finish_reason")));
+}
+
 void api_reply_stream_end(api_job_t *j, api_buf_t *b, const sched_view_t *v, const char *model,
                           const tok_t *tok)
 {
     api_reply_stream_delta(j, b, v, model, tok);
     bool err = v->finish == SCHED_FINISH_ERROR || v->finish == SCHED_FINISH_CANCELLED;
     const char *msg = v->finish == SCHED_FINISH_ERROR ? v->error : "the server is shutting down";
+    size_t tl = 0;
+    json_t *calls = err ? NULL : api_tools_calls(&j->req, j->id, v->text, v->text_len, &tl);
+    if (!err && !calls)
+        stream_rest(j, b, v, model);
     if (j->req.route == API_ROUTE_MESSAGES) {
         if (err) {
             sse(b, "error", error_obj(API_ROUTE_MESSAGES, 500, msg));
             return;
         }
         sse(b, "content_block_stop", json_pack("{s:s,s:i}", "type", "content_block_stop", "index", 0));
-        json_t *seq = v->finish == SCHED_FINISH_STOP && v->stop_index >= 0
+        if (calls)
+            stream_tool_use(b, calls);
+        json_t *seq = v->finish == SCHED_FINISH_STOP && v->stop_index >= 0 && !calls
                           ? json_string(j->req.stops[v->stop_index]) : json_null();
         sse(b, "message_delta",
             json_pack("{s:s,s:{s:s,s:o},s:{s:i}}", "type", "message_delta", "delta", "stop_reason",
-                      finish_anthropic(v->finish), "stop_sequence", seq, "usage", "output_tokens",
+                      calls ? "tool_use" : finish_anthropic(v->finish), "stop_sequence", seq,
+                      "usage", "output_tokens",
                       v->n_gen));
         sse(b, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+        json_decref(calls);
         return;
     }
     if (err) {
         sse(b, NULL, error_obj(API_ROUTE_CHAT, 500, msg));
     } else {
         bool chat = j->req.route == API_ROUTE_CHAT;
+        if (calls)
+            stream_tool_calls(j, b, calls, model);
         json_t *choice = chat ? json_pack("{s:i,s:{},s:n,s:s}", "index", 0, "delta", "logprobs",
-                                          "finish_reason", finish_openai(v->finish))
+                                          "finish_reason",
+                                          calls ? "tool_calls" : finish_openai(v->finish))
                               : json_pack("{s:i,s:s,s:n,s:s}", "index", 0, "text", "", "logprobs",
                                           "finish_reason", finish_openai(v->finish));
         sse(b, NULL, chunk_openai(j, model, choice));
@@ -236,31 +317,51 @@ void api_reply_stream_end(api_job_t *j, api_buf_t *b, const sched_view_t *v, con
             sse(b, NULL, c);
         }
     }
+    json_decref(calls);
     api_buf_puts(b, "data: [DONE]\n\n");
 }
 
 void api_reply_full(api_job_t *j, api_buf_t *b, const sched_view_t *v, const char *model,
                     const tok_t *tok)
 {
-    json_t *text = new_text(j, v);
+    size_t tl = v->text_len;
+    json_t *calls = api_tools_calls(&j->req, j->id, v->text, v->text_len, &tl);
+    json_t *text = new_text(j, v, tl);
     if (j->req.route == API_ROUTE_MESSAGES) {
-        json_t *seq = v->finish == SCHED_FINISH_STOP && v->stop_index >= 0
+        json_t *seq = v->finish == SCHED_FINISH_STOP && v->stop_index >= 0 && !calls
                           ? json_string(j->req.stops[v->stop_index]) : json_null();
-        emit_json(b, json_pack("{s:s,s:s,s:s,s:s,s:[{s:s,s:o}],s:s,s:o,s:{s:i,s:i,s:i}}", "id", j->id,
+        json_t *content = json_array();
+        if (!calls || tl > 0)
+            json_array_append_new(content, json_pack("{s:s,s:O}", "type", "text", "text", text));
+        size_t k;
+        json_t *c;
+        json_array_foreach(calls, k, c)
+            json_array_append_new(content, json_pack("{s:s,s:o,s:o,s:o}", "type", "tool_use", "id",
+                                                     toolu_id(c), "name", call_name(c), "input",
+                                                     call_input(c)));
+        json_decref(text);
+        json_decref(calls);
+        emit_json(b, json_pack("{s:s,s:s,s:s,s:s,s:o,s:s,s:o,s:{s:i,s:i,s:i}}", "id", j->id,
                                "type", "message", "role", "assistant", "model", model, "content",
-                               "type", "text", "text", text, "stop_reason",
-                               finish_anthropic(v->finish), "stop_sequence", seq, "usage",
-                               "input_tokens", v->n_prompt - v->n_cached, "output_tokens", v->n_gen,
-                               "cache_read_input_tokens", v->n_cached));
+                               content, "stop_reason",
+                               calls ? "tool_use" : finish_anthropic(v->finish), "stop_sequence",
+                               seq, "usage", "input_tokens", v->n_prompt - v->n_cached,
+                               "output_tokens", v->n_gen, "cache_read_input_tokens", v->n_cached));
         return;
     }
     bool chat = j->req.route == API_ROUTE_CHAT;
     json_t *lp = j->req.top_logprobs >= 0 ? logprobs_json(j, v, 0, v->n_tokens, tok) : json_null();
+    if (calls && tl == 0) {
+        json_decref(text);
+        text = json_null();
+    }
     json_t *choice = chat ? json_pack("{s:i,s:{s:s,s:o},s:o,s:s}", "index", 0, "message", "role",
                                       "assistant", "content", text, "logprobs", lp,
-                                      "finish_reason", finish_openai(v->finish))
+                                      "finish_reason", calls ? "tool_calls" : finish_openai(v->finish))
                           : json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "text", text, "logprobs", lp,
                                       "finish_reason", finish_openai(v->finish));
+    if (calls)
+        json_object_set_new(json_object_get(choice, "message"), "tool_calls", calls);
     emit_json(b, json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", j->id, "object",
                            chat ? "chat.completion" : "text_completion", "created",
                            (json_int_t)j->created, "model", model, "choices", choice, "usage",

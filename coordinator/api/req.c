@@ -8,20 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api.h"
+#include "api_int.h"
 
 #define MAX_MESSAGES 4096
 #define MAX_PROMPT_IDS (1 << 22)
 
-typedef struct {
-    char *err;
-    size_t cap;
-    ecs_err_t code;
-} perr_t;
-
-static ecs_err_t bad(perr_t *e, ecs_err_t code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static ecs_err_t bad(perr_t *e, ecs_err_t code, const char *fmt, ...)
+ecs_err_t api_bad(api_perr_t *e, ecs_err_t code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -31,7 +23,7 @@ static ecs_err_t bad(perr_t *e, ecs_err_t code, const char *fmt, ...)
     return code;
 }
 
-static const char *type_name(const json_t *v)
+const char *api_type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
@@ -43,12 +35,16 @@ static const char *type_name(const json_t *v)
     }
 }
 
-/* A present, non-null field; NULL if absent or null. */
-static json_t *field(json_t *o, const char *k)
+json_t *api_field(json_t *o, const char *k)
 {
     json_t *v = json_object_get(o, k);
     return v && !json_is_null(v) ? v : NULL;
 }
+
+#define bad api_bad
+#define type_name api_type_name
+#define field api_field
+typedef api_perr_t perr_t;
 
 static ecs_err_t get_num(perr_t *e, json_t *o, const char *k, double lo, double hi, float *out)
 {
@@ -134,7 +130,7 @@ static ecs_err_t get_stops(perr_t *e, json_t *o, const char *k, api_req_t *r)
 
 /* Message content: a string, or an array of text parts (OpenAI
  * {"type":"text","text":...}, Anthropic the same), joined. */
-static ecs_err_t content_text(perr_t *e, json_t *c, size_t idx, char **out)
+ecs_err_t api_content_text(api_perr_t *e, json_t *c, size_t idx, char **out)
 {
     if (!c) {
         *out = strdup("");
@@ -174,7 +170,7 @@ static ecs_err_t content_text(perr_t *e, json_t *c, size_t idx, char **out)
     return ECS_OK;
 }
 
-static ecs_err_t push_msg(perr_t *e, api_req_t *r, const char *role, char *text)
+ecs_err_t api_push_msg(api_perr_t *e, api_req_t *r, const char *role, char *text)
 {
     if (!text)
         return bad(e, ECS_ERR_NOMEM, "out of memory");
@@ -202,16 +198,16 @@ static ecs_err_t get_messages(perr_t *e, json_t *o, api_req_t *r)
         return bad(e, ECS_ERR_INVAL, "'messages' must not be empty");
     if (n > MAX_MESSAGES)
         return bad(e, ECS_ERR_INVAL, "'messages' has %zu entries, at most %d are allowed", n, MAX_MESSAGES);
-    if (!(r->msgs = calloc(n + 1, sizeof *r->msgs)))
+    if (!(r->msgs = calloc(n + 2, sizeof *r->msgs))) /* + system, + the tools' system turn */
         return bad(e, ECS_ERR_NOMEM, "out of memory");
     json_t *sys = anthropic ? field(o, "system") : NULL;
     if (sys) {
         char *t = NULL;
-        if (content_text(e, sys, 0, &t)) {
+        if (api_content_text(e, sys, 0, &t)) {
             snprintf(e->err, e->cap, "'system' must be a string or an array of text blocks");
             return e->code;
         }
-        if (push_msg(e, r, "system", t))
+        if (api_push_msg(e, r, "system", t))
             return e->code;
     }
     size_t i;
@@ -219,6 +215,11 @@ static ecs_err_t get_messages(perr_t *e, json_t *o, api_req_t *r)
     json_array_foreach(m, i, msg) {
         if (!json_is_object(msg))
             return bad(e, ECS_ERR_INVAL, "messages[%zu] must be an object, not %s", i, type_name(msg));
+        bool done = false;
+        if (api_tools_message(e, msg, i, r, &done))
+            return e->code;
+        if (done)
+            continue;
         json_t *role = json_object_get(msg, "role");
         if (!json_is_string(role))
             return bad(e, ECS_ERR_INVAL, "messages[%zu].role must be a string", i);
@@ -226,20 +227,17 @@ static ecs_err_t get_messages(perr_t *e, json_t *o, api_req_t *r)
         if (!strcmp(ro, "developer"))
             ro = "system";
         bool ok = !strcmp(ro, "user") || !strcmp(ro, "assistant") || (!anthropic && !strcmp(ro, "system"));
-        if (!ok && (!strcmp(ro, "tool") || !strcmp(ro, "function")))
-            return bad(e, ECS_ERR_UNSUPPORTED,
-                       "messages[%zu]: role '%s' is not supported: tools are not supported by this "
-                       "server's chat templates", i, ro);
+        if (!ok && !strcmp(ro, "function"))
+            return bad(e, ECS_ERR_UNSUPPORTED, "messages[%zu]: role 'function' (the deprecated "
+                       "functions API) is not supported: use tools and role 'tool'", i);
         if (!ok)
             return bad(e, ECS_ERR_INVAL, "messages[%zu].role '%.40s' is not one of %s", i, ro,
                        anthropic ? "user, assistant" : "system, developer, user, assistant");
-        if (json_object_get(msg, "tool_calls") && !json_is_null(json_object_get(msg, "tool_calls")))
-            return bad(e, ECS_ERR_UNSUPPORTED, "messages[%zu]: tool calls are not supported", i);
         char *t = NULL;
-        if (content_text(e, json_object_get(msg, "content"), i, &t) || push_msg(e, r, ro, t))
+        if (api_content_text(e, json_object_get(msg, "content"), i, &t) || api_push_msg(e, r, ro, t))
             return e->code;
     }
-    return ECS_OK;
+    return api_tools_system(e, r);
 }
 
 static ecs_err_t get_prompt(perr_t *e, json_t *o, api_req_t *r)
@@ -280,13 +278,12 @@ static ecs_err_t get_prompt(perr_t *e, json_t *o, api_req_t *r)
 
 static ecs_err_t unsupported_fields(perr_t *e, json_t *o)
 {
-    static const char *const tools[] = {"tools", "functions", "tool_choice", "function_call"};
-    for (size_t i = 0; i < sizeof tools / sizeof tools[0]; i++) {
-        json_t *v = field(o, tools[i]);
+    static const char *const old_api[] = {"functions", "function_call"};
+    for (size_t i = 0; i < sizeof old_api / sizeof old_api[0]; i++) {
+        json_t *v = field(o, old_api[i]);
         if (v && !(json_is_array(v) && json_array_size(v) == 0))
-            return bad(e, ECS_ERR_UNSUPPORTED,
-                       "'%s': tools are not supported: the model's chat template has no place for them",
-                       tools[i]);
+            return bad(e, ECS_ERR_UNSUPPORTED, "'%s' (the deprecated functions API) is not "
+                       "supported: use 'tools' and 'tool_choice'", old_api[i]);
     }
     long long n = 1;
     if (get_int(e, o, "n", 1, 1000000, &n, NULL))
@@ -444,6 +441,8 @@ static ecs_err_t parse_obj(perr_t *e, json_t *o, api_req_t *r)
         if (field(o, "suffix"))
             return bad(e, ECS_ERR_UNSUPPORTED, "'suffix' is not supported");
     }
+    if (api_tools_get(e, o, r))
+        return e->code;
     return r->route == API_ROUTE_COMPLETION ? get_prompt(e, o, r) : get_messages(e, o, r);
 }
 
@@ -484,6 +483,7 @@ void api_req_free(api_req_t *r)
     free(r->msgs);
     free(r->prompt);
     free(r->prompt_ids);
+    free(r->tools_text);
     sampler_schema_free(r->schema);
     memset(r, 0, sizeof *r);
 }

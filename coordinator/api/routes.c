@@ -82,7 +82,11 @@ static bool tokenize(api_conn_t *c, api_req_t *q, int32_t **ids, int *n)
     int n_ctx = sched_n_ctx(srv->sched);
     ecs_err_t e;
     if (q->route != API_ROUTE_COMPLETION) {
-        e = api_prompt_chat(srv->tok, &srv->specials, q->msgs, q->n_msgs, n_ctx, ids, n);
+        e = q->tool_parts ? api_tools_template(tok_chat_kind(srv->tok)) : ECS_OK;
+        if (e == ECS_OK)
+            e = api_prompt_chat(srv->tok, &srv->specials, q->msgs, q->n_msgs,
+                                q->tool_mode == API_TOOLS_FORCED ? API_TOOL_CALL_OPEN : NULL,
+                                n_ctx, ids, n);
     } else if (q->prompt) {
         e = api_prompt_text(srv->tok, q->prompt, n_ctx, ids, n);
     } else {

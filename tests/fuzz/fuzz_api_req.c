@@ -2,12 +2,13 @@
  * before the model: bytes of one connection through the HTTP parser (fed in
  * two pieces, cut where the first byte says, pipelined requests included)
  * and each complete request's body through the JSON request parser of its
- * route. Limits are small so the size checks are reached. */
+ * route, and through the reading of tool calls out of a model's output
+ * (tools.c; both modes). Limits are small so the size checks are reached. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "coordinator/api/api.h"
+#include "coordinator/api/api_int.h"
 
 static void parse_body(api_http_t *h)
 {
@@ -24,6 +25,14 @@ static void parse_body(api_http_t *h)
     char err[256];
     if (api_req_parse(route, body, len, &r, err, sizeof err) == ECS_OK)
         api_req_free(&r);
+    for (int mode = API_TOOLS_AUTO; mode <= API_TOOLS_FORCED; mode++) {
+        api_req_t t = {.tool_mode = (api_tool_mode_t)mode};
+        size_t tl = 0;
+        json_t *c = api_tools_calls(&t, "f", body, len, &tl);
+        if (tl > len || (c && !json_is_array(c)) || api_tools_text_len(&t, body, len) > len)
+            __builtin_trap();
+        json_decref(c);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

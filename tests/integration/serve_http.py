@@ -125,9 +125,13 @@ check("wrong content type -> 400", lambda: expect_error(
     400, "messages[0].content", chat, {"messages": [{"role": "user", "content": 5}]}))
 check("n > 1 -> 400", lambda: expect_error(
     400, "'n' is 2", chat, {"messages": [{"role": "user", "content": "x"}], "n": 2}))
-check("tools -> 400", lambda: expect_error(
-    400, "tools are not supported", chat,
-    {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}))
+check("a malformed tool, tool_choice required among several -> 400 naming it", lambda: (expect_error(
+    400, "'tools'[0].function must be an object", chat,
+    {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}), expect_error(
+    400, "'required' with 2 tools", chat,
+    {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+     "tools": [{"type": "function", "function": {"name": "a"}},
+               {"type": "function", "function": {"name": "b"}}]})))
 check("unknown model -> 404", lambda: expect_error(
     404, "model 'nope' not found", chat, {"model": "nope", "messages": [{"role": "user", "content": "x"}]}))
 check("prompt longer than the context -> 400", lambda: expect_error(
@@ -349,6 +353,71 @@ def json_schema_mode():
 
 check("JSON schema mode (response_format json_schema): sampled objects follow the schema",
       json_schema_mode)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["unit", "days"],
+                   "properties": {"unit": {"enum": ["c", "f"]}, "days": {"type": "integer"}}}}}
+
+
+def weather_args(a):
+    o = json.loads(a)
+    assert set(o) == {"unit", "days"} and o["unit"] in ("c", "f") and type(o["days"]) is int, o
+    return o
+
+
+def tool_calls():
+    """A forced call (tool_choice naming the function) from a random model:
+    the constraint alone makes it a call of that function whose arguments
+    follow its schema, whole and streamed alike; a conversation carrying
+    past calls and results is accepted; Anthropic's shape likewise."""
+    history = [{"role": "user", "content": "weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"unit": "c", "days": 1}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+               {"role": "user", "content": "and in Rome?"}]
+    body = {"messages": history, "tools": [WEATHER, {"type": "function", "function": {"name": "other"}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "max_tokens": 300, "temperature": 0}
+    st, r = post_json(srv.port, chat, body)
+    assert st == 200, r
+    c = r["choices"][0]
+    assert c["finish_reason"] == "tool_calls", c
+    assert c["message"]["content"] is None and len(c["message"]["tool_calls"]) == 1, c
+    call = c["message"]["tool_calls"][0]
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather", call
+    assert call["id"].startswith("call_"), call
+    args = weather_args(call["function"]["arguments"])
+    st, h, raw = request(srv.port, "POST", chat, dict(body, stream=True))
+    assert st == 200, raw[:300]
+    deltas = [d["choices"][0] for ev, d in sse_events(raw) if isinstance(d, dict) and d.get("choices")]
+    calls = [tc for d in deltas for tc in d["delta"].get("tool_calls", [])]
+    assert not any(d["delta"].get("content") for d in deltas), deltas
+    assert len(calls) == 1 and calls[0]["index"] == 0, calls
+    assert weather_args(calls[0]["function"]["arguments"]) == args, (calls, args)
+    assert deltas[-1]["finish_reason"] == "tool_calls", deltas[-1]
+    # tool_choice auto: the random model writes text, which stays text
+    st, r = post_json(srv.port, chat, dict(body, tool_choice="auto", max_tokens=8))
+    assert st == 200 and r["choices"][0]["finish_reason"] == "length", r
+    assert "tool_calls" not in r["choices"][0]["message"], r
+    an = {"max_tokens": 300, "temperature": 0, "tool_choice": {"type": "tool", "name": "get_weather"},
+          "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}],
+          "messages": [{"role": "user", "content": "weather?"},
+                       {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
+                                                          "input": {"unit": "f", "days": 2}}]},
+                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                     "content": "64 F"}]}]}
+    st, r = post_json(srv.port, "/v1/messages", an)
+    assert st == 200 and r["stop_reason"] == "tool_use", r
+    uses = [b for b in r["content"] if b["type"] == "tool_use"]
+    assert len(uses) == 1 and uses[0]["name"] == "get_weather" and uses[0]["id"].startswith("toolu_"), r
+    weather_args(json.dumps(uses[0]["input"]))
+
+
+check("tool calls: forced by name, whole and streamed, past calls and results; Anthropic's tool_use",
+      tool_calls)
 
 
 def background_stream_unharmed():

@@ -6,22 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "coordinator/api/api.h"
-
-static char err[512];
-
-static ecs_err_t parse(api_route_t route, const char *json, api_req_t *r)
-{
-    err[0] = '\0';
-    return api_req_parse(route, json, strlen(json), r, err, sizeof err);
-}
-
-static void expect_error(api_route_t route, const char *json, ecs_err_t code, const char *needle)
-{
-    api_req_t r;
-    cr_assert_eq(parse(route, json, &r), code, "%s -> %s", json, err);
-    cr_assert(strstr(err, needle), "'%s' not in '%s'", needle, err);
-}
+#include "api_fixture.h"
 
 Test(api_req, chat_fields)
 {
@@ -125,13 +110,13 @@ Test(api_req, unsupported_features)
     snprintf(j, sizeof j, "{%s,\"n\":3}", m);
     expect_error(API_ROUTE_CHAT, j, ECS_ERR_UNSUPPORTED, "'n' is 3");
     snprintf(j, sizeof j, "{%s,\"tools\":[{\"type\":\"function\"}]}", m);
-    expect_error(API_ROUTE_CHAT, j, ECS_ERR_UNSUPPORTED, "tools are not supported");
+    expect_error(API_ROUTE_CHAT, j, ECS_ERR_INVAL, "'tools'[0].function must be an object");
     snprintf(j, sizeof j, "{%s,\"tools\":[]}", m); /* an empty list asks for nothing */
     api_req_t r;
     cr_assert_eq(parse(API_ROUTE_CHAT, j, &r), ECS_OK, "%s", err);
     api_req_free(&r);
-    expect_error(API_ROUTE_CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}",
-                 ECS_ERR_UNSUPPORTED, "role 'tool'");
+    expect_error(API_ROUTE_CHAT, "{\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}",
+                 ECS_ERR_UNSUPPORTED, "role 'function'");
 }
 
 /* Feeds s to a fresh parser in pieces of `step` bytes. */

@@ -1,6 +1,7 @@
 // sdk.test.mjs - the official OpenAI and Anthropic Node SDKs against a running
 // ecs-coordinator: chat and completions (streamed and not, stop strings,
-// usage), /v1/messages (streamed and not), errors as the SDKs raise them.
+// usage), /v1/messages (streamed and not), errors as the SDKs raise them,
+// tool calls in both APIs (a forced call whole and streamed, its result).
 // usage: node sdk.test.mjs PORT MODEL_ID
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -187,6 +188,69 @@ await check('anthropic: stop_sequences and errors', async () => {
   assert.equal(r.content[0].text, msgText.slice(0, msgText.indexOf(stop)));
   await assert.rejects(anthropic.messages.create({ model, max_tokens: 4, messages: [{ role: 'tool', content: 'x' }] }),
     (e) => e instanceof Anthropic.APIError && e.status === 400);
+});
+
+// Tools: a call forced by name (a random model: the constraint alone makes
+// it a call whose arguments follow the schema), whole and streamed through
+// the SDKs' own accumulation, and a conversation carrying the call's result.
+const weather = {
+  name: 'get_weather', description: 'The weather of a city',
+  parameters: {
+    type: 'object', additionalProperties: false, required: ['unit', 'days'],
+    properties: { unit: { enum: ['c', 'f'] }, days: { type: 'integer' } },
+  },
+};
+function weatherArgs(o) {
+  assert.deepEqual(Object.keys(o).sort(), ['days', 'unit']);
+  assert.ok(['c', 'f'].includes(o.unit) && Number.isInteger(o.days), JSON.stringify(o));
+  return o;
+}
+
+await check('openai: tools, a forced call whole and streamed, then its result', async () => {
+  const req = {
+    model, temperature: 0, max_tokens: 300,
+    messages: [{ role: 'user', content: 'Weather in Paris?' }],
+    tools: [{ type: 'function', function: weather }, { type: 'function', function: { name: 'other' } }],
+    tool_choice: { type: 'function', function: { name: 'get_weather' } },
+  };
+  const r = await openai.chat.completions.create(req);
+  const m = r.choices[0].message;
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  assert.equal(m.tool_calls.length, 1);
+  assert.equal(m.tool_calls[0].function.name, 'get_weather');
+  const args = weatherArgs(JSON.parse(m.tool_calls[0].function.arguments));
+  const stream = openai.beta.chat.completions.stream(req);
+  const fin = await stream.finalChatCompletion();
+  assert.equal(fin.choices[0].finish_reason, 'tool_calls');
+  assert.deepEqual(JSON.parse(fin.choices[0].message.tool_calls[0].function.arguments), args);
+  const next = await openai.chat.completions.create({
+    ...req, tool_choice: 'auto', max_tokens: 8,
+    messages: [...req.messages, m, { role: 'tool', tool_call_id: m.tool_calls[0].id, content: '18 C' }],
+  });
+  assert.equal(next.choices[0].finish_reason, 'length');
+});
+
+await check('anthropic: tools, a forced tool_use whole and streamed, then its result', async () => {
+  const req = {
+    model, temperature: 0, max_tokens: 300,
+    messages: [{ role: 'user', content: 'Weather in Paris?' }],
+    tools: [{ name: weather.name, description: weather.description, input_schema: weather.parameters }],
+    tool_choice: { type: 'tool', name: 'get_weather' },
+  };
+  const r = await anthropic.messages.create(req);
+  assert.equal(r.stop_reason, 'tool_use');
+  const use = r.content.find((b) => b.type === 'tool_use');
+  assert.equal(use.name, 'get_weather');
+  weatherArgs(use.input);
+  const fin = await anthropic.messages.stream(req).finalMessage();
+  assert.equal(fin.stop_reason, 'tool_use');
+  assert.deepEqual(fin.content.find((b) => b.type === 'tool_use').input, use.input);
+  const next = await anthropic.messages.create({
+    ...req, tool_choice: { type: 'auto' }, max_tokens: 8,
+    messages: [...req.messages, { role: 'assistant', content: r.content },
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: use.id, content: '18 C' }] }],
+  });
+  assert.equal(next.stop_reason, 'max_tokens');
 });
 
 console.log(`sdk: ${failed} failed`);
