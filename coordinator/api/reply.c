@@ -178,6 +178,13 @@ static json_t *chunk_openai(api_job_t *j, const char *model, json_t *choice)
                      (json_int_t)j->created, "model", model, "choices", choices);
 }
 
+static void text_block_start(api_buf_t *b)
+{
+    sse(b, "content_block_start",
+        json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index", 0,
+                  "content_block", "type", "text", "text", ""));
+}
+
 void api_reply_stream_start(api_job_t *j, api_buf_t *b, int n_prompt, const char *model)
 {
     if (j->req.route == API_ROUTE_MESSAGES) {
@@ -186,9 +193,8 @@ void api_reply_stream_start(api_job_t *j, api_buf_t *b, int n_prompt, const char
                                 "stop_reason", "stop_sequence", "usage", "input_tokens", n_prompt,
                                 "output_tokens", 0);
         sse(b, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message", msg));
-        sse(b, "content_block_start",
-            json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index", 0,
-                      "content_block", "type", "text", "text", ""));
+        if (j->req.tool_mode != API_TOOLS_FORCED) /* a forced call's answer has no text */
+            text_block_start(b);
         sse(b, "ping", json_pack("{s:s}", "type", "ping"));
     } else if (j->req.route == API_ROUTE_CHAT) {
         json_t *choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", 0, "delta", "role",
@@ -240,12 +246,12 @@ static void stream_rest(api_job_t *j, api_buf_t *b, const sched_view_t *v, const
 }
 
 /* Anthropic: each call a tool_use block after the text's (index 0). */
-static void stream_tool_use(api_buf_t *b, json_t *calls)
+static void stream_tool_use(api_buf_t *b, json_t *calls, int first)
 {
     size_t k;
     json_t *c;
     json_array_foreach(calls, k, c) {
-        const int idx = (int)k + 1;
+        const int idx = (int)k + first;
         sse(b, "content_block_start",
             json_pack("{s:s,s:i,s:{s:s,s:o,s:o,s:{}}}", "type", "content_block_start", "index", idx,
                       "content_block", "type", "tool_use", "id", toolu_id(c), "name", call_name(c),
@@ -278,16 +284,24 @@ void api_reply_stream_end(api_job_t *j, api_buf_t *b, const sched_view_t *v, con
     const char *msg = v->finish == SCHED_FINISH_ERROR ? v->error : "the server is shutting down";
     size_t tl = 0;
     json_t *calls = err ? NULL : api_tools_calls(&j->req, j->id, v->text, v->text_len, &tl);
-    if (!err && !calls)
+    /* Anthropic: a forced call's stream opened no text block */
+    const bool text_block = j->req.route != API_ROUTE_MESSAGES ||
+                            j->req.tool_mode != API_TOOLS_FORCED;
+    if (!err && !calls) {
+        if (!text_block)
+            text_block_start(b);
         stream_rest(j, b, v, model);
+    }
     if (j->req.route == API_ROUTE_MESSAGES) {
         if (err) {
             sse(b, "error", error_obj(API_ROUTE_MESSAGES, 500, msg));
             return;
         }
-        sse(b, "content_block_stop", json_pack("{s:s,s:i}", "type", "content_block_stop", "index", 0));
+        if (text_block || !calls)
+            sse(b, "content_block_stop",
+                json_pack("{s:s,s:i}", "type", "content_block_stop", "index", 0));
         if (calls)
-            stream_tool_use(b, calls);
+            stream_tool_use(b, calls, text_block ? 1 : 0);
         json_t *seq = v->finish == SCHED_FINISH_STOP && v->stop_index >= 0 && !calls
                           ? json_string(j->req.stops[v->stop_index]) : json_null();
         sse(b, "message_delta",

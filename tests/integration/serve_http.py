@@ -414,6 +414,14 @@ def tool_calls():
     uses = [b for b in r["content"] if b["type"] == "tool_use"]
     assert len(uses) == 1 and uses[0]["name"] == "get_weather" and uses[0]["id"].startswith("toolu_"), r
     weather_args(json.dumps(uses[0]["input"]))
+    # streamed: the call is block 0 (a forced call has no text block), its input as one delta
+    st, h, raw = request(srv.port, "POST", "/v1/messages", dict(an, stream=True))
+    assert st == 200, raw[:300]
+    evs = [d for ev, d in sse_events(raw) if isinstance(d, dict)]
+    starts = [d for d in evs if d["type"] == "content_block_start"]
+    assert [(d["index"], d["content_block"]["type"]) for d in starts] == [(0, "tool_use")], starts
+    part = "".join(d["delta"]["partial_json"] for d in evs if d["type"] == "content_block_delta")
+    assert json.loads(part) == uses[0]["input"], (part, uses)
 
 
 check("tool calls: forced by name, whole and streamed, past calls and results; Anthropic's tool_use",
