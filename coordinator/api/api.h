@@ -120,6 +120,7 @@ typedef struct {
     char *tools_text;        /* the tools as the system turn describes them, NULL: none */
     bool tool_parts;         /* tools, calls or results: the template needs a place for them */
     int tool_turn_end;       /* parsing: n_msgs just after a turn of tool results, else 0 */
+    bool one_call;           /* parallel_tool_calls false / disable_parallel_tool_use: the first call only */
 } api_req_t;
 
 /* Parses a JSON body for route into r. On failure returns ECS_ERR_INVAL

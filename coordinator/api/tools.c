@@ -128,7 +128,7 @@ static ecs_err_t force(api_perr_t *e, tools_t *t, const char *name, api_tool_mod
 
 /* OpenAI: "none" | "auto" | "required" | {"type": "function", "function":
  * {"name"}}; Anthropic: {"type": "auto" | "any" | "tool" | "none", "name"}. */
-static ecs_err_t choice(api_perr_t *e, const api_req_t *r, json_t *c, tools_t *t,
+static ecs_err_t choice(api_perr_t *e, api_req_t *r, json_t *c, tools_t *t,
                         api_tool_mode_t *mode)
 {
     const bool an = r->route == API_ROUTE_MESSAGES;
@@ -141,6 +141,13 @@ static ecs_err_t choice(api_perr_t *e, const api_req_t *r, json_t *c, tools_t *t
     if (s && !strcmp(s, "none")) {
         *mode = API_TOOLS_OFF;
         return ECS_OK;
+    }
+    if (an && json_is_object(c)) {
+        json_t *one = api_field(c, "disable_parallel_tool_use");
+        if (one && !json_is_boolean(one))
+            return api_bad(e, ECS_ERR_INVAL, "'tool_choice'.disable_parallel_tool_use must be a "
+                           "boolean");
+        r->one_call = json_is_true(one);
     }
     if (s && !strcmp(s, "auto"))
         return ECS_OK;
@@ -243,6 +250,11 @@ ecs_err_t api_tools_get(api_perr_t *e, json_t *o, api_req_t *r)
     json_t *tool;
     json_array_foreach(tools, i, tool) if ((rc = tool_def(e, r, tool, i, &t)))
         break;
+    json_t *par = api_field(o, "parallel_tool_calls");
+    if (par && r->route != API_ROUTE_MESSAGES && !json_is_boolean(par))
+        rc = api_bad(e, ECS_ERR_INVAL, "'parallel_tool_calls' must be a boolean, not %s",
+                     api_type_name(par));
+    r->one_call = json_is_false(par);
     if (!rc)
         rc = choice(e, r, c, &t, &r->tool_mode);
     if (!rc && r->tool_mode == API_TOOLS_FORCED)
@@ -546,7 +558,7 @@ json_t *api_tools_calls(const api_req_t *r, const char *id, const char *text, si
                 goto fail;
             i = skip_ws(text, i + strlen(CALL_CLOSE), len);
         }
-        if (i == len)
+        if (i == len || r->one_call)
             break;
         if (forced || len - i < strlen(CALL_OPEN) || memcmp(text + i, CALL_OPEN, strlen(CALL_OPEN)))
             goto fail;

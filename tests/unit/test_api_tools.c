@@ -125,12 +125,19 @@ Test(api_tools, forced_calls)
     cr_assert_eq(parse(API_ROUTE_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],"
                        "\"tools\":[" WEATHER "],\"tool_choice\":\"required\"}", &r), ECS_OK, "%s", err);
     cr_assert_eq(r.tool_mode, API_TOOLS_FORCED);
+    cr_assert(!r.one_call);
+    api_req_free(&r);
+    cr_assert_eq(parse(API_ROUTE_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],"
+                       "\"tools\":[" WEATHER "],\"parallel_tool_calls\":false}", &r), ECS_OK, "%s", err);
+    cr_assert(r.one_call);
     api_req_free(&r);
     cr_assert_eq(parse(API_ROUTE_MESSAGES, "{\"max_tokens\":8,\"messages\":[{\"role\":\"user\","
                        "\"content\":\"u\"}],\"tools\":[{\"name\":\"a\",\"input_schema\":{}},"
                        "{\"name\":\"b\",\"input_schema\":{\"type\":\"object\"}}],"
-                       "\"tool_choice\":{\"type\":\"tool\",\"name\":\"b\"}}", &r), ECS_OK, "%s", err);
+                       "\"tool_choice\":{\"type\":\"tool\",\"name\":\"b\","
+                       "\"disable_parallel_tool_use\":true}}", &r), ECS_OK, "%s", err);
     cr_assert_eq(r.tool_mode, API_TOOLS_FORCED);
+    cr_assert(r.one_call);
     api_req_free(&r);
 }
 
@@ -160,6 +167,8 @@ Test(api_tools, mistakes_are_named)
         {"\"tools\":[" WEATHER "],\"tool_choice\":\"required\",\"response_format\":{\"type\":"
          "\"json_object\"}", "cannot be combined", ECS_ERR_INVAL},
         {"\"functions\":[{\"name\":\"a\"}]", "deprecated functions API", ECS_ERR_UNSUPPORTED},
+        {"\"tools\":[" WEATHER "],\"parallel_tool_calls\":1", "'parallel_tool_calls' must be a boolean",
+         ECS_ERR_INVAL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(j, sizeof j, "{%s,%s}", u, cases[i].extra);
@@ -231,6 +240,14 @@ Test(api_tools, output_read_back)
         cr_assert_null(calls(API_TOOLS_AUTO, text[i], &tl), "%s", text[i]);
         cr_assert_eq(tl, strlen(text[i]));
     }
+    /* parallel_tool_calls false: the first call only */
+    api_req_t one = {.tool_mode = API_TOOLS_AUTO, .one_call = true};
+    const char *two = "<tool_call>{\"name\":\"a\"}</tool_call><tool_call>{\"name\":\"b\"}</tool_call>";
+    c = api_tools_calls(&one, "x", two, strlen(two), &tl);
+    cr_assert(c);
+    cr_assert_eq(json_array_size(c), 1);
+    cr_assert_str_eq(call_field(c, 0, "name"), "a");
+    json_decref(c);
     cr_assert_null(calls(API_TOOLS_FORCED, "{\"name\": \"a\", \"argu", &tl)); /* cut by length */
     cr_assert_null(calls(API_TOOLS_OFF, "<tool_call>{\"name\":\"a\"}</tool_call>", &tl));
 }
