@@ -8,9 +8,9 @@
  * tool_choice, role "tool", tool_calls) and Anthropic (tools, tool_choice,
  * tool_use / tool_result blocks).
  *
- * A forced call (tool_choice naming a function, or required / any with
- * one tool) starts the answer with the call's tag and constrains the rest
- * to {"name": that function, "arguments": its parameters' schema} through
+ * A forced call (tool_choice naming a function, or required / any) starts
+ * the answer with the call's tag and constrains the rest to {"name": that
+ * function (or one of the tools), "arguments": its parameters' schema} through
  * JSON mode's recogniser (sampler.h), so the call always parses; its
  * parameters must lie in that recogniser's schema subset (else a 400
  * naming the keyword). With tool_choice auto the output is read after
@@ -56,9 +56,8 @@ static char *tojson(const json_t *v)
 /* --------------------------------------------------------------- tools */
 
 typedef struct {
-    json_t *defs;   /* each tool in OpenAI's shape, as the system turn shows it */
-    const char *forced;
-    json_t *forced_params;
+    json_t *defs;       /* each tool in OpenAI's shape, as the system turn shows it */
+    const char *forced; /* the tool a forced call must call; NULL: any of them */
 } tools_t;
 
 /* tools[i] into t->defs (OpenAI: as given; Anthropic: its name,
@@ -118,7 +117,6 @@ static ecs_err_t force(api_perr_t *e, tools_t *t, const char *name, api_tool_mod
         json_t *f = json_object_get(json_array_get(t->defs, k), "function");
         if (!strcmp(json_string_value(json_object_get(f, "name")), name)) {
             t->forced = json_string_value(json_object_get(f, "name"));
-            t->forced_params = api_field(f, "parameters");
             *mode = API_TOOLS_FORCED;
             return ECS_OK;
         }
@@ -151,13 +149,9 @@ static ecs_err_t choice(api_perr_t *e, api_req_t *r, json_t *c, tools_t *t,
     }
     if (s && !strcmp(s, "auto"))
         return ECS_OK;
-    if (s && !strcmp(s, any)) {
-        if (json_array_size(t->defs) != 1)
-            return api_bad(e, ECS_ERR_UNSUPPORTED, "'tool_choice' '%s' with %zu tools is not "
-                           "supported: name the function to call, or use 'auto'", any,
-                           json_array_size(t->defs));
-        json_t *f = json_object_get(json_array_get(t->defs, 0), "function");
-        return force(e, t, json_string_value(json_object_get(f, "name")), mode);
+    if (s && !strcmp(s, any)) { /* a call to one of the tools, the model's pick */
+        *mode = API_TOOLS_FORCED;
+        return ECS_OK;
     }
     json_t *name = !s ? NULL : an && !strcmp(s, "tool") ? api_field(c, "name")
                    : !an && json_is_object(c) && !strcmp(s, "function")
@@ -170,28 +164,134 @@ static ecs_err_t choice(api_perr_t *e, api_req_t *r, json_t *c, tools_t *t,
                    "\"function\", \"function\": {\"name\": ...}}");
 }
 
-/* The forced call's schema: {"name": const, "arguments": the parameters}. */
+/* A $ref inside tool k's parameters, renamed for the call schema's root:
+ * "#" is the parameters ("#/$defs/tK"), "#/$defs/X" its own definition X
+ * ("#/$defs/tK.X"); anything else is left for the compiler to refuse. */
+static void rename_refs(json_t *v, size_t k)
+{
+    const char *key;
+    json_t *x;
+    size_t i;
+    if (json_is_array(v))
+        json_array_foreach(v, i, x) rename_refs(x, k);
+    if (!json_is_object(v))
+        return;
+    json_object_foreach(v, key, x) {
+        const char *ref = json_is_string(x) && !strcmp(key, "$ref") ? json_string_value(x) : NULL;
+        const char *def = !ref ? NULL : !strncmp(ref, "#/$defs/", 8) ? ref + 8
+                          : !strncmp(ref, "#/definitions/", 14) ? ref + 14 : NULL;
+        char to[160];
+        if (ref && !strcmp(ref, "#"))
+            snprintf(to, sizeof to, "#/$defs/t%zu", k);
+        else if (def)
+            snprintf(to, sizeof to, "#/$defs/t%zu.%.100s", k, def);
+        if (ref && (def || !strcmp(ref, "#")))
+            json_object_set_new(v, key, json_string(to));
+        else
+            rename_refs(x, k);
+    }
+}
+
+/* Tool k's parameters into the root's $defs (see rename_refs). */
+static bool hoist_params(json_t *defs, json_t *params, size_t k)
+{
+    json_t *p = params ? json_deep_copy(params) : json_pack("{s:s}", "type", "object");
+    if (!p)
+        return false;
+    rename_refs(p, k);
+    bool ok = true;
+    for (int d = 0; d < 2; d++) {
+        const char *key = d ? "definitions" : "$defs";
+        const char *name;
+        json_t *x;
+        json_t *own = json_object_get(p, key);
+        json_object_foreach(own, name, x) {
+            char to[160];
+            snprintf(to, sizeof to, "t%zu.%.100s", k, name);
+            ok = ok && !json_object_set(defs, to, x);
+        }
+        json_object_del(p, key);
+    }
+    char self[32];
+    snprintf(self, sizeof self, "t%zu", k);
+    return !json_object_set_new(defs, self, p) && ok;
+}
+
+/* The forced call's schema text: {"name": const, "arguments": the
+ * parameters} for the tool named only (or every tool when only is NULL:
+ * required / any, an anyOf told apart by the name, json_schema.c's
+ * discriminated union). Each tool's parameters live in the root's $defs
+ * so that their $refs keep their meaning. */
+static char *call_schema_text(const tools_t *t, const char *only)
+{
+    json_t *defs = json_object(), *alts = json_array(), *sch = NULL;
+    for (size_t k = 0; defs && alts && k < json_array_size(t->defs); k++) {
+        json_t *f = json_object_get(json_array_get(t->defs, k), "function");
+        const char *name = json_string_value(json_object_get(f, "name"));
+        if (only && strcmp(name, only))
+            continue;
+        char ref[32];
+        snprintf(ref, sizeof ref, "#/$defs/t%zu", k);
+        if (!hoist_params(defs, json_object_get(f, "parameters"), k) ||
+            json_array_append_new(alts, json_pack("{s:s,s:{s:{s:s},s:{s:s}},s:[s,s],s:b}", "type",
+                                                  "object", "properties", "name", "const", name,
+                                                  "arguments", "$ref", ref, "required", "name",
+                                                  "arguments", "additionalProperties", 0)))
+            goto done;
+    }
+    sch = json_array_size(alts) == 1 ? json_incref(json_array_get(alts, 0))
+                                     : json_pack("{s:O}", "anyOf", alts);
+    if (sch && json_object_set(sch, "$defs", defs))
+        json_decref(sch), sch = NULL;
+done:;
+    char *text = sch ? json_dumps(sch, JSON_COMPACT) : NULL;
+    json_decref(sch);
+    json_decref(alts);
+    json_decref(defs);
+    return text;
+}
+
+static ecs_err_t compile_call(api_perr_t *e, api_req_t *r, const tools_t *t, const char *only)
+{
+    char *text = call_schema_text(t, only);
+    if (!text)
+        return api_bad(e, ECS_ERR_NOMEM, "out of memory");
+    ecs_err_t rc = sampler_schema_new(text, strlen(text), &r->schema);
+    free(text);
+    return rc;
+}
+
+/* The forced call's schema, compiled into r (JSON mode's recogniser). */
 static ecs_err_t forced_schema(api_perr_t *e, api_req_t *r, const tools_t *t)
 {
     if (r->json)
         return api_bad(e, ECS_ERR_INVAL, "'response_format' cannot be combined with a forced "
                        "tool call (the call's arguments follow the tool's schema)");
-    json_t *any = json_pack("{s:s}", "type", "object");
-    json_t *sch = json_pack("{s:s,s:{s:{s:s},s:O},s:[s,s],s:b}", "type", "object", "properties",
-                            "name", "const", t->forced, "arguments",
-                            t->forced_params ? t->forced_params : any, "required", "name",
-                            "arguments", "additionalProperties", 0);
-    json_decref(any);
-    char *text = sch ? json_dumps(sch, JSON_COMPACT) : NULL;
-    json_decref(sch);
-    if (!text)
-        return api_bad(e, ECS_ERR_NOMEM, "out of memory");
-    ecs_err_t rc = sampler_schema_new(text, strlen(text), &r->schema);
-    free(text);
-    if (rc != ECS_OK)
+    ecs_err_t rc = compile_call(e, r, t, t->forced);
+    const char *bad = t->forced;
+    for (size_t k = 0; rc != ECS_OK && rc != ECS_ERR_NOMEM && !bad &&
+                       k < json_array_size(t->defs); k++) {
+        /* which tool's parameters are out of the subset, to name it */
+        json_t *f = json_object_get(json_array_get(t->defs, k), "function");
+        const char *name = json_string_value(json_object_get(f, "name"));
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ecs_errmsg());
+        sampler_schema_t *one = r->schema;
+        if (compile_call(e, r, t, name) != ECS_OK)
+            bad = name;
+        sampler_schema_free(r->schema);
+        r->schema = one;
+        if (!bad)
+            ecs_error(rc, "%s", msg);
+    }
+    if (rc != ECS_OK && bad)
         return api_bad(e, rc == ECS_ERR_NOMEM ? rc : ECS_ERR_UNSUPPORTED,
                        "'tool_choice': the parameters of '%s' cannot constrain a forced call: %s",
-                       t->forced, ecs_errmsg());
+                       bad, ecs_errmsg());
+    if (rc != ECS_OK)
+        return api_bad(e, rc == ECS_ERR_NOMEM ? rc : ECS_ERR_UNSUPPORTED,
+                       "'tool_choice': a call to one of %zu tools cannot be constrained: %s",
+                       json_array_size(t->defs), ecs_errmsg());
     r->json = true;
     return ECS_OK;
 }
@@ -242,7 +342,7 @@ ecs_err_t api_tools_get(api_perr_t *e, json_t *o, api_req_t *r)
     if (json_array_size(tools) > MAX_TOOLS)
         return api_bad(e, ECS_ERR_INVAL, "'tools' has %zu entries, at most %d are allowed",
                        json_array_size(tools), MAX_TOOLS);
-    tools_t t = {json_array(), NULL, NULL};
+    tools_t t = {json_array(), NULL};
     if (!t.defs)
         return api_bad(e, ECS_ERR_NOMEM, "out of memory");
     ecs_err_t rc = ECS_OK;

@@ -157,11 +157,20 @@ static bool sch_scalar(sampler_json_t *j, unsigned c)
     return j->cand != 0;
 }
 
-/* A scalar value complete: an enum's text must be one of its values whole. */
-static bool sch_scalar_end(const sampler_json_t *j)
+/* A scalar value complete: an enum's text must be one of its values whole.
+ * A discriminated union's tag (json_schema.c: build_switch) turns the
+ * object being read into the alternative its value names. */
+static bool sch_scalar_end(sampler_json_t *j)
 {
-    return !tracked(j) || node(j, j->cur)->kind != JK_ENUM ||
-           exact(j, node(j, j->cur)->first, j->cand, j->off) >= 0;
+    if (!tracked(j) || node(j, j->cur)->kind != JK_ENUM)
+        return true;
+    const int v = exact(j, node(j, j->cur)->first, j->cand, j->off);
+    if (v < 0)
+        return false;
+    const uint16_t to = j->sc->strs[node(j, j->cur)->first + v].node;
+    if (to != JS_NONE)
+        j->fnode[j->sdepth - 1] = to;
+    return true;
 }
 
 /* A key's opening quote: its candidates are the properties not seen yet. */

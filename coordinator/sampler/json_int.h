@@ -3,7 +3,8 @@
  * its first byte on: the byte's class (object, array, string, number,
  * true, false, null) picks the concrete node the value must match (alt),
  * so a union (anyOf, a list of types) is resolved at once and never
- * needs backtracking. */
+ * needs backtracking; several object alternatives are told apart by
+ * their first property's constant (a tag), read before anything else. */
 #ifndef ECS_SAMPLER_JSON_INT_H
 #define ECS_SAMPLER_JSON_INT_H
 
@@ -36,7 +37,8 @@ typedef struct {
 } js_node_t;
 
 /* A property (name as JSON text between its quotes, and its value's node)
- * or an enum value (the value's JSON text). */
+ * or an enum value (the value's JSON text; node: JS_NONE, or for a
+ * discriminated union's tag the object node its value selects). */
 typedef struct {
     const char *text;
     uint16_t len;

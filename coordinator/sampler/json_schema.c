@@ -2,7 +2,8 @@
  * the node table json.c's recogniser walks (json_int.h). The subset is
  * OpenAI's structured outputs': type (one or a list), properties,
  * required, additionalProperties, items, enum and const of scalars, anyOf /
- * oneOf whose alternatives differ in JSON type, $ref into $defs /
+ * oneOf whose alternatives differ in JSON type or are objects told apart
+ * by a first property of constant string value, $ref into $defs /
  * definitions (recursion included); annotations (description, title, ...)
  * are ignored. Any other keyword is refused with its name rather than
  * ignored: a constraint the output would silently break is worse than an
@@ -112,7 +113,7 @@ static ecs_err_t build_enum(build_t *b, json_t *vals, uint16_t self)
         json_t *v = json_is_array(vals) ? json_array_get(vals, i) : vals;
         if (json_is_object(v) || json_is_array(v))
             return refuse("enum and const values must be strings, numbers, booleans or null");
-        ecs_err_t rc = add_str(b, value_text(v), self);
+        ecs_err_t rc = add_str(b, value_text(v), JS_NONE);
         if (rc != ECS_OK)
             return rc;
         b->s->nodes[self].alt[js_class_of((unsigned char)b->s->strs[b->s->n_strs - 1].text[0])] = self;
@@ -215,18 +216,78 @@ static ecs_err_t build_typed(build_t *b, json_t *sch, const char *t, uint16_t *o
     return rc;
 }
 
-/* A union: each class goes to the one alternative that takes it. */
+/* A union: each class goes to the one alternative that takes it (objects
+ * aside: build_switch tells several apart). */
 static ecs_err_t merge_alt(build_t *b, uint16_t self, uint16_t alt)
 {
     for (int c = 0; c < JC_N; c++) {
         const uint16_t a = b->s->nodes[alt].alt[c];
-        if (a == JS_NONE)
+        if (a == JS_NONE || c == JC_OBJ)
             continue;
         if (b->s->nodes[self].alt[c] != JS_NONE)
             return refuse("anyOf / oneOf / type alternatives must differ in JSON type (two take "
                           "the same kind of value)");
         b->s->nodes[self].alt[c] = a;
     }
+    return ECS_OK;
+}
+
+/* The tag of a union's object alternative: its first property, required,
+ * whose value is one string constant. */
+static const js_str_t *switch_tag(const build_t *b, uint16_t obj)
+{
+    const js_node_t *o = &b->s->nodes[obj];
+    if (o->kind != JK_OBJECT || o->n < 1 || !(o->required & 1))
+        return NULL;
+    const js_str_t *tag = &b->s->strs[o->first];
+    const js_node_t *v = tag->node == JS_NONE ? NULL : &b->s->nodes[tag->node];
+    return v && v->kind == JK_ENUM && v->n == 1 && b->s->strs[v->first].text[0] == '"' ? tag
+                                                                                       : NULL;
+}
+
+/* Several object alternatives: told apart by their tag's value (a
+ * discriminated union, as a list of tool calls is: {"name": const, ...}).
+ * The union's objects go to a node that takes only the tag; its value's
+ * enum names, for each constant, the alternative the object becomes once
+ * the value is read (json.c: sch_scalar_end). The recogniser never
+ * backtracks, so the tag must be the first property written. */
+static ecs_err_t build_switch(build_t *b, const uint16_t *objs, int n, uint16_t self)
+{
+    sampler_schema_t *s = b->s;
+    const js_str_t *tag0 = switch_tag(b, objs[0]);
+    for (int i = 0; i < n; i++) {
+        const js_str_t *t = switch_tag(b, objs[i]);
+        if (!t || t->len != tag0->len || memcmp(t->text, tag0->text, t->len))
+            return refuse("anyOf / oneOf alternatives that are objects must each start with the "
+                          "same required property whose value is one string constant (a "
+                          "discriminated union), told apart by it");
+        const js_str_t *v = &s->strs[s->nodes[t->node].first];
+        for (int k = 0; k < i; k++) {
+            const js_str_t *w = &s->strs[s->nodes[switch_tag(b, objs[k])->node].first];
+            if (v->len == w->len && !memcmp(v->text, w->text, v->len))
+                return refuse("two anyOf / oneOf object alternatives have the same tag %.64s",
+                              v->text);
+        }
+    }
+    uint16_t sw, en;
+    ecs_err_t rc = new_node(b, JK_OBJECT, &sw);
+    if (rc != ECS_OK || (rc = new_node(b, JK_ENUM, &en)) != ECS_OK)
+        return rc;
+    s->nodes[en].first = (uint16_t)s->n_strs;
+    s->nodes[en].alt[JC_STR] = en;
+    for (int i = 0; i < n; i++) {
+        const js_str_t *v = &s->strs[s->nodes[switch_tag(b, objs[i])->node].first];
+        if ((rc = add_str(b, strdup(v->text), objs[i])) != ECS_OK)
+            return rc;
+    }
+    s->nodes[en].n = (uint16_t)n;
+    s->nodes[sw].first = (uint16_t)s->n_strs;
+    if ((rc = add_str(b, strdup(tag0->text), en)) != ECS_OK)
+        return rc;
+    s->nodes[sw].n = 1;
+    s->nodes[sw].required = 1;
+    s->nodes[sw].alt[JC_OBJ] = sw;
+    s->nodes[self].alt[JC_OBJ] = sw;
     return ECS_OK;
 }
 
@@ -276,17 +337,28 @@ static ecs_err_t build_body(build_t *b, json_t *sch, uint16_t *out)
         json_t *list = any ? any : t;
         if (!json_is_array(list) || json_array_size(list) < 1)
             return refuse("anyOf / oneOf / type lists must be non-empty arrays");
+        if (json_array_size(list) > 64)
+            return refuse("anyOf / oneOf / type lists of %zu alternatives (at most 64)",
+                          json_array_size(list));
         if ((rc = new_node(b, JK_UNION, out)) != ECS_OK)
             return rc;
         const uint16_t self = *out;
+        uint16_t objs[64];
+        int n_objs = 0;
         for (size_t i = 0; i < json_array_size(list); i++) {
             uint16_t a;
             json_t *x = json_array_get(list, i);
             rc = any ? build(b, x, &a) : build_typed(b, sch, json_string_value(x), &a);
-            if (rc != ECS_OK || (rc = merge_alt(b, self, a)) != ECS_OK)
+            if (rc != ECS_OK)
+                return rc;
+            if (b->s->nodes[a].alt[JC_OBJ] != JS_NONE) /* objects: maybe told apart by a tag */
+                objs[n_objs++] = b->s->nodes[a].alt[JC_OBJ];
+            if ((rc = merge_alt(b, self, a)) != ECS_OK)
                 return rc;
         }
-        return ECS_OK;
+        if (n_objs == 1)
+            b->s->nodes[self].alt[JC_OBJ] = objs[0];
+        return n_objs > 1 ? build_switch(b, objs, n_objs, self) : ECS_OK;
     }
     if (t)
         return build_typed(b, sch, json_string_value(t), out);

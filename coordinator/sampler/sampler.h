@@ -120,7 +120,9 @@ typedef struct {
 /* Compiles a JSON Schema (its JSON text). The subset is OpenAI structured
  * outputs': type (one or a list), properties, required,
  * additionalProperties, items, enum / const of scalars, anyOf / oneOf whose
- * alternatives differ in JSON type, $ref to #, #/$defs/X, #/definitions/X
+ * alternatives differ in JSON type (objects may also differ by a tag: the
+ * same first property, required, each with its own string const; the
+ * output writes it first), $ref to #, #/$defs/X, #/definitions/X
  * (recursion too); annotations ignored. Anything else is
  * ECS_ERR_UNSUPPORTED naming the keyword; the root must take an object.
  * Enum and const values must appear as their compact JSON text. */

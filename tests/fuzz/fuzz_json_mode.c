@@ -12,13 +12,16 @@
 
 #include "coordinator/sampler/sampler.h"
 
-/* A schema with most of the subset in it; its verdicts must be a subset of
- * plain JSON mode's. */
+/* A schema with most of the subset in it (a discriminated union too); its
+ * verdicts must be a subset of plain JSON mode's. */
 static const char schema_text[] =
     "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
     "\"b\":{\"enum\":[\"x\",\"xy\",1.5,true,null]},\"c\":{\"type\":\"array\","
     "\"items\":{\"$ref\":\"#\"}},\"d\":{\"anyOf\":[{\"type\":\"string\"},"
-    "{\"type\":\"number\"}]}},\"required\":[\"a\"],\"additionalProperties\":{\"type\":\"boolean\"}}";
+    "{\"type\":\"number\"}]},\"e\":{\"anyOf\":[{\"properties\":{\"t\":{\"const\":\"x\"},"
+    "\"v\":{\"type\":\"integer\"}},\"required\":[\"t\"]},{\"properties\":{\"t\":{\"const\":\"xy\"},"
+    "\"w\":{\"$ref\":\"#\"}},\"required\":[\"t\",\"w\"],\"additionalProperties\":false},"
+    "{\"type\":\"null\"}]}},\"required\":[\"a\"],\"additionalProperties\":{\"type\":\"boolean\"}}";
 
 static const sampler_schema_t *the_schema(void)
 {

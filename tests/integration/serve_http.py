@@ -125,13 +125,14 @@ check("wrong content type -> 400", lambda: expect_error(
     400, "messages[0].content", chat, {"messages": [{"role": "user", "content": 5}]}))
 check("n > 1 -> 400", lambda: expect_error(
     400, "'n' is 2", chat, {"messages": [{"role": "user", "content": "x"}], "n": 2}))
-check("a malformed tool, tool_choice required among several -> 400 naming it", lambda: (expect_error(
+check("a malformed tool, a forced tool's parameters out of the subset -> 400 naming them", lambda: (expect_error(
     400, "'tools'[0].function must be an object", chat,
     {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}), expect_error(
-    400, "'required' with 2 tools", chat,
+    400, "the parameters of 'b' cannot constrain a forced call: json_schema: keyword 'pattern'", chat,
     {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
      "tools": [{"type": "function", "function": {"name": "a"}},
-               {"type": "function", "function": {"name": "b"}}]})))
+               {"type": "function", "function": {"name": "b", "parameters": {
+                   "properties": {"s": {"type": "string", "pattern": "x"}}}}}]})))
 check("unknown model -> 404", lambda: expect_error(
     404, "model 'nope' not found", chat, {"model": "nope", "messages": [{"role": "user", "content": "x"}]}))
 check("prompt longer than the context -> 400", lambda: expect_error(
@@ -426,6 +427,40 @@ def tool_calls():
 
 check("tool calls: forced by name, whole and streamed, past calls and results; Anthropic's tool_use",
       tool_calls)
+
+
+def tool_calls_required():
+    """tool_choice required / any among several tools: the model picks the
+    function, and the arguments follow the schema of the one it names."""
+    count = {"type": "function", "function": {"name": "count", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["n"],
+        "properties": {"n": {"type": "integer"}}}}}
+    names = set()
+    for seed in range(1, 7):
+        body = {"messages": [{"role": "user", "content": "weather or count?"}], "tools": [WEATHER, count],
+                "tool_choice": "required", "max_tokens": 300, "temperature": 1.0, "seed": seed}
+        st, r = post_json(srv.port, chat, body)
+        assert st == 200 and r["choices"][0]["finish_reason"] == "tool_calls", r
+        call = r["choices"][0]["message"]["tool_calls"][0]["function"]
+        names.add(call["name"])
+        if call["name"] == "get_weather":
+            weather_args(call["arguments"])
+        else:
+            a = json.loads(call["arguments"])
+            assert call["name"] == "count" and set(a) == {"n"} and type(a["n"]) is int, call
+    an = {"max_tokens": 300, "temperature": 0, "tool_choice": {"type": "any"},
+          "messages": [{"role": "user", "content": "weather?"}],
+          "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]},
+                    {"name": "count", "input_schema": count["function"]["parameters"]}]}
+    st, r = post_json(srv.port, "/v1/messages", an)
+    assert st == 200 and r["stop_reason"] == "tool_use", r
+    uses = [b for b in r["content"] if b["type"] == "tool_use"]
+    assert len(uses) == 1 and uses[0]["name"] in ("get_weather", "count"), r
+    print("  required among 2 tools, 6 seeds: the model called", sorted(names), flush=True)
+
+
+check("tool calls: required / any among several tools, each call following its tool's schema",
+      tool_calls_required)
 
 
 def background_stream_unharmed():

@@ -1,6 +1,6 @@
 /* test_api_tools.c - tool calls (coordinator/api/tools.c): tools and past
  * calls / results rendered as Qwen3's template renders them, tool_choice
- * (auto, none, forced by name, required / any with one tool), each
+ * (auto, none, forced by name, required / any), each
  * mistake named, and the output read back into calls (text before them,
  * several calls, anything malformed staying text, what a stream holds
  * back). */
@@ -141,6 +141,56 @@ Test(api_tools, forced_calls)
     api_req_free(&r);
 }
 
+/* Whether the forced call's schema (compiled into r) takes text. */
+static bool schema_takes(const api_req_t *r, const char *text)
+{
+    sampler_json_t j;
+    sampler_json_init_schema(&j, r->schema);
+    return sampler_json_feed(&j, text, strlen(text)) && sampler_json_done(&j);
+}
+
+Test(api_tools, required_among_several_tools_calls_one_of_them_by_its_schema)
+{
+    api_req_t r;
+    cr_assert_eq(parse(API_ROUTE_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],"
+                       "\"tools\":[" WEATHER ",{\"type\":\"function\",\"function\":{\"name\":\"b\"}}],"
+                       "\"tool_choice\":\"required\"}", &r), ECS_OK, "%s", err);
+    cr_assert_eq(r.tool_mode, API_TOOLS_FORCED);
+    cr_assert(r.json && r.schema);
+    cr_assert(schema_takes(&r, "{\"name\": \"get_weather\", \"arguments\": {\"unit\": \"c\"}}"));
+    cr_assert(schema_takes(&r, "{\"name\": \"b\", \"arguments\": {\"any\": [1]}}"));
+    cr_assert(!schema_takes(&r, "{\"name\": \"get_weather\", \"arguments\": {}}"), "unit is required");
+    cr_assert(!schema_takes(&r, "{\"name\": \"c\", \"arguments\": {}}"));
+    api_req_free(&r);
+    /* Anthropic's any; a tool's own $defs and "#" keep their meaning */
+    cr_assert_eq(parse(API_ROUTE_MESSAGES, "{\"max_tokens\":8,\"messages\":[{\"role\":\"user\","
+                       "\"content\":\"u\"}],\"tools\":[{\"name\":\"a\",\"input_schema\":{\"type\":"
+                       "\"object\",\"properties\":{\"p\":{\"$ref\":\"#/$defs/P\"}},\"required\":[\"p\"],"
+                       "\"additionalProperties\":false,\"$defs\":{\"P\":{\"type\":\"object\","
+                       "\"properties\":{\"x\":{\"type\":\"integer\"},\"up\":{\"$ref\":\"#\"}},"
+                       "\"additionalProperties\":false}}}},{\"name\":\"z\",\"input_schema\":{\"type\":"
+                       "\"object\",\"properties\":{\"p\":{\"$ref\":\"#/$defs/P\"}},\"$defs\":{\"P\":"
+                       "{\"type\":\"string\"}}}}],\"tool_choice\":{\"type\":\"any\"}}", &r),
+                 ECS_OK, "%s", err);
+    cr_assert_eq(r.tool_mode, API_TOOLS_FORCED);
+    cr_assert(schema_takes(&r, "{\"name\":\"a\",\"arguments\":{\"p\":{\"x\":1,\"up\":{\"p\":{}}}}}"));
+    cr_assert(schema_takes(&r, "{\"name\":\"z\",\"arguments\":{\"p\":\"s\"}}"));
+    cr_assert(!schema_takes(&r, "{\"name\":\"a\",\"arguments\":{\"p\":\"s\"}}"), "a's P");
+    cr_assert(!schema_takes(&r, "{\"name\":\"z\",\"arguments\":{\"p\":{\"x\":1}}}"), "z's P");
+    cr_assert(!schema_takes(&r, "{\"name\":\"a\",\"arguments\":{\"p\":{\"up\":{}}}}"),
+              "'#' is a's parameters: p is required");
+    api_req_free(&r);
+    /* more tools than a union tells apart */
+    char j[16384];
+    int n = snprintf(j, sizeof j, "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],"
+                     "\"tool_choice\":\"required\",\"tools\":[");
+    for (int k = 0; k < 65; k++)
+        n += snprintf(j + n, sizeof j - (size_t)n, "%s{\"type\":\"function\",\"function\":"
+                      "{\"name\":\"f%d\"}}", k ? "," : "", k);
+    snprintf(j + n, sizeof j - (size_t)n, "]}");
+    expect_error(API_ROUTE_CHAT, j, ECS_ERR_UNSUPPORTED, "at most 64");
+}
+
 Test(api_tools, mistakes_are_named)
 {
     const char *u = "\"messages\":[{\"role\":\"user\",\"content\":\"u\"}]";
@@ -156,8 +206,10 @@ Test(api_tools, mistakes_are_named)
         {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":\"function\","
          "\"function\":{\"name\":\"a\"}}]", "given twice", ECS_ERR_INVAL},
         {"\"tool_choice\":\"required\"", "'tool_choice' needs 'tools'", ECS_ERR_INVAL},
-        {"\"tools\":[" WEATHER ",{\"type\":\"function\",\"function\":{\"name\":\"b\"}}],"
-         "\"tool_choice\":\"required\"", "'required' with 2 tools", ECS_ERR_UNSUPPORTED},
+        {"\"tools\":[" WEATHER ",{\"type\":\"function\",\"function\":{\"name\":\"b\",\"parameters\":"
+         "{\"properties\":{\"s\":{\"pattern\":\"x\"}}}}}],\"tool_choice\":\"required\"",
+         "the parameters of 'b' cannot constrain a forced call: json_schema: keyword 'pattern'",
+         ECS_ERR_UNSUPPORTED},
         {"\"tools\":[" WEATHER "],\"tool_choice\":\"sometimes\"", "'tool_choice' must be", ECS_ERR_INVAL},
         {"\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"x\"}}",
          "'x' is not one of the tools", ECS_ERR_INVAL},

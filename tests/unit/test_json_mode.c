@@ -385,6 +385,44 @@ Test(json_schema, enums_consts_unions_and_refs)
     cr_assert(strstr(ecs_errmsg(), "cycle"), "%s", ecs_errmsg());
 }
 
+/* Objects told apart by a tag, the shape of a call to one of several
+ * tools: {"name": const, "arguments": that tool's parameters}. */
+#define TAGGED(NAME, ARGS)                                                                      \
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"" NAME "\"},\"arguments\":" ARGS \
+    "},\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false}"
+#define ARGS_CITY "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],\"additionalProperties\":false}"
+#define ARGS_N "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}},\"required\":[\"n\"],\"additionalProperties\":false}"
+#define TAGGED_TOOLS "{\"anyOf\":[" TAGGED("get", ARGS_CITY) "," TAGGED("getx", ARGS_N) "]}"
+
+Test(json_schema, discriminated_unions_follow_the_alternative_their_tag_names)
+{
+    sampler_schema_t *s = schema(TAGGED_TOOLS);
+    cr_assert(follows(s, "{\"name\":\"get\",\"arguments\":{\"city\":\"Oslo\"}}"));
+    cr_assert(follows(s, "{\"name\": \"getx\", \"arguments\": {\"n\": 3}}"));
+    cr_assert(!follows(s, "{\"name\":\"get\",\"arguments\":{\"n\":3}}"), "get's arguments");
+    cr_assert(!follows(s, "{\"name\":\"getx\",\"arguments\":{\"city\":\"x\"}}"));
+    cr_assert(!follows(s, "{\"name\":\"ge\",\"arguments\":{}}"), "a tag's prefix");
+    cr_assert(!follows(s, "{\"name\":\"put\"}"));
+    cr_assert(!follows(s, "{\"arguments\":{\"n\":3},\"name\":\"getx\"}"), "the tag comes first");
+    cr_assert(!follows(s, "{}"));
+    cr_assert(!follows(s, "{\"name\":\"get\"}"), "the alternative's required arguments");
+    cr_assert(!follows(s, "{\"name\":\"get\",\"arguments\":{\"city\":\"x\"},\"name\":\"get\"}"));
+    sampler_schema_free(s);
+    /* inside a property, beside other types, and an alternative shared
+     * through $defs keeps its meaning where it stands alone */
+    s = schema("{\"type\":\"object\",\"properties\":{\"one\":{\"$ref\":\"#/$defs/g\"},"
+               "\"u\":{\"anyOf\":[{\"$ref\":\"#/$defs/g\"},{\"type\":\"null\"}," TAGGED("getx", ARGS_N)
+               "]}},\"additionalProperties\":false,\"$defs\":{\"g\":" TAGGED("get", ARGS_CITY) "}}");
+    cr_assert(follows(s, "{\"u\":null,\"one\":{\"name\":\"get\",\"arguments\":{\"city\":\"a\"}}}"));
+    cr_assert(follows(s, "{\"u\":{\"name\":\"getx\",\"arguments\":{\"n\":1}}}"));
+    cr_assert(follows(s, "{\"u\":{\"name\":\"get\",\"arguments\":{\"city\":\"a\"}},\"one\":"
+                         "{\"name\":\"get\",\"arguments\":{\"city\":\"b\"}}}"));
+    cr_assert(!follows(s, "{\"one\":{\"name\":\"getx\",\"arguments\":{\"n\":1}}}"));
+    cr_assert(!follows(s, "{\"u\":{\"name\":\"getx\",\"arguments\":{\"n\":1.5}}}"));
+    cr_assert(!follows(s, "{\"u\":1}"));
+    sampler_schema_free(s);
+}
+
 Test(json_schema, unsupported_or_bad_schemas_are_refused_by_name)
 {
     static const struct {
@@ -393,7 +431,19 @@ Test(json_schema, unsupported_or_bad_schemas_are_refused_by_name)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":3}}}", "minLength"},
         {"{\"type\":\"string\"}", "root"},
         {"{\"type\":\"object\",\"required\":[\"a\"]}", "required property 'a'"},
-        {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "differ"},
+        {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "discriminated"},
+        {"{\"anyOf\":[{\"type\":\"string\"},{\"enum\":[\"a\"]}]}", "differ"},
+        /* a tag must come first, be required and differ between alternatives */
+        {"{\"anyOf\":[{\"properties\":{\"x\":{},\"t\":{\"const\":\"a\"}},\"required\":[\"t\"]},"
+         "{\"properties\":{\"t\":{\"const\":\"b\"}},\"required\":[\"t\"]}]}", "discriminated"},
+        {"{\"anyOf\":[{\"properties\":{\"t\":{\"const\":\"a\"}}},"
+         "{\"properties\":{\"t\":{\"const\":\"b\"}},\"required\":[\"t\"]}]}", "discriminated"},
+        {"{\"anyOf\":[{\"properties\":{\"t\":{\"const\":\"a\"}},\"required\":[\"t\"]},"
+         "{\"properties\":{\"u\":{\"const\":\"b\"}},\"required\":[\"u\"]}]}", "discriminated"},
+        {"{\"anyOf\":[{\"properties\":{\"t\":{\"const\":\"a\"}},\"required\":[\"t\"]},"
+         "{\"properties\":{\"t\":{\"enum\":[\"a\"]}},\"required\":[\"t\"]}]}", "same tag"},
+        {"{\"anyOf\":[{\"properties\":{\"t\":{\"const\":1}},\"required\":[\"t\"]},"
+         "{\"properties\":{\"t\":{\"const\":2}},\"required\":[\"t\"]}]}", "discriminated"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/nope\"}}}", "$ref"},
         {"{\"type\":\"objekt\"}", "unknown type"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[[1]]}}}", "enum"},
@@ -452,6 +502,7 @@ Test(json_schema, no_dead_ends_on_random_walks)
         "\"additionalProperties\":false}",
         "{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"object\","
         "\"properties\":{\"y\":{\"type\":\"string\"}}}]}},\"additionalProperties\":{\"type\":\"integer\"}}",
+        TAGGED_TOOLS,
     };
     for (size_t si = 0; si < sizeof schemas / sizeof schemas[0]; si++) {
         sampler_schema_t *s = schemas[si] ? schema(schemas[si]) : NULL;

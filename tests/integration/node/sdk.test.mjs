@@ -253,5 +253,20 @@ await check('anthropic: tools, a forced tool_use whole and streamed, then its re
   assert.equal(next.stop_reason, 'max_tokens');
 });
 
+await check('openai: tool_choice required among two tools, streamed: a call following its tool', async () => {
+  const count = { name: 'count', parameters: { type: 'object', additionalProperties: false,
+    required: ['n'], properties: { n: { type: 'integer' } } } };
+  const fin = await openai.beta.chat.completions.stream({
+    model, temperature: 0, max_tokens: 300, messages: [{ role: 'user', content: 'Weather or count?' }],
+    tools: [{ type: 'function', function: weather }, { type: 'function', function: count }],
+    tool_choice: 'required',
+  }).finalChatCompletion();
+  assert.equal(fin.choices[0].finish_reason, 'tool_calls');
+  const call = fin.choices[0].message.tool_calls[0].function;
+  const args = JSON.parse(call.arguments);
+  if (call.name === 'count') assert.ok(Number.isInteger(args.n) && Object.keys(args).length === 1);
+  else { assert.equal(call.name, 'get_weather'); weatherArgs(args); }
+});
+
 console.log(`sdk: ${failed} failed`);
 process.exit(failed ? 1 : 0);
