@@ -83,7 +83,7 @@ void api_buf_free(api_buf_t *b);
 /* Metrics: route label index of a request and counts per status. */
 enum { API_M_CHAT, API_M_COMPLETIONS, API_M_MESSAGES, API_M_MODELS, API_M_HEALTH, API_M_READY,
        API_M_METRICS, API_M_OTHER, API_M_CONSOLE, API_M_CONSOLE_STATE, API_M_TOKENIZE,
-       API_M_DETOKENIZE, API_M_ROUTES };
+       API_M_DETOKENIZE, API_M_COUNT_TOKENS, API_M_ROUTES };
 #define API_M_STATUSES 10
 
 typedef struct api_conn api_conn_t;

@@ -426,7 +426,8 @@ void api_metrics_text(api_server_t *srv, api_buf_t *b)
     static const char *const routes[API_M_ROUTES] = {
         "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models",
         "/health",              "/ready",          "/metrics",     "other",
-        "/console",             "/console/state",  "/tokenize",   "/detokenize"};
+        "/console",             "/console/state",  "/tokenize",   "/detokenize",
+        "/v1/messages/count_tokens"};
     static const int codes[API_M_STATUSES] = {200, 400, 401, 404, 405, 408, 413, 431, 500, 503};
     api_buf_puts(b, "# HELP ecs_http_requests_total HTTP requests answered, by route and status.\n"
                     "# TYPE ecs_http_requests_total counter\n");

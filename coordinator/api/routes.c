@@ -1,4 +1,4 @@
-/* routes.c - what each route does: authentication, the small GET routes,
+/* routes.c - what each route does: authentication, the small routes,
  * and generation requests (parse, tokenize, submit to the scheduler, then
  * answer from its published progress, streamed or whole). */
 #include <stdlib.h>
@@ -75,11 +75,11 @@ static void write_chunk(api_conn_t *c, const api_buf_t *b)
     api_conn_write(c, "\r\n", 2);
 }
 
-/* Turns a request into prompt ids, or answers with the error. */
-static bool tokenize(api_conn_t *c, api_req_t *q, int32_t **ids, int *n)
+/* Turns a request into prompt ids (at most n_ctx - 1), or answers with
+ * the error. */
+static bool tokenize(api_conn_t *c, api_req_t *q, int n_ctx, int32_t **ids, int *n)
 {
     api_server_t *srv = c->srv;
-    int n_ctx = sched_n_ctx(srv->sched);
     ecs_err_t e;
     if (q->route != API_ROUTE_COMPLETION) {
         e = q->tool_parts ? api_tools_template(tok_chat_kind(srv->tok)) : ECS_OK;
@@ -108,6 +108,62 @@ static bool tokenize(api_conn_t *c, api_req_t *q, int32_t **ids, int *n)
     return false;
 }
 
+/* The request's model, if it names one, must be this server's (else a 404). */
+static bool model_ok(api_conn_t *c, const api_req_t *q)
+{
+    const char *id = c->srv->o.model_id;
+    if (!q->model || !strcmp(q->model, id))
+        return true;
+    char err[512];
+    snprintf(err, sizeof err, "model '%.200s' not found: this server serves '%.200s'", q->model, id);
+    fail(c, q->route, 404, err);
+    return false;
+}
+
+/* POST /v1/messages/count_tokens (Anthropic): the prompt a Messages request
+ * would give the model (system, tools, messages, the template's tokens),
+ * counted: {"input_tokens": N}. It takes no max_tokens; a prompt longer
+ * than the context is counted too, up to a bound the body's size sets
+ * (a token holds at least a byte of the rendered prompt). */
+static void count_tokens(api_conn_t *c)
+{
+    size_t len;
+    const char *body = api_http_body(c->http, &len);
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
+    char *text = NULL, err[512];
+    if (json_is_object(o)) { /* what a generation request needs and counting does not */
+        if (!json_object_get(o, "max_tokens"))
+            json_object_set_new(o, "max_tokens", json_integer(1));
+        json_object_del(o, "stream");
+        if (!(text = json_dumps(o, JSON_COMPACT))) {
+            json_decref(o);
+            fail(c, API_ROUTE_MESSAGES, 503, "out of memory");
+            return;
+        }
+    }
+    json_decref(o);
+    api_req_t q;
+    ecs_err_t e = api_req_parse(API_ROUTE_MESSAGES, text ? text : body, text ? strlen(text) : len,
+                                &q, err, sizeof err);
+    const size_t bound = 2 * (text ? strlen(text) : len) + 4096;
+    free(text);
+    if (e != ECS_OK) {
+        fail(c, API_ROUTE_MESSAGES, 400, err);
+        return;
+    }
+    int32_t *ids = NULL;
+    int n = 0, n_ctx = sched_n_ctx(c->srv->sched);
+    if (bound > (size_t)n_ctx)
+        n_ctx = bound < (1u << 22) ? (int)bound : 1 << 22;
+    if (model_ok(c, &q) && tokenize(c, &q, n_ctx + 1, &ids, &n)) {
+        char out[48];
+        snprintf(out, sizeof out, "{\"input_tokens\":%d}", n);
+        send_json(c, out);
+    }
+    free(ids);
+    api_req_free(&q);
+}
+
 static void generate(api_conn_t *c, api_route_t route)
 {
     api_server_t *srv = c->srv;
@@ -125,16 +181,13 @@ static void generate(api_conn_t *c, api_route_t route)
         return;
     }
     api_req_t *q = &j->req;
-    if (q->model && strcmp(q->model, srv->o.model_id) != 0) {
-        snprintf(err, sizeof err, "model '%.200s' not found: this server serves '%.200s'", q->model,
-                 srv->o.model_id);
+    if (!model_ok(c, q)) {
         job_free(srv, j);
-        fail(c, route, 404, err);
         return;
     }
     sched_params_t p = {.top_logprobs = q->top_logprobs, .ignore_eos = q->ignore_eos, .sp = q->sp,
                         .json = q->json, .schema = q->schema};
-    if (!tokenize(c, q, &p.prompt, &p.n_prompt)) {
+    if (!tokenize(c, q, sched_n_ctx(srv->sched), &p.prompt, &p.n_prompt)) {
         job_free(srv, j);
         return;
     }
@@ -217,14 +270,23 @@ void api_on_update(void *arg, sched_req_t *r)
     api_conn_kick(c);
 }
 
-static void models(api_conn_t *c)
+/* GET /v1/models (the list: this server's one model) and /v1/models/ID
+ * (that model, or a 404). */
+static void models(api_conn_t *c, const char *id)
 {
-    char body[1024];
-    snprintf(body, sizeof body,
-             "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":0,"
-             "\"owned_by\":\"ecs\",\"context_length\":%d}]}",
+    char one[512], body[1024];
+    snprintf(one, sizeof one, "{\"id\":\"%s\",\"object\":\"model\",\"created\":0,"
+             "\"owned_by\":\"ecs\",\"context_length\":%d}",
              c->srv->o.model_id, sched_n_ctx(c->srv->sched));
-    send_json(c, body);
+    if (id && strcmp(id, c->srv->o.model_id)) {
+        snprintf(body, sizeof body, "model '%.200s' not found: this server serves '%.200s'", id,
+                 c->srv->o.model_id);
+        fail(c, API_ROUTE_CHAT, 404, body);
+        return;
+    }
+    if (!id)
+        snprintf(body, sizeof body, "{\"object\":\"list\",\"data\":[%s]}", one);
+    send_json(c, id ? one : body);
 }
 
 void api_handle(api_conn_t *c)
@@ -239,6 +301,7 @@ void api_handle(api_conn_t *c)
     } table[] = {
         {"/v1/chat/completions", API_M_CHAT, true}, {"/v1/completions", API_M_COMPLETIONS, true},
         {"/v1/messages", API_M_MESSAGES, true},     {"/v1/models", API_M_MODELS, false},
+        {"/v1/messages/count_tokens", API_M_COUNT_TOKENS, true},
         {"/health", API_M_HEALTH, false},           {"/ready", API_M_READY, false},
         {"/metrics", API_M_METRICS, false},         {"/console", API_M_CONSOLE, false},
         {"/console/state", API_M_CONSOLE_STATE, false},
@@ -248,7 +311,10 @@ void api_handle(api_conn_t *c)
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(path, table[i].path))
             k = (int)i;
-    api_route_t route = k == 2 ? API_ROUTE_MESSAGES : k == 1 ? API_ROUTE_COMPLETION : API_ROUTE_CHAT;
+    if (k < 0 && !strncmp(path, "/v1/models/", 11)) /* retrieve a model: by its id */
+        k = 3;
+    api_route_t route = k == 2 || (k >= 0 && table[k].m == API_M_COUNT_TOKENS) ? API_ROUTE_MESSAGES
+                        : k == 1 ? API_ROUTE_COMPLETION : API_ROUTE_CHAT;
     c->m_route = k < 0 ? API_M_OTHER : table[k].m;
     if (k < 0) {
         char msg[600];
@@ -285,7 +351,8 @@ void api_handle(api_conn_t *c)
     case API_M_READY: send_json(c, "{\"status\":\"ready\"}"); return;
     case API_M_CONSOLE: api_console_page(c); return;
     case API_M_CONSOLE_STATE: api_console_state(c); return;
-    case API_M_MODELS: models(c); return;
+    case API_M_MODELS: models(c, path[10] == '/' ? path + 11 : NULL); return;
+    case API_M_COUNT_TOKENS: count_tokens(c); return;
     case API_M_TOKENIZE: api_tokenize(c, false); return;
     case API_M_DETOKENIZE: api_tokenize(c, true); return;
     case API_M_METRICS: {

@@ -463,6 +463,35 @@ check("tool calls: required / any among several tools, each call following its t
       tool_calls_required)
 
 
+def count_tokens():
+    """/v1/messages/count_tokens counts the prompt a Messages request gives
+    the model (system, tools and messages), without max_tokens; GET
+    /v1/models/ID retrieves the model."""
+    req = {"system": "Be brief.", "messages": [{"role": "user", "content": "weather in Oslo?"}],
+           "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}]}
+    st, r = post_json(srv.port, "/v1/messages/count_tokens", req)
+    assert st == 200 and set(r) == {"input_tokens"}, r
+    st, g = post_json(srv.port, "/v1/messages", dict(req, max_tokens=1, temperature=0))
+    assert st == 200, g
+    u = g["usage"]
+    assert r["input_tokens"] == u["input_tokens"] + u["cache_read_input_tokens"] > 20, (r, u)
+    st, bare = post_json(srv.port, "/v1/messages/count_tokens", {"messages": req["messages"]})
+    assert st == 200 and 0 < bare["input_tokens"] < r["input_tokens"], (bare, r)
+    expect_error(400, "messages[0].content", "/v1/messages/count_tokens",
+                 {"messages": [{"role": "user", "content": 5}]}, anthropic=True)
+    expect_error(404, "model 'nope' not found", "/v1/messages/count_tokens",
+                 {"model": "nope", "messages": req["messages"]}, anthropic=True)
+    st, h, raw = request(srv.port, "GET", "/v1/models")
+    mid = json.loads(raw)["data"][0]["id"]
+    st, h, raw = request(srv.port, "GET", "/v1/models/" + mid)
+    assert st == 200 and json.loads(raw)["id"] == mid and json.loads(raw)["object"] == "model", raw
+    st, h, raw = request(srv.port, "GET", "/v1/models/nope")
+    assert st == 404 and "'nope' not found" in json.loads(raw)["error"]["message"], raw
+
+
+check("count_tokens equals a request's input tokens; /v1/models/ID", count_tokens)
+
+
 def background_stream_unharmed():
     bg_thread.join()
     assert bg.get("text") == solo_long, "the running stream changed"

@@ -30,6 +30,14 @@ await check('openai: models.list names the model', async () => {
   assert.deepEqual(list.data.map((m) => m.id), [model]);
 });
 
+await check('openai: models.retrieve; anthropic: messages.countTokens equals the input tokens', async () => {
+  assert.equal((await openai.models.retrieve(model)).id, model);
+  const req = { model, system: 'Be brief.', messages: [{ role: 'user', content: 'Name three rivers.' }] };
+  const n = await anthropic.messages.countTokens(req);
+  const r = await anthropic.messages.create({ ...req, max_tokens: 1 });
+  assert.equal(n.input_tokens, r.usage.input_tokens + r.usage.cache_read_input_tokens);
+});
+
 let chatText = '';
 await check('openai: chat completion, whole', async () => {
   const r = await openai.chat.completions.create({ ...greedy, messages });
