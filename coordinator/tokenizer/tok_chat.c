@@ -43,6 +43,14 @@ const char *tok_chat_kind_name(tok_chat_kind_t k)
     return "unknown";
 }
 
+tok_chat_kind_t tok_chat_by_name(const char *name)
+{
+    for (tok_chat_kind_t k = TOK_CHAT_DEEPSEEK2; name && k <= TOK_CHAT_CHATML; k++)
+        if (!strcmp(name, tok_chat_kind_name(k)))
+            return k;
+    return TOK_CHAT_UNKNOWN;
+}
+
 tok_chat_kind_t tok_chat_detect(const char *tmpl, size_t len)
 {
     if (!tmpl || len == 0)

@@ -149,6 +149,13 @@ tok_chat_kind_t tok_chat_detect(const char *tmpl, size_t len);
 tok_chat_kind_t tok_chat_kind(const tok_t *t);
 /* Short name of a kind ("deepseek2", ...; "none", "unknown"). */
 const char *tok_chat_kind_name(tok_chat_kind_t k);
+/* The built-in kind a name gives ("deepseek2", "deepseek3", "chatml"),
+ * TOK_CHAT_UNKNOWN for any other string. */
+tok_chat_kind_t tok_chat_by_name(const char *name);
+/* Renders t's chats with built-in kind k instead of what its template was
+ * recognised as (llama-server's --chat-template: a model whose template is
+ * not recognised, or that has none). */
+void tok_set_chat_kind(tok_t *t, tok_chat_kind_t k);
 
 /* Renders msgs with the given kind; writes the text and a NUL. ECS_ERR_RANGE
  * with *len = bytes needed (without NUL) if cap is too small; ECS_ERR_INVAL

@@ -725,7 +725,8 @@ for name in ("tiny-ds2-q8_0", "tiny-qwen3moe-q8_0"):
 # ---- API keys ----
 with tempfile.NamedTemporaryFile("w", suffix=".keys", delete=False) as kf:
     kf.write("# keys\nsecret-one\nsecret-two\n")
-srv = Server(binary, model_path(root, build, "tiny-ds2-q8_0"), "--ctx", "256", "--api-key-file", kf.name)
+srv = Server(binary, model_path(root, build, "tiny-ds2-q8_0"), "--ctx", "256", "--api-key-file", kf.name,
+             "--chat-template", "deepseek2")
 
 
 def api_keys():
@@ -738,6 +739,21 @@ def api_keys():
 
 
 check("API keys: missing/wrong 401, right 200", api_keys)
+
+
+def chat_template_flag():
+    """--chat-template deepseek2 renders chats with DeepSeek-V2's template
+    though the model has none (the ChatML fallback otherwise)."""
+    key = {"x-api-key": "secret-one"}
+    st, n = post_json(srv.port, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi"}]}, key)
+    st2, t = post_json(srv.port, "/tokenize", {"content": "User: hi\n\nAssistant:", "add_special": True}, key)
+    assert st == 200 and st2 == 200 and n["input_tokens"] == len(t["tokens"]), (n, t)
+    st, h, raw = request(srv.port, "POST", chat, {"messages": [{"role": "user", "content": "x"}],
+                                                 "tools": [WEATHER]}, key)
+    assert st == 400 and b"deepseek2" in raw, raw
+
+
+check("--chat-template deepseek2 on a model without a template", chat_template_flag)
 check("keys server: clean exit", lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))
 
 # ---- layer slices with the experts on workers (in micro-batches): the same

@@ -43,6 +43,13 @@ expect_err "-f missing" "^ecs-run: -f $tmp/none: No such file" r -f "$tmp/none" 
 expect_err "-f empty" "empty prompt" r -f "$tmp/empty.txt" -n 1
 expect_err "-f fifo" "not a regular file" r -f /dev/null -n 1
 expect_err "-f and -p" "exactly one of -p PROMPT, -f FILE" r -f "$tmp/prompt.txt" -p hi
+# --chat-template: a built-in template instead of the model's (DeepSeek-V2's here)
+r -p hi --chat --tokenize >"$tmp/c.ids" && r -p hi --chat-template deepseek2 --tokenize >"$tmp/c2.ids" &&
+    r -p hi --chat-template chatml --tokenize >"$tmp/c3.ids" || bad "--chat-template --tokenize"
+cmp -s "$tmp/c.ids" "$tmp/c2.ids" || bad "--chat-template deepseek2 differs from the model's own"
+cmp -s "$tmp/c.ids" "$tmp/c3.ids" && bad "--chat-template chatml renders like deepseek2"
+expect_err "--chat-template x" "--chat-template: bad value 'x' \(expected deepseek2, deepseek3 or chatml\)" \
+    "$run" -m "$tmp/none.gguf" -p hi --chat-template x
 # parse-time ranges name the flag (no model is opened: it does not exist)
 expect_err "--threads 1000" "^ecs-run: --threads: bad count '1000' \(1\.\.256\)" \
     "$run" -m "$tmp/none.gguf" -p hi --threads 1000

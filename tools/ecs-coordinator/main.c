@@ -35,6 +35,7 @@ typedef struct {
     size_t kv_mem, max_body, max_header;
     double read_timeout, idle_timeout;
     bool no_prefix_cache, print_placement;
+    tok_chat_kind_t chat_template; /* TOK_CHAT_NONE: the model's */
     dispatch_opts_t dispatch;
 } args_t;
 
@@ -64,6 +65,9 @@ static void usage(FILE *f)
             "                       with the same start reuses them)\n"
             "  --api-key-file FILE  require one of the keys in FILE (one per line)\n"
             "  --model-id NAME      model name of the API (default: the file name without .gguf)\n"
+            "  --chat-template NAME render chats with a built-in template instead of the\n"
+            "                       model's: deepseek2, deepseek3 or chatml (default: the\n"
+            "                       model's, recognised; chatml when it has none)\n"
             "  --max-body SIZE      request body limit (default 8M)\n"
             "  --max-header SIZE    request line + headers limit (default 16K)\n"
             "  --read-timeout S     seconds to receive a whole request (default 30)\n"
@@ -151,6 +155,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--http")) a->http = v;
         else if (!strcmp(o, "--api-key-file")) a->key_file = v;
         else if (!strcmp(o, "--model-id")) a->model_id = v;
+        else if (!strcmp(o, "--chat-template"))
+            ok = (a->chat_template = tok_chat_by_name(v)) != TOK_CHAT_UNKNOWN;
         else if (!strcmp(o, "--prefix-cache-dir")) a->cache_dir = v;
         else if (!strcmp(o, "--admin")) a->admin = v;
         else if (!strcmp(o, "--admin-key")) a->admin_key = v;
@@ -174,7 +180,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--idle-timeout")) ok = parse_secs(v, &a->idle_timeout);
         else return fail("unknown option %s (see --help)", o);
         if (!ok)
-            return fail("%s: bad value '%s'", o, v);
+            return fail("%s: bad value '%s'%s", o, v, !strcmp(o, "--chat-template")
+                        ? " (expected deepseek2, deepseek3 or chatml)" : "");
     }
     if (!a->model)
         return fail("-m MODEL.gguf is required (see --help)");
@@ -388,6 +395,8 @@ int main(int argc, char **argv)
         rc = fail("%s: tokenizer: %s", a.model, ecs_errmsg());
     else if (dispatch_wanted(&a.dispatch) && dispatch_start(m, &a.dispatch, &dsp) != ECS_OK)
         rc = fail("%s", ecs_errmsg());
+    if (rc == 0 && a.chat_template != TOK_CHAT_NONE)
+        tok_set_chat_kind(tok, a.chat_template);
     if (rc == 0 && dsp && a.print_placement)
         placement_write(dispatch_placement(dsp), stdout);
     if (rc == 0)

@@ -26,6 +26,8 @@ static void usage(FILE *f)
             "  -f FILE            read the prompt from FILE (- : standard input)\n"
             "  -n N               tokens to generate (default 64)\n"
             "  --chat             wrap the prompt in the model's chat template\n"
+            "  --chat-template NAME  --chat with a built-in template instead of the model's:\n"
+            "                     deepseek2, deepseek3 or chatml\n"
             "  --threads N        compute threads, 1..%d (default: all CPUs)\n"
             "  --ctx N            context size (default: min(trained, 4096))\n"
             "  --temp T           temperature (default 0.8; 0 = greedy)\n"
@@ -125,7 +127,7 @@ static bool takes_value(const char *o)
     static const char *const opts[] = {"-m", "-p", "-f", "-n", "--tokens", "--dump-logits",
                                        "--logits-of", "--threads", "--ctx", "--top", "--top-k",
                                        "--seed", "--temp", "--top-p", "--min-p", "--pp", "--tg", "--tg-batch",
-                                       "--reps", "--step", "--attn-split"};
+                                       "--reps", "--step", "--attn-split", "--chat-template"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (!strcmp(o, opts[i]))
             return true;
@@ -176,7 +178,12 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--tokens")) a->tokens = v;
         else if (!strcmp(o, "--dump-logits")) a->dump = v;
         else if (!strcmp(o, "--logits-of")) a->logits_of = v;
-        else if (!strcmp(o, "-n")) {
+        else if (!strcmp(o, "--chat-template")) {
+            if ((a->chat_template = tok_chat_by_name(v)) == TOK_CHAT_UNKNOWN)
+                return run_fail("--chat-template: bad value '%s' (expected deepseek2, deepseek3 "
+                                "or chatml)", v);
+            a->chat = true;
+        } else if (!strcmp(o, "-n")) {
             if (!ecs_parse_long(v, 0, MODEL_MAX_CTX, &l)) return run_fail("-n: bad count '%s'", v);
             a->n_predict = (int)l;
         } else if (!strcmp(o, "--threads")) {
@@ -271,12 +278,15 @@ static int encode_prompt(const tok_t *tok, const args_t *a, arch_id_t arch, int3
     if (a->chat) {
         tok_chat_msg_t msg = {"user", a->prompt};
         tok_chat_kind_t fb = arch == ARCH_QWEN3MOE ? TOK_CHAT_CHATML : TOK_CHAT_DEEPSEEK2;
+        const tok_chat_kind_t k = (tok_chat_kind_t)a->chat_template; /* NONE: the model's */
         size_t len = 0;
-        ecs_err_t e = tok_chat_format(tok, fb, &msg, 1, true, NULL, 0, &len);
+        ecs_err_t e = k ? tok_chat_apply(k, &msg, 1, true, NULL, 0, &len)
+                        : tok_chat_format(tok, fb, &msg, 1, true, NULL, 0, &len);
         if (e != ECS_OK && e != ECS_ERR_RANGE)
             return run_fail("chat template: %s", ecs_errmsg());
         chat = malloc(len + 1);
-        if (!chat || tok_chat_format(tok, fb, &msg, 1, true, chat, len + 1, &len) != ECS_OK) {
+        if (!chat || (k ? tok_chat_apply(k, &msg, 1, true, chat, len + 1, &len)
+                        : tok_chat_format(tok, fb, &msg, 1, true, chat, len + 1, &len)) != ECS_OK) {
             free(chat);
             return run_fail("chat template: %s", ecs_errmsg());
         }

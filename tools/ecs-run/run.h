@@ -21,6 +21,7 @@ typedef struct {
     int n_predict, threads, ctx, top, pp, tg, reps, step;
     int tg_batch; /* --bench: sequences decoded together (0, 1: none) */
     bool chat, tokenize, ignore_eos, expanded, absorbed, bench, seed_given, profile;
+    int chat_template; /* tok_chat_kind_t; TOK_CHAT_NONE: the model's */
     model_cli_t mcli; /* --kv-type, --kv-f32, --repack, --no-repack, --no-amx */
     bool print_placement;
     int attn_split; /* model_opts_t.attn_split_min */
