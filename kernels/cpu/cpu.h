@@ -70,7 +70,7 @@ kcpu_mat_t kcpu_mat_rows(const kcpu_mat_t *w, int64_t r0, int64_t n);
  * Q8_0: the same bytes per row as the GGUF (r16.c has the details). */
 #define KCPU_R16_ROWS 16
 /* Changes whenever the layout does: copies made for another are remade. */
-#define KCPU_R16_LAYOUT 3
+#define KCPU_R16_LAYOUT 4
 #define KCPU_R16_Q4_K_BLOCK 2368 /* 16 rows x 256 values */
 /* Offsets inside a Q4_K block (internal to kernels/cpu: r16.c and
  * k4_avx512.c pack, k4_avx512.c reads; every Q4_K product on AVX-512 runs

@@ -48,36 +48,30 @@ INLINE void r16_store(__m512 *acc, float *out)
     _mm512_storeu_ps(out, reduce16_v(lanes));
 }
 
-/* Q5_0's fifth bits of word k (half h: values 16 h + 4 k ..) of 16 rows as
- * a byte mask (bit 4 r + j: value 16 h + 4 k + j of row r), from the rows'
- * 32-bit qh words: the byte holding the four bits is copied to the lane's
- * four bytes, byte j tests bit j of them. */
-INLINE __mmask64 q5_fifth(__m512i qh, int k, int h)
+/* A 64-bit byte mask stored at p (a mask register load). */
+INLINE __mmask64 mask_at(const uint8_t *p)
 {
-    const int bit = 16 * h + 4 * k, byte = bit / 8, sh = bit % 8;
-    /* pshufb works within 128-bit lanes (four rows each) */
-    const __m512i idx = _mm512_add_epi8(
-        _mm512_set1_epi8((char)byte),
-        _mm512_broadcast_i32x4(_mm_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0)));
-    return _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, idx),
-                                 _mm512_set1_epi32((int)(0x08040201u << sh)));
+    uint64_t m;
+    memcpy(&m, p, 8);
+    return _cvtu64_mask64(m);
 }
 
 /* Q5_0 levels (0..31) of block h of a pair of 16-row blocks, values 4 k ..
  * 4 k + 3 of every row in q[k]: the low nibbles give values 0..15, the high
- * ones 16..31, the fifth bits come from the qh words. */
+ * ones 16..31, the fifth bits come as one byte mask per vector (r16.c). */
 INLINE void q5_levels(const uint8_t *pair, int h, __m512i q[8])
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(16);
-    const uint8_t *qp = pair + 256 * h;
-    const __m512i qh = _mm512_load_si512((const void *)(pair + 512 + 64 * h));
+    const uint8_t *qp = pair + 256 * h, *mp = pair + 512 + 64 * h;
+    /* (nibble & 15) | fifth bit: one vpternlogd (0xEA: (a & b) | c) on a
+     * zero-masked 16, where a masked add would need a copy first */
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         const __m512i x = _mm512_load_si512((const void *)(qp + 64 * k));
-        const __m512i lo = _mm512_and_si512(x, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-        q[k] = _mm512_mask_add_epi8(lo, q5_fifth(qh, k, 0), lo, b16);
-        q[4 + k] = _mm512_mask_add_epi8(hi, q5_fifth(qh, k, 1), hi, b16);
+        const __m512i f0 = _mm512_maskz_mov_epi8(mask_at(mp + 8 * k), b16);
+        const __m512i f1 = _mm512_maskz_mov_epi8(mask_at(mp + 8 * (4 + k)), b16);
+        q[k] = _mm512_ternarylogic_epi32(x, m4, f0, 0xEA);
+        q[4 + k] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(x, 4), m4, f1, 0xEA);
     }
 }
 

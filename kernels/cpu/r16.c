@@ -65,14 +65,19 @@ static void pack_q4_K_block(const uint8_t *rows, size_t row_bytes, int64_t b, ui
  * them in order; parts kept in separate runs slowed the stream from DRAM):
  * qs [2][W][16 rows] 32-bit words, W = 4 (Q5_0: word k's low nibbles are
  * values 4 k.., the high ones 16 + 4 k..) or 8 (Q8_0: values 4 k.., stored
- * + 128 as the kernels' unsigned levels); Q5_0 only, qh [2][16 rows] (the
- * block's 32 fifth bits as a 32-bit word per row); d [2][16 rows] (fp16). */
+ * + 128 as the kernels' unsigned levels); Q5_0 only, the fifth bits as
+ * [2][8] 64-bit byte masks, one per qs vector the kernel loads (mask
+ * half * 4 + k, bit 4 r + j: the fifth bit of value 16 half + 4 k + j of
+ * row r), so that the kernel takes each as it is (a mask register load)
+ * instead of shuffling it out of the rows' qh words; d [2][16 rows] (fp16). */
 static void pack_legacy_pair(ecs_type_t type, const uint8_t *rows, size_t row_bytes, int64_t b0,
                              uint8_t *out)
 {
     const bool q5 = type == ECS_TYPE_Q5_0;
     const int W = q5 ? 4 : 8;
     uint8_t *qp = out, *hp = out + 2 * 64 * W, *dp = hp + (q5 ? 128 : 0);
+    if (q5)
+        memset(hp, 0, 128);
     for (int r = 0; r < KCPU_R16_ROWS; r++) {
         const uint8_t *row = rows + (size_t)r * row_bytes;
         for (int b = 0; b < 2; b++) {
@@ -80,7 +85,12 @@ static void pack_legacy_pair(ecs_type_t type, const uint8_t *rows, size_t row_by
             if (q5) {
                 const ecs_block_q5_0 *x = (const ecs_block_q5_0 *)row + b0 + b;
                 memcpy(dp + 32 * b + 2 * r, &x->d, 2);
-                memcpy(hp + 64 * b + 4 * r, x->qh, 4);
+                uint32_t qh;
+                memcpy(&qh, x->qh, 4);
+                for (int v = 0; v < 32; v++) { /* value v = 16 half + 4 k + j */
+                    const int bit = 4 * r + v % 4, m = v / 4; /* m = half * 4 + k */
+                    hp[64 * b + 8 * m + bit / 8] |= (uint8_t)(((qh >> v) & 1) << (bit % 8));
+                }
                 memcpy(q, x->qs, 16);
             } else {
                 const ecs_block_q8_0 *x = (const ecs_block_q8_0 *)row + b0 + b;
