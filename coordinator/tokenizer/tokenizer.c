@@ -28,6 +28,7 @@ bool tok_add_bos(const tok_t *t) { return t->add_bos; }
 bool tok_add_eos(const tok_t *t) { return t->add_eos; }
 const char *tok_pre_name(const tok_t *t) { return tok_pretok_name(t->pre); }
 tok_chat_kind_t tok_chat_kind(const tok_t *t) { return t->chat; }
+bool tok_chat_thinks(const tok_t *t) { return t->chat_thinks; }
 const char *tok_chat_first_line(const struct tok *t) { return t->chat_line; }
 
 static bool valid_id(const tok_t *t, int32_t id) { return id >= 0 && id < t->n_vocab; }
