@@ -167,7 +167,7 @@ struct api_job {
     size_t sent_text;
     int sent_toks;
     bool think;             /* the output is split into reasoning and answer */
-    bool think_done;        /* Anthropic stream: the thinking block is closed */
+    bool think_done;        /* stream: the reasoning is all sent (Anthropic: its block closed) */
 };
 
 /* server.c */

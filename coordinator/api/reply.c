@@ -243,9 +243,11 @@ static void stream_reasoning(api_job_t *j, api_buf_t *b, const sched_view_t *v,
         else
             chat_delta(j, b, model, "reasoning_content", t, lp);
     }
-    if (an && s->closed && !j->think_done) {
-        block_stop(b, 0);
-        text_block_start(b, 1);
+    if (s->closed && !j->think_done) {
+        if (an) {
+            block_stop(b, 0);
+            text_block_start(b, 1);
+        }
         j->think_done = true;
     }
 }
