@@ -70,7 +70,7 @@ static ecs_err_t thinking_blocks(api_perr_t *e, json_t *content, size_t i, json_
                                  char **reasoning)
 {
     api_buf_t b = {0};
-    bool any = false, text = false;
+    bool any = false, given = false; /* any block; a thinking block's text */
     size_t k;
     json_t *blk;
     *kept = NULL;
@@ -89,10 +89,10 @@ static ecs_err_t thinking_blocks(api_perr_t *e, json_t *content, size_t i, json_
             return api_bad(e, ECS_ERR_INVAL, "messages[%zu].content[%zu].thinking must be a "
                            "string", i, k);
         }
-        if (text)
+        if (given)
             api_buf_puts(&b, "\n");
         api_buf_add(&b, json_string_value(t), json_string_length(t));
-        any = text = true;
+        any = given = true;
     }
     if (!any)
         return ECS_OK;
@@ -104,7 +104,7 @@ static ecs_err_t thinking_blocks(api_perr_t *e, json_t *content, size_t i, json_
             json_array_append(rest, blk))
             json_decref(rest), rest = NULL;
     }
-    if (text)
+    if (given)
         api_buf_add(&b, "", 1);
     if (!rest || b.failed) {
         json_decref(rest);
