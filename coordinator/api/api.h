@@ -17,6 +17,9 @@
  *   - Tools (function calling) in Qwen's Hermes form, where the model's
  *     template is ChatML or absent: described in the system turn, calls
  *     read back from the output, a forced call constrained to its schema.
+ *   - Reasoning where the template thinks (Qwen3's, tok_chat_thinks): the
+ *     output's <think> part returned apart, thinking switched off on
+ *     request, past reasoning rendered as the template does (reasoning.c).
  *   - Chat messages are tokenized so that text inside a message that spells
  *     a control token stays plain text (it cannot forge a turn); a raw
  *     /v1/completions prompt parses control-token text as llama-server does.
@@ -99,6 +102,14 @@ typedef enum {
     API_TOOLS_FORCED,   /* one call of a named function: the output is its JSON */
 } api_tool_mode_t;
 
+/* A message as a reasoning ("thinking") template renders it differently
+ * (reasoning.c): parallel to api_req_t's msgs. */
+typedef struct {
+    char *reasoning;   /* assistant: reasoning_content / thinking blocks, NULL: none given */
+    size_t text_len;   /* bytes of the content before its tool calls */
+    char *think;       /* assistant: the content as Qwen3's template renders it, else NULL */
+} api_msg_x_t;
+
 typedef struct {
     api_route_t route;
     char *model;
@@ -121,7 +132,20 @@ typedef struct {
     bool tool_parts;         /* tools, calls or results: the template needs a place for them */
     int tool_turn_end;       /* parsing: n_msgs just after a turn of tool results, else 0 */
     bool one_call;           /* parallel_tool_calls false / disable_parallel_tool_use: the first call only */
+    api_msg_x_t *mx;         /* per message (n_msgs of them), for a thinking template */
+    bool think_off;          /* enable_thinking false / thinking disabled */
 } api_req_t;
+
+/* Where a thinking model's output (thinking on) holds its reasoning and
+ * its answer (reasoning.c): text[r_off, r_end) and text[c_off, len).
+ * closed: "</think>" came (else all of it is reasoning). partial: the
+ * output is still growing, so an opening tag, a partial "</think>" and
+ * newlines that may end the reasoning are held back (r_end before them). */
+typedef struct {
+    size_t r_off, r_end, c_off;
+    bool closed;
+} api_think_span_t;
+void api_think_split(const char *text, size_t len, bool partial, api_think_span_t *s);
 
 /* Parses a JSON body for route into r. On failure returns ECS_ERR_INVAL
  * (or ECS_ERR_UNSUPPORTED for a feature this server cannot do, e.g.

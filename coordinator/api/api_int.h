@@ -1,7 +1,8 @@
 /* api_int.h - the HTTP front's private state, shared by its files:
  * server.c (loop, connections, limits, timeouts), routes.c (handlers),
  * reply.c (JSON and SSE bodies), prompt.c (tokenizing requests), req.c
- * (request bodies), tools.c (tool calls in and out), buf.c (buffers). */
+ * (request bodies), tools.c (tool calls in and out), reasoning.c
+ * (thinking in and out), buf.c (buffers). */
 #ifndef ECS_API_INT_H
 #define ECS_API_INT_H
 
@@ -61,6 +62,8 @@ ecs_err_t api_tools_system(api_perr_t *e, api_req_t *r);
 /* ECS_OK when a template of kind k (NONE: the ChatML fallback) has a place
  * for tools; else the error, naming the template. */
 ecs_err_t api_tools_template(tok_chat_kind_t k);
+/* Bytes at the end of s[0, n) that begin tag (it may be arriving). */
+size_t api_tag_tail(const char *s, size_t n, const char *tag);
 /* Bytes of the output that may go out as text while streaming (a call's
  * tag and what follows it are held back). */
 size_t api_tools_text_len(const api_req_t *r, const char *text, size_t len);
@@ -68,6 +71,27 @@ size_t api_tools_text_len(const api_req_t *r, const char *text, size_t len);
  * holds none (then all of it is text); *text_len: the text before them. */
 json_t *api_tools_calls(const api_req_t *r, const char *id, const char *text, size_t len,
                         size_t *text_len);
+
+/* Reasoning (reasoning.c) for templates that think (tok_chat_thinks):
+ * chat_template_kwargs.enable_thinking (OpenAI) / thinking (Anthropic). */
+ecs_err_t api_think_get(api_perr_t *e, json_t *o, api_req_t *r);
+/* An assistant message's reasoning (reasoning_content, thinking blocks;
+ * *reasoning NULL when none) and the message to render (*use, a new
+ * reference: Anthropic's without its thinking / redacted_thinking blocks). */
+ecs_err_t api_think_message(api_perr_t *e, json_t *msg, size_t i, const api_req_t *r,
+                            json_t **use, char **reasoning);
+/* After the messages: each assistant turn as Qwen3's template renders it
+ * (mx[i].think). */
+ecs_err_t api_think_history(api_perr_t *e, api_req_t *r);
+/* The messages (*msgs, malloc'd; the strings are r's) and the answer's
+ * start (*prefill, static or NULL) to render for r, with a thinking
+ * template or not. */
+ecs_err_t api_think_view(const api_req_t *r, bool thinks, tok_chat_msg_t **msgs,
+                         const char **prefill);
+/* Whether r's output is split into reasoning and answer with a template
+ * that thinks or not: thinking on, a chat, and no JSON mode (a forced
+ * call's or response_format's grammar starts at the first token). */
+bool api_think_splits(const api_req_t *r, bool thinks);
 
 /* A growable byte buffer; `failed` latches an allocation failure. */
 typedef struct {
@@ -142,6 +166,8 @@ struct api_job {
     long created;
     size_t sent_text;
     int sent_toks;
+    bool think;             /* the output is split into reasoning and answer */
+    bool think_done;        /* stream: the reasoning is all sent (Anthropic: its block closed) */
 };
 
 /* server.c */

@@ -128,12 +128,29 @@ static json_t *logprobs_json(const api_job_t *j, const sched_view_t *v, int from
                      tops, "text_offset", offs);
 }
 
-/* Text published since the last reply, up to end (<= the view's). */
-static json_t *new_text(api_job_t *j, const sched_view_t *v, size_t end)
+/* Text of the output in [from, end) not sent yet (<= the view's). */
+static json_t *new_span(api_job_t *j, const sched_view_t *v, size_t from, size_t end)
 {
-    size_t from = j->sent_text < end ? j->sent_text : end;
+    from = from > j->sent_text ? from : j->sent_text;
+    from = from < end ? from : end;
     j->sent_text = end > j->sent_text ? end : j->sent_text;
     return jstr(v->text + from, end - from);
+}
+
+/* Whether [from, end) holds text not sent yet. */
+static bool unsent(const api_job_t *j, size_t from, size_t end)
+{
+    return end > (from > j->sent_text ? from : j->sent_text);
+}
+
+/* Where the reasoning and the answer lie (reasoning.c); without reasoning
+ * all of the output is the answer. */
+static api_think_span_t span(const api_job_t *j, const sched_view_t *v, bool partial)
+{
+    api_think_span_t s = {0, 0, 0, true};
+    if (j->think)
+        api_think_split(v->text, v->text_len, partial, &s);
+    return s;
 }
 
 /* Anthropic's tool_use id for an OpenAI call id (call_...). */
@@ -178,11 +195,61 @@ static json_t *chunk_openai(api_job_t *j, const char *model, json_t *choice)
                      (json_int_t)j->created, "model", model, "choices", choices);
 }
 
-static void text_block_start(api_buf_t *b)
+static void text_block_start(api_buf_t *b, int index)
 {
     sse(b, "content_block_start",
-        json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index", 0,
+        json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index", index,
                   "content_block", "type", "text", "text", ""));
+}
+
+/* Anthropic: the text block's index (the thinking block is 0). */
+static int text_index(const api_job_t *j)
+{
+    return j->think ? 1 : 0;
+}
+
+static void block_delta(api_buf_t *b, int index, const char *type, const char *key, json_t *text)
+{
+    sse(b, "content_block_delta",
+        json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index", index, "delta",
+                  "type", type, key, text));
+}
+
+static void block_stop(api_buf_t *b, int index)
+{
+    sse(b, "content_block_stop", json_pack("{s:s,s:i}", "type", "content_block_stop", "index", index));
+}
+
+/* OpenAI chat: one delta of the answer (key content) or the reasoning
+ * (reasoning_content); lp: its tokens' logprobs (taken; NULL: none). */
+static void chat_delta(api_job_t *j, api_buf_t *b, const char *model, const char *key,
+                       json_t *text, json_t *lp)
+{
+    sse(b, NULL, chunk_openai(j, model, json_pack("{s:i,s:{s:o},s:o,s:n}", "index", 0, "delta",
+                                                  key, text, "logprobs", lp ? lp : json_null(),
+                                                  "finish_reason")));
+}
+
+/* The reasoning up to s->r_end not sent yet; Anthropic: once it is closed,
+ * its block too, and the text block opens. */
+static void stream_reasoning(api_job_t *j, api_buf_t *b, const sched_view_t *v,
+                             const api_think_span_t *s, const char *model, json_t *lp)
+{
+    const bool an = j->req.route == API_ROUTE_MESSAGES;
+    if (unsent(j, s->r_off, s->r_end) || lp) {
+        json_t *t = new_span(j, v, s->r_off, s->r_end);
+        if (an)
+            block_delta(b, 0, "thinking_delta", "thinking", t);
+        else
+            chat_delta(j, b, model, "reasoning_content", t, lp);
+    }
+    if (s->closed && !j->think_done) {
+        if (an) {
+            block_stop(b, 0);
+            text_block_start(b, 1);
+        }
+        j->think_done = true;
+    }
 }
 
 void api_reply_stream_start(api_job_t *j, api_buf_t *b, int n_prompt, const char *model)
@@ -193,8 +260,12 @@ void api_reply_stream_start(api_job_t *j, api_buf_t *b, int n_prompt, const char
                                 "stop_reason", "stop_sequence", "usage", "input_tokens", n_prompt,
                                 "output_tokens", 0);
         sse(b, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message", msg));
-        if (j->req.tool_mode != API_TOOLS_FORCED) /* a forced call's answer has no text */
-            text_block_start(b);
+        if (j->think)
+            sse(b, "content_block_start",
+                json_pack("{s:s,s:i,s:{s:s,s:s,s:s}}", "type", "content_block_start", "index", 0,
+                          "content_block", "type", "thinking", "thinking", "", "signature", ""));
+        else if (j->req.tool_mode != API_TOOLS_FORCED) /* a forced call's answer has no text */
+            text_block_start(b, 0);
         sse(b, "ping", json_pack("{s:s}", "type", "ping"));
     } else if (j->req.route == API_ROUTE_CHAT) {
         json_t *choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", 0, "delta", "role",
@@ -207,42 +278,50 @@ void api_reply_stream_delta(api_job_t *j, api_buf_t *b, const sched_view_t *v, c
                             const tok_t *tok)
 {
     bool toks = j->req.top_logprobs >= 0 && v->n_tokens > j->sent_toks;
-    const size_t end = api_tools_text_len(&j->req, v->text, v->text_len);
-    if (end <= j->sent_text && !toks)
+    const api_think_span_t s = span(j, v, true);
+    const size_t end = s.closed ? s.c_off + api_tools_text_len(&j->req, v->text + s.c_off,
+                                                                v->text_len - s.c_off)
+                                : s.c_off;
+    const bool reason = j->think && unsent(j, s.r_off, s.r_end), answer = unsent(j, s.c_off, end);
+    if (!reason && !answer && !toks && !(s.closed && j->think && !j->think_done))
         return;
-    json_t *text = new_text(j, v, end);
+    /* the tokens' logprobs go with the last chunk */
+    json_t *lp = toks ? logprobs_json(j, v, j->sent_toks, v->n_tokens, tok) : NULL;
+    j->sent_toks = toks ? v->n_tokens : j->sent_toks;
+    if (j->think) {
+        stream_reasoning(j, b, v, &s, model, answer ? NULL : lp);
+        lp = answer ? lp : NULL;
+        if (!answer)
+            return;
+    }
+    json_t *text = new_span(j, v, s.c_off, end);
     if (j->req.route == API_ROUTE_MESSAGES) {
-        sse(b, "content_block_delta",
-            json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index", 0, "delta",
-                      "type", "text_delta", "text", text));
+        block_delta(b, text_index(j), "text_delta", "text", text);
         return;
     }
-    json_t *lp = toks ? logprobs_json(j, v, j->sent_toks, v->n_tokens, tok) : json_null();
-    j->sent_toks = v->n_tokens;
-    json_t *choice = j->req.route == API_ROUTE_CHAT
-                         ? json_pack("{s:i,s:{s:o},s:o,s:n}", "index", 0, "delta", "content", text,
-                                     "logprobs", lp, "finish_reason")
-                         : json_pack("{s:i,s:o,s:o,s:n}", "index", 0, "text", text, "logprobs", lp,
-                                     "finish_reason");
-    sse(b, NULL, chunk_openai(j, model, choice));
+    if (j->req.route == API_ROUTE_CHAT) {
+        chat_delta(j, b, model, "content", text, lp);
+        return;
+    }
+    sse(b, NULL, chunk_openai(j, model, json_pack("{s:i,s:o,s:o,s:n}", "index", 0, "text", text,
+                                                  "logprobs", lp ? lp : json_null(),
+                                                  "finish_reason")));
 }
 
 static json_t *error_obj(api_route_t route, int status, const char *msg);
 
 /* The end of a stream's text that was held back for a call that did not
- * come (tools.c). */
-static void stream_rest(api_job_t *j, api_buf_t *b, const sched_view_t *v, const char *model)
+ * come (tools.c); the answer starts at from. */
+static void stream_rest(api_job_t *j, api_buf_t *b, const sched_view_t *v, const char *model,
+                        size_t from)
 {
-    if (j->sent_text >= v->text_len)
+    if (!unsent(j, from, v->text_len))
         return;
-    json_t *text = new_text(j, v, v->text_len);
+    json_t *text = new_span(j, v, from, v->text_len);
     if (j->req.route == API_ROUTE_MESSAGES)
-        sse(b, "content_block_delta",
-            json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index", 0, "delta",
-                      "type", "text_delta", "text", text));
+        block_delta(b, text_index(j), "text_delta", "text", text);
     else
-        sse(b, NULL, chunk_openai(j, model, json_pack("{s:i,s:{s:o},s:n,s:n}", "index", 0, "delta",
-                                                      "content", text, "logprobs", "finish_reason")));
+        chat_delta(j, b, model, "content", text, NULL);
 }
 
 /* Anthropic: each call a tool_use block after the text's (index 0). */
@@ -282,15 +361,22 @@ void api_reply_stream_end(api_job_t *j, api_buf_t *b, const sched_view_t *v, con
     api_reply_stream_delta(j, b, v, model, tok);
     bool err = v->finish == SCHED_FINISH_ERROR || v->finish == SCHED_FINISH_CANCELLED;
     const char *msg = v->finish == SCHED_FINISH_ERROR ? v->error : "the server is shutting down";
+    api_think_span_t s = span(j, v, false);
+    if (!err && j->think) { /* what was held back; an unclosed reasoning ends here */
+        s.closed = true;
+        stream_reasoning(j, b, v, &s, model, NULL);
+    }
     size_t tl = 0;
-    json_t *calls = err ? NULL : api_tools_calls(&j->req, j->id, v->text, v->text_len, &tl);
+    json_t *calls = err ? NULL : api_tools_calls(&j->req, j->id, v->text + s.c_off,
+                                                 v->text_len - s.c_off, &tl);
     /* Anthropic: a forced call's stream opened no text block */
     const bool text_block = j->req.route != API_ROUTE_MESSAGES ||
                             j->req.tool_mode != API_TOOLS_FORCED;
+    const int ti = text_index(j);
     if (!err && !calls) {
         if (!text_block)
-            text_block_start(b);
-        stream_rest(j, b, v, model);
+            text_block_start(b, ti);
+        stream_rest(j, b, v, model, s.c_off);
     }
     if (j->req.route == API_ROUTE_MESSAGES) {
         if (err) {
@@ -298,10 +384,9 @@ void api_reply_stream_end(api_job_t *j, api_buf_t *b, const sched_view_t *v, con
             return;
         }
         if (text_block || !calls)
-            sse(b, "content_block_stop",
-                json_pack("{s:s,s:i}", "type", "content_block_stop", "index", 0));
+            block_stop(b, ti);
         if (calls)
-            stream_tool_use(b, calls, text_block ? 1 : 0);
+            stream_tool_use(b, calls, text_block ? ti + 1 : 0);
         json_t *seq = v->finish == SCHED_FINISH_STOP && v->stop_index >= 0 && !calls
                           ? json_string(j->req.stops[v->stop_index]) : json_null();
         sse(b, "message_delta",
@@ -338,13 +423,18 @@ void api_reply_stream_end(api_job_t *j, api_buf_t *b, const sched_view_t *v, con
 void api_reply_full(api_job_t *j, api_buf_t *b, const sched_view_t *v, const char *model,
                     const tok_t *tok)
 {
-    size_t tl = v->text_len;
-    json_t *calls = api_tools_calls(&j->req, j->id, v->text, v->text_len, &tl);
-    json_t *text = new_text(j, v, tl);
+    const api_think_span_t s = span(j, v, false);
+    size_t tl = v->text_len - s.c_off;
+    json_t *calls = api_tools_calls(&j->req, j->id, v->text + s.c_off, v->text_len - s.c_off, &tl);
+    json_t *text = new_span(j, v, s.c_off, s.c_off + tl);
+    json_t *reasoning = j->think ? jstr(v->text + s.r_off, s.r_end - s.r_off) : NULL;
     if (j->req.route == API_ROUTE_MESSAGES) {
         json_t *seq = v->finish == SCHED_FINISH_STOP && v->stop_index >= 0 && !calls
                           ? json_string(j->req.stops[v->stop_index]) : json_null();
         json_t *content = json_array();
+        if (reasoning) /* its signature: none (nothing here checks one) */
+            json_array_append_new(content, json_pack("{s:s,s:o,s:s}", "type", "thinking",
+                                                     "thinking", reasoning, "signature", ""));
         if (!calls || tl > 0)
             json_array_append_new(content, json_pack("{s:s,s:O}", "type", "text", "text", text));
         size_t k;
@@ -376,6 +466,10 @@ void api_reply_full(api_job_t *j, api_buf_t *b, const sched_view_t *v, const cha
                                       "finish_reason", finish_openai(v->finish));
     if (calls)
         json_object_set_new(json_object_get(choice, "message"), "tool_calls", calls);
+    if (reasoning && s.r_end > s.r_off) /* as llama-server: only when there is some */
+        json_object_set_new(json_object_get(choice, "message"), "reasoning_content", reasoning);
+    else
+        json_decref(reasoning);
     emit_json(b, json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", j->id, "object",
                            chat ? "chat.completion" : "text_completion", "created",
                            (json_int_t)j->created, "model", model, "choices", choice, "usage",

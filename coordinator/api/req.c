@@ -181,9 +181,12 @@ ecs_err_t api_push_msg(api_perr_t *e, api_req_t *r, const char *role, char *text
     }
     r->msgs[r->n_msgs].role = ro;
     r->msgs[r->n_msgs].content = text;
+    r->mx[r->n_msgs] = (api_msg_x_t){.text_len = strlen(text)};
     r->n_msgs++;
     return ECS_OK;
 }
+
+static ecs_err_t get_message(perr_t *e, json_t *msg, size_t i, api_req_t *r);
 
 static ecs_err_t get_messages(perr_t *e, json_t *o, api_req_t *r)
 {
@@ -198,7 +201,8 @@ static ecs_err_t get_messages(perr_t *e, json_t *o, api_req_t *r)
         return bad(e, ECS_ERR_INVAL, "'messages' must not be empty");
     if (n > MAX_MESSAGES)
         return bad(e, ECS_ERR_INVAL, "'messages' has %zu entries, at most %d are allowed", n, MAX_MESSAGES);
-    if (!(r->msgs = calloc(n + 2, sizeof *r->msgs))) /* + system, + the tools' system turn */
+    /* + system, + the tools' system turn */
+    if (!(r->msgs = calloc(n + 2, sizeof *r->msgs)) || !(r->mx = calloc(n + 2, sizeof *r->mx)))
         return bad(e, ECS_ERR_NOMEM, "out of memory");
     json_t *sys = anthropic ? field(o, "system") : NULL;
     if (sys) {
@@ -215,29 +219,51 @@ static ecs_err_t get_messages(perr_t *e, json_t *o, api_req_t *r)
     json_array_foreach(m, i, msg) {
         if (!json_is_object(msg))
             return bad(e, ECS_ERR_INVAL, "messages[%zu] must be an object, not %s", i, type_name(msg));
-        bool done = false;
-        if (api_tools_message(e, msg, i, r, &done))
+        json_t *use = NULL;
+        char *reasoning = NULL;
+        if (api_think_message(e, msg, i, r, &use, &reasoning))
             return e->code;
-        if (done)
-            continue;
-        json_t *role = json_object_get(msg, "role");
-        if (!json_is_string(role))
-            return bad(e, ECS_ERR_INVAL, "messages[%zu].role must be a string", i);
-        const char *ro = json_string_value(role);
-        if (!strcmp(ro, "developer"))
-            ro = "system";
-        bool ok = !strcmp(ro, "user") || !strcmp(ro, "assistant") || (!anthropic && !strcmp(ro, "system"));
-        if (!ok && !strcmp(ro, "function"))
-            return bad(e, ECS_ERR_UNSUPPORTED, "messages[%zu]: role 'function' (the deprecated "
-                       "functions API) is not supported: use tools and role 'tool'", i);
-        if (!ok)
-            return bad(e, ECS_ERR_INVAL, "messages[%zu].role '%.40s' is not one of %s", i, ro,
-                       anthropic ? "user, assistant" : "system, developer, user, assistant");
-        char *t = NULL;
-        if (api_content_text(e, json_object_get(msg, "content"), i, &t) || api_push_msg(e, r, ro, t))
-            return e->code;
+        const int before = r->n_msgs;
+        ecs_err_t rc = get_message(e, use, i, r);
+        json_decref(use);
+        if (!rc && reasoning && r->n_msgs > before) /* the assistant's turn */
+            r->mx[r->n_msgs - 1].reasoning = reasoning;
+        else
+            free(reasoning);
+        if (rc)
+            return rc;
     }
-    return api_tools_system(e, r);
+    if (api_tools_system(e, r))
+        return e->code;
+    return api_think_history(e, r);
+}
+
+/* One message of 'messages' (its thinking blocks taken out) into r. */
+static ecs_err_t get_message(perr_t *e, json_t *msg, size_t i, api_req_t *r)
+{
+    const bool anthropic = r->route == API_ROUTE_MESSAGES;
+    bool done = false;
+    if (api_tools_message(e, msg, i, r, &done))
+        return e->code;
+    if (done)
+        return ECS_OK;
+    json_t *role = json_object_get(msg, "role");
+    if (!json_is_string(role))
+        return bad(e, ECS_ERR_INVAL, "messages[%zu].role must be a string", i);
+    const char *ro = json_string_value(role);
+    if (!strcmp(ro, "developer"))
+        ro = "system";
+    bool ok = !strcmp(ro, "user") || !strcmp(ro, "assistant") || (!anthropic && !strcmp(ro, "system"));
+    if (!ok && !strcmp(ro, "function"))
+        return bad(e, ECS_ERR_UNSUPPORTED, "messages[%zu]: role 'function' (the deprecated "
+                   "functions API) is not supported: use tools and role 'tool'", i);
+    if (!ok)
+        return bad(e, ECS_ERR_INVAL, "messages[%zu].role '%.40s' is not one of %s", i, ro,
+                   anthropic ? "user, assistant" : "system, developer, user, assistant");
+    char *t = NULL;
+    if (api_content_text(e, json_object_get(msg, "content"), i, &t) || api_push_msg(e, r, ro, t))
+        return e->code;
+    return ECS_OK;
 }
 
 static ecs_err_t get_prompt(perr_t *e, json_t *o, api_req_t *r)
@@ -441,7 +467,7 @@ static ecs_err_t parse_obj(perr_t *e, json_t *o, api_req_t *r)
         if (field(o, "suffix"))
             return bad(e, ECS_ERR_UNSUPPORTED, "'suffix' is not supported");
     }
-    if (api_tools_get(e, o, r))
+    if (api_tools_get(e, o, r) || api_think_get(e, o, r))
         return e->code;
     return r->route == API_ROUTE_COMPLETION ? get_prompt(e, o, r) : get_messages(e, o, r);
 }
@@ -479,8 +505,11 @@ void api_req_free(api_req_t *r)
     for (int i = 0; i < r->n_msgs; i++) {
         free((char *)r->msgs[i].role);
         free((char *)r->msgs[i].content);
+        free(r->mx[i].reasoning);
+        free(r->mx[i].think);
     }
     free(r->msgs);
+    free(r->mx);
     free(r->prompt);
     free(r->prompt_ids);
     free(r->tools_text);

@@ -82,11 +82,14 @@ static bool tokenize(api_conn_t *c, api_req_t *q, int n_ctx, int32_t **ids, int 
     api_server_t *srv = c->srv;
     ecs_err_t e;
     if (q->route != API_ROUTE_COMPLETION) {
+        tok_chat_msg_t *msgs = NULL;
+        const char *prefill = NULL;
         e = q->tool_parts ? api_tools_template(tok_chat_kind(srv->tok)) : ECS_OK;
         if (e == ECS_OK)
-            e = api_prompt_chat(srv->tok, &srv->specials, q->msgs, q->n_msgs,
-                                q->tool_mode == API_TOOLS_FORCED ? API_TOOL_CALL_OPEN : NULL,
-                                n_ctx, ids, n);
+            e = api_think_view(q, tok_chat_thinks(srv->tok), &msgs, &prefill);
+        if (e == ECS_OK)
+            e = api_prompt_chat(srv->tok, &srv->specials, msgs, q->n_msgs, prefill, n_ctx, ids, n);
+        free(msgs);
     } else if (q->prompt) {
         e = api_prompt_text(srv->tok, q->prompt, n_ctx, ids, n);
     } else {
@@ -197,6 +200,7 @@ static void generate(api_conn_t *c, api_route_t route)
     for (int i = 0; i < q->n_stops; i++)
         p.stops[i] = q->stops[i];
     p.n_stops = q->n_stops;
+    j->think = api_think_splits(q, tok_chat_thinks(srv->tok));
     j->created = (long)time(NULL);
     snprintf(j->id, sizeof j->id, "%s%llx%llx",
              route == API_ROUTE_MESSAGES ? "msg_" : route == API_ROUTE_CHAT ? "chatcmpl-" : "cmpl-",

@@ -392,6 +392,9 @@ ecs_err_t api_tools_system(api_perr_t *e, api_req_t *r)
     tok_chat_msg_t sys = m[r->n_msgs - 1];
     memmove(m + 1, m, (size_t)(r->n_msgs - 1) * sizeof *m);
     m[0] = sys;
+    api_msg_x_t x = r->mx[r->n_msgs - 1];
+    memmove(r->mx + 1, r->mx, (size_t)(r->n_msgs - 1) * sizeof *r->mx);
+    r->mx[0] = x;
     return ECS_OK;
 }
 
@@ -456,6 +459,7 @@ static ecs_err_t openai_calls(api_perr_t *e, json_t *msg, json_t *calls, size_t 
     api_buf_t b = {0};
     api_buf_puts(&b, text);
     const bool had_text = text[0] != '\0';
+    const size_t text_len = b.len;
     free(text);
     size_t k;
     json_t *c;
@@ -475,7 +479,10 @@ static ecs_err_t openai_calls(api_perr_t *e, json_t *msg, json_t *calls, size_t 
         return api_bad(e, ECS_ERR_NOMEM, "out of memory");
     }
     r->tool_parts = true;
-    return api_push_msg(e, r, "assistant", b.p);
+    if (api_push_msg(e, r, "assistant", b.p))
+        return e->code;
+    r->mx[r->n_msgs - 1].text_len = text_len; /* the calls follow (reasoning.c) */
+    return ECS_OK;
 }
 
 /* Anthropic: a message whose content holds tool_use (assistant) or
@@ -485,7 +492,7 @@ static ecs_err_t anthropic_blocks(api_perr_t *e, json_t *content, const char *ro
 {
     const bool asst = !strcmp(role, "assistant");
     api_buf_t b = {0};
-    size_t k;
+    size_t k, calls_at = SIZE_MAX;
     json_t *blk;
     int n = 0;
     json_array_foreach(content, k, blk) {
@@ -500,6 +507,7 @@ static ecs_err_t anthropic_blocks(api_perr_t *e, json_t *content, const char *ro
                 return api_bad(e, ECS_ERR_INVAL, "messages[%zu].content[%zu].name must be a "
                                "tool's name", i, k);
             }
+            calls_at = calls_at == SIZE_MAX ? b.len : calls_at;
             put_call(&b, b.len > 0, json_string_value(name), api_field(blk, "input"));
         } else if (!asst && !strcmp(s, "tool_result")) {
             char *text = NULL;
@@ -530,7 +538,11 @@ static ecs_err_t anthropic_blocks(api_perr_t *e, json_t *content, const char *ro
     }
     api_buf_add(&b, "", 1); /* the user's words, a turn after the results */
     r->tool_turn_end = 0;
-    return api_push_msg(e, r, role, b.p);
+    if (api_push_msg(e, r, role, b.p))
+        return e->code;
+    if (calls_at != SIZE_MAX) /* where the calls begin (reasoning.c) */
+        r->mx[r->n_msgs - 1].text_len = calls_at;
+    return ECS_OK;
 }
 
 static bool has_tool_block(json_t *content)
@@ -593,10 +605,15 @@ size_t api_tools_text_len(const api_req_t *r, const char *text, size_t len)
     if (p)
         return (size_t)(p - text);
     /* a tag may be arriving: hold back an end that begins one */
-    for (size_t k = strlen(CALL_OPEN) - 1; k > 0; k--)
-        if (k <= len && !memcmp(text + len - k, CALL_OPEN, k))
-            return len - k;
-    return len;
+    return len - api_tag_tail(text, len, CALL_OPEN);
+}
+
+size_t api_tag_tail(const char *s, size_t n, const char *tag)
+{
+    for (size_t k = strlen(tag) - 1; k > 0; k--)
+        if (k <= n && !memcmp(s + n - k, tag, k))
+            return k;
+    return 0;
 }
 
 static size_t skip_ws(const char *s, size_t i, size_t n)

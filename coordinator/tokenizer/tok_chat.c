@@ -70,6 +70,11 @@ tok_chat_kind_t tok_chat_detect(const char *tmpl, size_t len)
     return TOK_CHAT_UNKNOWN;
 }
 
+bool tok_chat_detect_thinks(const char *tmpl, size_t len)
+{
+    return tmpl && contains(tmpl, len, "<think>");
+}
+
 /* Counts everything, writes what fits. */
 typedef struct {
     char *out;

@@ -157,6 +157,7 @@ struct tok {
     int32_t trie_root[256];
 
     tok_chat_kind_t chat;
+    bool chat_thinks;        /* the template's text writes <think> (Qwen3's) */
     char chat_line[96];
     tok_arena_t arena;
 };

@@ -28,7 +28,7 @@ bool tok_add_bos(const tok_t *t) { return t->add_bos; }
 bool tok_add_eos(const tok_t *t) { return t->add_eos; }
 const char *tok_pre_name(const tok_t *t) { return tok_pretok_name(t->pre); }
 tok_chat_kind_t tok_chat_kind(const tok_t *t) { return t->chat; }
-
+bool tok_chat_thinks(const tok_t *t) { return t->chat == TOK_CHAT_CHATML && t->chat_thinks; }
 void tok_set_chat_kind(tok_t *t, tok_chat_kind_t k) { t->chat = k; }
 const char *tok_chat_first_line(const struct tok *t) { return t->chat_line; }
 

@@ -147,6 +147,15 @@ typedef struct {
 tok_chat_kind_t tok_chat_detect(const char *tmpl, size_t len);
 /* Kind detected from the model's tokenizer.chat_template at load. */
 tok_chat_kind_t tok_chat_kind(const tok_t *t);
+/* A reasoning ("thinking") template: ChatML (the model's, or set by
+ * tok_set_chat_kind) whose text writes "<think>" (Qwen3's). The chat
+ * renderer stays plain ChatML; what such a template does to past reasoning
+ * and its enable_thinking switch are the HTTP front's
+ * (coordinator/api/reasoning.c). */
+bool tok_chat_thinks(const tok_t *t);
+/* Whether a template's text holds "<think>" (what tok_chat_thinks tests
+ * of the model's template, beside the kind). */
+bool tok_chat_detect_thinks(const char *tmpl, size_t len);
 /* Short name of a kind ("deepseek2", ...; "none", "unknown"). */
 const char *tok_chat_kind_name(tok_chat_kind_t k);
 /* The built-in kind a name gives ("deepseek2", "deepseek3", "chatml"),

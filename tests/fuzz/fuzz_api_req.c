@@ -3,7 +3,7 @@
  * two pieces, cut where the first byte says, pipelined requests included)
  * and each complete request's body through the JSON request parser of its
  * route, and through the reading of tool calls out of a model's output
- * (tools.c; both modes). Limits are small so the size checks are reached. */
+ * (tools.c; both modes) and the split of its reasoning (reasoning.c). Limits are small so the size checks are reached. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -32,6 +32,12 @@ static void parse_body(api_http_t *h)
         if (tl > len || (c && !json_is_array(c)) || api_tools_text_len(&t, body, len) > len)
             __builtin_trap();
         json_decref(c);
+    }
+    for (int partial = 0; partial < 2; partial++) { /* reasoning.c's split of an output */
+        api_think_span_t s;
+        api_think_split(body, len, partial, &s);
+        if (s.r_off > s.r_end || s.r_end > s.c_off || s.c_off > len)
+            __builtin_trap();
     }
 }
 

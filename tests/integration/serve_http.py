@@ -17,7 +17,7 @@ import tempfile
 import threading
 
 from serve_lib import (HOST, Server, metric_value, model_path, post_json, read_response, request,
-                       sse_events, stream_text, wait_until)
+                       run_check, sse_events, stream_text, wait_until)
 
 root, build = sys.argv[1], sys.argv[2]
 binary = "%s/%s/bin/ecs-coordinator" % (root, build)
@@ -26,12 +26,7 @@ fails = 0
 
 def check(name, fn):
     global fails
-    try:
-        fn()
-        print("PASS", name, flush=True)
-    except Exception as e:  # noqa: BLE001 - report every failure and go on
-        fails += 1
-        print("FAIL %s: %r" % (name, e), flush=True)
+    fails += not run_check(name, fn)
 
 
 def greedy(prompt, n, **kw):

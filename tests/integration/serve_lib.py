@@ -185,6 +185,17 @@ def model_path(root, build, name):
     return out
 
 
+def run_check(name, fn):
+    """Runs one check and prints PASS or FAIL with its error; True if it passed."""
+    try:
+        fn()
+        print("PASS", name, flush=True)
+        return True
+    except Exception as e:  # noqa: BLE001 - report every failure and go on
+        print("FAIL %s: %r" % (name, e), flush=True)
+        return False
+
+
 def wait_until(fn, what, limit=60):
     deadline = time.time() + limit
     while not fn():

@@ -260,6 +260,7 @@ bad ds2_27_no_q_lora "no q-LoRA" --arch deepseek2 --n-layer 27 --q-lora-rank 64 
 bad ds2_head_kv "must equal --n-head" --arch deepseek2 --n-head-kv 2 "${o[@]}"
 bad qwen_gqa "multiple of --n-head-kv" --arch qwen3moe --n-head 8 --n-head-kv 3 "${o[@]}"
 bad missing_vocab_file "cannot open\|No such file" --arch deepseek2 -o "$tmp/bad.gguf" --vocab "$tmp/none.gguf"
+bad missing_chat_template "chat-template .*No such file" --arch qwen3moe --chat-template "$tmp/none.jinja" "${o[@]}"
 
 echo "mkmodel: $fails failed"
 [ $fails -eq 0 ]

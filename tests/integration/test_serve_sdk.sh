@@ -18,21 +18,36 @@ if [ ! -f "$node_dir/node_modules/.package-lock.json" ] ||
 fi
 model=$(cd tests/integration && /usr/bin/python3 -c \
     "import serve_lib,sys; print(serve_lib.model_path(sys.argv[1], sys.argv[2], 'tiny-ds2-q8_0'))" "$root" "$build")
-port=$(/usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
-log=$(mktemp)
-"$bin" -m "$model" --http "127.0.0.1:$port" --threads 2 --ctx 1024 --no-repack >"$log" 2>&1 &
+free_port() { /usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
+# a second model for reasoning: a tiny qwen3moe with a Qwen3-style template
+tmp=$(mktemp -d)
+printf '%s\n' "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}" >"$tmp/qwen3.jinja"
+"$root/$build/bin/ecs-mkmodel" --arch qwen3moe --preset tiny --types q8_0 --seed 1 --threads 1 \
+    --chat-template "$tmp/qwen3.jinja" -o "$tmp/think.gguf" >"$tmp/mk.log" 2>&1 ||
+    { echo "FAIL setup: ecs-mkmodel --chat-template"; cat "$tmp/mk.log"; rm -rf "$tmp"; exit 1; }
+port=$(free_port)
+tport=$(free_port)
+"$bin" -m "$model" --http "127.0.0.1:$port" --threads 2 --ctx 1024 --no-repack >"$tmp/log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null; rm -f "$log"' EXIT
-for _ in $(seq 600); do
-    curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-    kill -0 $pid 2>/dev/null || { echo "FAIL setup: the server exited"; cat "$log"; exit 1; }
-    sleep 0.1
+"$bin" -m "$tmp/think.gguf" --http "127.0.0.1:$tport" --threads 1 --ctx 512 --no-repack >"$tmp/tlog" 2>&1 &
+tpid=$!
+trap 'kill $pid $tpid 2>/dev/null; rm -rf "$tmp"' EXIT
+for p in "$pid:$port:log" "$tpid:$tport:tlog"; do
+    IFS=: read -r spid sport slog <<<"$p"
+    for _ in $(seq 600); do
+        curl -fs "http://127.0.0.1:$sport/health" >/dev/null 2>&1 && break
+        kill -0 "$spid" 2>/dev/null || { echo "FAIL setup: a server exited"; cat "$tmp/$slog"; exit 1; }
+        sleep 0.1
+    done
 done
 id=$(basename "$model" .gguf)
-node "$node_dir/sdk.test.mjs" "$port" "$id"
+node "$node_dir/sdk.test.mjs" "$port" "$id" "$tport" think
 rc=$?
-kill -TERM $pid
-wait $pid
-src=$?
-[ $src -eq 0 ] || { echo "FAIL the server exited with $src on SIGTERM"; cat "$log"; exit 1; }
+for p in "$pid:log" "$tpid:tlog"; do
+    IFS=: read -r spid slog <<<"$p"
+    kill -TERM "$spid"
+    wait "$spid"
+    src=$?
+    [ $src -eq 0 ] || { echo "FAIL the server exited with $src on SIGTERM"; cat "$tmp/$slog"; exit 1; }
+done
 exit $rc

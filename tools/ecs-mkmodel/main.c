@@ -22,7 +22,7 @@
 #define TOKEN_TYPE_UNUSED 5
 
 typedef struct {
-    const char *arch, *preset, *types, *vocab, *corpus, *out, *name;
+    const char *arch, *preset, *types, *vocab, *corpus, *out, *name, *chat_template;
     uint64_t seed;
     int n_merges, threads;
     double stddev;
@@ -39,6 +39,8 @@ static void usage(FILE *f)
             "                   [hyperparameter flags]\n"
             "presets: deepseek2: tiny, tiny-27l, ds2-lite; qwen3moe: tiny, qwen3-30b-a3b\n"
             "other flags: --name NAME (general.name), --std S (weight stddev, default 0.02),\n"
+            "             --chat-template FILE: its text becomes tokenizer.chat_template\n"
+            "             (instead of the vocabulary's; e.g. a Qwen3-style template)\n"
             "             --threads N (default: online CPUs), -h/--help\n"
             "             --dry-run: print the tensor plan (name, type, ne) and the bytes per\n"
             "             type instead of writing a file\n"
@@ -105,7 +107,7 @@ static const struct {
     { "types", offsetof(opts_t, types) },   { "type", offsetof(opts_t, types) },
     { "vocab", offsetof(opts_t, vocab) },   { "corpus", offsetof(opts_t, corpus) },
     { "o", offsetof(opts_t, out) },         { "output", offsetof(opts_t, out) },
-    { "name", offsetof(opts_t, name) },
+    { "name", offsetof(opts_t, name) },     { "chat-template", offsetof(opts_t, chat_template) },
 };
 #define N_STR_OPTS (sizeof str_opts / sizeof str_opts[0])
 static const char *const num_opts[] = { "seed", "n-merges", "threads", "std" };
@@ -386,6 +388,42 @@ static ecs_err_t token_count(const gguf_file_t *vf, uint64_t *n)
     return ECS_OK;
 }
 
+/* --chat-template FILE: the file's text as tokenizer.chat_template (set
+ * after the copied tokenizer keys: the writer replaces the vocabulary's). */
+static ecs_err_t set_chat_template(gguf_writer_t *w, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ecs_error(ECS_ERR_IO, "--chat-template %s: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0, got;
+    ecs_err_t err = ECS_OK;
+    do {
+        if (cap - len < 4096) {
+            char *p = cap > (1u << 24) ? NULL : realloc(text, cap = cap ? 2 * cap : 8192);
+            if (!p) {
+                err = ecs_error(ECS_ERR_NOMEM, "--chat-template %s: too large or out of memory",
+                                path);
+                break;
+            }
+            text = p;
+        }
+        got = fread(text + len, 1, cap - len - 1, f);
+        len += got;
+    } while (got > 0);
+    if (!err && ferror(f))
+        err = ecs_error(ECS_ERR_IO, "--chat-template %s: read error", path);
+    fclose(f);
+    if (!err && memchr(text, '\0', len))
+        err = ecs_error(ECS_ERR_INVAL, "--chat-template %s: holds a NUL byte", path);
+    if (!err) {
+        text[len] = '\0';
+        err = gguf_writer_set_str(w, "tokenizer.chat_template", text);
+    }
+    free(text);
+    return err;
+}
+
 /* ----------------------------------------------------------------- main */
 
 static void print_plan(const mk_tensor_t *t, int n)
@@ -467,6 +505,7 @@ static ecs_err_t build(const opts_t *o, run_t *r)
         snprintf(name, sizeof name, "ecs-%s-%s", mk_arch_name(r->arch), o->preset);
     if ((err = mk_write_meta_head(r->w, r->arch, r->ft, &hp, name)) ||
         (err = copy_tokenizer(r->w, r->vf, n_tokens, (uint64_t)hp.vocab_size)) ||
+        (o->chat_template && (err = set_chat_template(r->w, o->chat_template))) ||
         (err = mk_write_meta_tail(r->w, r->arch, r->ft)))
         return err;
     if (o->dry_run) {

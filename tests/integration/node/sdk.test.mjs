@@ -1,8 +1,9 @@
 // sdk.test.mjs - the official OpenAI and Anthropic Node SDKs against a running
 // ecs-coordinator: chat and completions (streamed and not, stop strings,
 // usage), /v1/messages (streamed and not), errors as the SDKs raise them,
-// tool calls in both APIs (a forced call whole and streamed, its result).
-// usage: node sdk.test.mjs PORT MODEL_ID
+// tool calls in both APIs (a forced call whole and streamed, its result),
+// reasoning (reasoning_content, thinking blocks) with a second server.
+// usage: node sdk.test.mjs PORT MODEL_ID [THINK_PORT THINK_MODEL_ID]
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
@@ -275,6 +276,53 @@ await check('openai: tool_choice required among two tools, streamed: a call foll
   if (call.name === 'count') assert.ok(Number.isInteger(args.n) && Object.keys(args).length === 1);
   else { assert.equal(call.name, 'get_weather'); weatherArgs(args); }
 });
+
+// Reasoning, against a second server whose model has a Qwen3-style
+// template (made by test_serve_sdk.sh): random weights never close the
+// think block, so the whole answer is reasoning_content / a thinking block;
+// a past thinking block goes back in through the SDK's own types.
+const [thinkPort, thinkModel] = process.argv.slice(4);
+if (thinkPort) {
+  const tOpenai = new OpenAI({ baseURL: `http://127.0.0.1:${thinkPort}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const tAnthropic = new Anthropic({ baseURL: `http://127.0.0.1:${thinkPort}`, apiKey: 'unused', maxRetries: 0 });
+  const req = {
+    model: thinkModel, temperature: 0, max_tokens: 8, ignore_eos: true, messages: [{ role: 'user', content: 'Hi?' }],
+  };
+  let reasoning = '';
+  await check('openai: reasoning_content, whole and streamed; enable_thinking false', async () => {
+    const r = await tOpenai.chat.completions.create(req);
+    reasoning = r.choices[0].message.reasoning_content; // not in the SDK's types: the raw field
+    assert.ok(typeof reasoning === 'string' && reasoning.length > 0, JSON.stringify(r));
+    assert.equal(r.choices[0].message.content, '');
+    let streamed = '', content = '';
+    for await (const chunk of await tOpenai.chat.completions.create({ ...req, stream: true })) {
+      for (const c of chunk.choices) {
+        streamed += c.delta.reasoning_content ?? '';
+        content += c.delta.content ?? '';
+      }
+    }
+    assert.equal(streamed, reasoning);
+    assert.equal(content, '');
+    const off = await tOpenai.chat.completions.create({ ...req, chat_template_kwargs: { enable_thinking: false } });
+    assert.equal(off.choices[0].message.reasoning_content, undefined);
+    assert.ok(off.choices[0].message.content.length > 0);
+  });
+  await check('anthropic: a thinking block, whole and through messages.stream().finalMessage()', async () => {
+    const areq = { ...req, thinking: { type: 'enabled', budget_tokens: 1024 } };
+    const r = await tAnthropic.messages.create(areq);
+    assert.deepEqual(r.content.map((b) => b.type), ['thinking', 'text']);
+    assert.equal(r.content[0].thinking, reasoning); // the same prompt as the chat route
+    const fin = await tAnthropic.messages.stream(areq).finalMessage();
+    assert.deepEqual(fin.content, r.content);
+    const next = await tAnthropic.messages.create({
+      ...areq, messages: [...areq.messages, { role: 'assistant', content: r.content },
+        { role: 'user', content: 'And?' }],
+    });
+    assert.equal(next.stop_reason, 'max_tokens');
+    const off = await tAnthropic.messages.create({ ...req, thinking: { type: 'disabled' } });
+    assert.deepEqual(off.content.map((b) => b.type), ['text']);
+  });
+}
 
 console.log(`sdk: ${failed} failed`);
 process.exit(failed ? 1 : 0);

@@ -1,0 +1,136 @@
+"""serve_reasoning.py - reasoning with a chat template that thinks, live:
+a tiny qwen3moe made here (ecs-mkmodel --chat-template) with a Qwen3-style
+template. Its weights are random, so it never writes "</think>" and all
+of its answer is reasoning (the split after "</think>" is test_api_reasoning's):
+thinking off appends the empty think block to the prompt (usage against
+/tokenize); thinking on puts the answer, the raw completion of the same
+prompt, in reasoning_content / an Anthropic thinking block, whole and
+streamed alike; thinking off leaves it in content; mistakes get a 400.
+The server is started here and stopped by pid.
+usage: serve_reasoning.py ROOT BUILD"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from serve_lib import Server, post_json, request, run_check, sse_events
+
+root, build = sys.argv[1], sys.argv[2]
+binary = "%s/%s/bin/ecs-coordinator" % (root, build)
+fails = 0
+
+# a Qwen3-style template: ChatML, and "<think>" where enable_thinking is false
+TEMPLATE = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + "
+            "message.content + '<|im_end|>\\n' }}{%- endfor %}\n{%- if add_generation_prompt %}"
+            "{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking "
+            "is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}\n")
+PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+EMPTY = "<think>\n\n</think>\n\n"
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def n_tokens(text):
+    st, r = post_json(srv.port, "/tokenize", {"content": text, "add_special": True,
+                                              "parse_special": False})
+    assert st == 200, r
+    return len(r["tokens"])
+
+
+def raw(prompt, n):
+    st, r = post_json(srv.port, "/v1/completions", {"prompt": prompt, "max_tokens": n,
+                                                    "temperature": 0, "ignore_eos": True})
+    assert st == 200, r
+    return r["choices"][0]["text"]
+
+
+def generate(path, n, stream=False, **kw):
+    body = dict({"messages": MSGS, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                 "stream": stream}, **kw)
+    st, h, b = request(srv.port, "POST", path, body)
+    assert st == 200, b[:300]
+    return sse_events(b) if stream else json.loads(b)
+
+
+def chat(n, stream=False, **kw):
+    return generate("/v1/chat/completions", n, stream, **kw)
+
+
+def anthropic(n, stream=False, **kw):
+    return generate("/v1/messages", n, stream, **kw)
+
+
+def prompt_ends():
+    for kw, suffix in (({}, ""), ({"chat_template_kwargs": {"enable_thinking": True}}, ""),
+                       ({"chat_template_kwargs": {"enable_thinking": False}}, EMPTY)):
+        r = chat(1, **kw)
+        assert r["usage"]["prompt_tokens"] == n_tokens(PROMPT + suffix), (kw, r["usage"])
+    for kw, suffix in (({}, ""), ({"thinking": {"type": "disabled"}}, EMPTY),
+                       ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "")):
+        r = anthropic(1, **kw)
+        assert r["usage"]["input_tokens"] == n_tokens(PROMPT + suffix), (kw, r["usage"])
+
+
+def reasoning_out():
+    want = raw(PROMPT, 8).lstrip("\n")  # what a stream or a whole answer calls reasoning
+    assert want and "</think>" not in want, want
+    m = chat(8)["choices"][0]
+    assert m["message"]["reasoning_content"] == want and m["message"]["content"] == "", m
+    assert m["finish_reason"] == "length", m
+    deltas = [d["choices"][0]["delta"] for _, d in chat(8, True) if isinstance(d, dict) and d.get("choices")]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == want, deltas
+    assert "".join(d.get("content") or "" for d in deltas) == "", deltas
+    r = anthropic(8)
+    assert r["content"] == [{"type": "thinking", "thinking": want, "signature": ""},
+                            {"type": "text", "text": ""}], r["content"]
+    evs = [d for _, d in anthropic(8, True) if isinstance(d, dict)]
+    starts = [(d["index"], d["content_block"]["type"]) for d in evs if d["type"] == "content_block_start"]
+    assert starts == [(0, "thinking"), (1, "text")], starts
+    thought = "".join(d["delta"]["thinking"] for d in evs if d["type"] == "content_block_delta"
+                      and d["delta"]["type"] == "thinking_delta" and d["index"] == 0)
+    assert thought == want, (thought, want)
+    stops = [d["index"] for d in evs if d["type"] == "content_block_stop"]
+    assert stops == [0, 1], stops
+
+
+def thinking_off_is_content():
+    want = raw(PROMPT + EMPTY, 8)
+    m = chat(8, chat_template_kwargs={"enable_thinking": False})["choices"][0]["message"]
+    assert m["content"] == want and "reasoning_content" not in m, m
+    r = anthropic(8, thinking={"type": "disabled"})
+    assert r["content"] == [{"type": "text", "text": want}], r
+
+
+def mistakes():
+    for path, body, needle in (
+            ("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": 5},
+             "'chat_template_kwargs' must be an object"),
+            ("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": {"enable_thinking": "no"}},
+             "enable_thinking must be a boolean"),
+            ("/v1/messages", {"messages": MSGS, "max_tokens": 4, "thinking": {"type": "enabled"}},
+             "budget_tokens must be a positive integer")):
+        st, r = post_json(srv.port, path, body)
+        msg = r["error"]["message"]
+        assert st == 400 and needle in msg, (st, r)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    tmpl, model = os.path.join(tmp, "qwen3.jinja"), os.path.join(tmp, "think.gguf")
+    with open(tmpl, "w") as f:
+        f.write(TEMPLATE)
+    subprocess.check_call([os.path.join(root, build, "bin", "ecs-mkmodel"), "--arch", "qwen3moe",
+                           "--preset", "tiny", "--types", "q8_0", "--seed", "1", "--threads", "1",
+                           "--chat-template", tmpl, "-o", model], cwd=root)
+    srv = Server(binary, model, "--ctx", "512", "--no-prefix-cache")
+    checks = [("thinking off ends the prompt with the empty think block (both APIs)", prompt_ends),
+              ("thinking on: the answer is reasoning_content / a thinking block, whole and streamed",
+               reasoning_out),
+              ("thinking off: the answer is content", thinking_off_is_content),
+              ("bad thinking fields -> 400 naming them", mistakes),
+              ("clean exit", lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))]
+    for name, fn in checks:  # each one reported, the server stopped by the last
+        fails += not run_check(name, fn)
+    if srv.proc.poll() is None:
+        srv.stop()
+print("%d failed" % fails if fails else "all passed")
+sys.exit(1 if fails else 0)
