@@ -138,14 +138,18 @@ typedef struct {
 
 /* Where a thinking model's output (thinking on) holds its reasoning and
  * its answer (reasoning.c): text[r_off, r_end) and text[c_off, len).
- * closed: "</think>" came (else all of it is reasoning). partial: the
- * output is still growing, so an opening tag, a partial "</think>" and
- * newlines that may end the reasoning are held back (r_end before them). */
+ * The reasoning is there when the output opens with "<think>" or the
+ * prompt opened it (open); an output that does not is all answer (a
+ * model that chose not to think, or does not: llama.cpp's rule).
+ * closed: "</think>" came, or there was no think block (else all of it is
+ * reasoning). partial: the output is still growing, so an opening tag, a
+ * partial "</think>" and newlines that may end the reasoning are held back
+ * (r_end before them). */
 typedef struct {
     size_t r_off, r_end, c_off;
     bool closed;
 } api_think_span_t;
-void api_think_split(const char *text, size_t len, bool partial, api_think_span_t *s);
+void api_think_split(const char *text, size_t len, bool open, bool partial, api_think_span_t *s);
 
 /* Parses a JSON body for route into r. On failure returns ECS_ERR_INVAL
  * (or ECS_ERR_UNSUPPORTED for a feature this server cannot do, e.g.

@@ -85,8 +85,9 @@ ecs_err_t api_think_message(api_perr_t *e, json_t *msg, size_t i, const api_req_
 ecs_err_t api_think_history(api_perr_t *e, api_req_t *r);
 /* The messages (*msgs, malloc'd; the strings are r's) and the answer's
  * start (*prefill, static or NULL) to render for r, with a thinking
- * template or not. */
-ecs_err_t api_think_view(const api_req_t *r, bool thinks, tok_chat_msg_t **msgs,
+ * template or not (open: one whose assistant prompt opens the think
+ * block, tok_chat_think_open). */
+ecs_err_t api_think_view(const api_req_t *r, bool thinks, bool open, tok_chat_msg_t **msgs,
                          const char **prefill);
 /* Whether r's output is split into reasoning and answer with a template
  * that thinks or not: thinking on, a chat, and no JSON mode (a forced
@@ -167,6 +168,7 @@ struct api_job {
     size_t sent_text;
     int sent_toks;
     bool think;             /* the output is split into reasoning and answer */
+    bool think_open;        /* the prompt opened the think block (tok_chat_think_open) */
     bool think_done;        /* stream: the reasoning is all sent (Anthropic: its block closed) */
 };
 

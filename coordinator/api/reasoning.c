@@ -257,11 +257,13 @@ bool api_think_splits(const api_req_t *r, bool thinks)
     return thinks && r->route != API_ROUTE_COMPLETION && !r->think_off && !r->json;
 }
 
-ecs_err_t api_think_view(const api_req_t *r, bool thinks, tok_chat_msg_t **msgs,
+ecs_err_t api_think_view(const api_req_t *r, bool thinks, bool open, tok_chat_msg_t **msgs,
                          const char **prefill)
 {
     const bool forced = r->tool_mode == API_TOOLS_FORCED;
     *prefill = forced ? API_TOOL_CALL_OPEN : NULL;
+    if (thinks && open) /* the template's own assistant prompt */
+        *prefill = THINK_OPEN "\n";
     /* thinking off, or a grammar from the first token: an empty think
      * block, as the template writes it for enable_thinking false */
     if (thinks && (r->think_off || r->json))
@@ -285,14 +287,18 @@ static size_t skip_nl(const char *s, size_t i, size_t n)
     return i;
 }
 
-void api_think_split(const char *t, size_t n, bool partial, api_think_span_t *s)
+void api_think_split(const char *t, size_t n, bool open, bool partial, api_think_span_t *s)
 {
     const size_t ol = strlen(THINK_OPEN), cl = strlen(THINK_CLOSE);
     size_t i = skip_nl(t, 0, n);
-    if (n - i >= ol && !memcmp(t + i, THINK_OPEN, ol))
+    if (n - i >= ol && !memcmp(t + i, THINK_OPEN, ol)) {
         i = skip_nl(t, i + ol, n);
-    else if (partial && n - i < ol && !memcmp(t + i, THINK_OPEN, n - i)) /* it may be arriving */
+    } else if (partial && n - i < ol && !memcmp(t + i, THINK_OPEN, n - i)) { /* it may be arriving */
         i = n;
+    } else if (!open) { /* no think block: all of it is the answer */
+        *s = (api_think_span_t){0, 0, 0, true};
+        return;
+    }
     s->r_off = i;
     const char *p = memmem(t + i, n - i, THINK_CLOSE, cl);
     size_t end = p ? (size_t)(p - t) : n;

@@ -149,7 +149,7 @@ static api_think_span_t span(const api_job_t *j, const sched_view_t *v, bool par
 {
     api_think_span_t s = {0, 0, 0, true};
     if (j->think)
-        api_think_split(v->text, v->text_len, partial, &s);
+        api_think_split(v->text, v->text_len, j->think_open, partial, &s);
     return s;
 }
 

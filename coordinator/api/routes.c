@@ -86,7 +86,8 @@ static bool tokenize(api_conn_t *c, api_req_t *q, int n_ctx, int32_t **ids, int 
         const char *prefill = NULL;
         e = q->tool_parts ? api_tools_template(tok_chat_kind(srv->tok)) : ECS_OK;
         if (e == ECS_OK)
-            e = api_think_view(q, tok_chat_thinks(srv->tok), &msgs, &prefill);
+            e = api_think_view(q, tok_chat_thinks(srv->tok), tok_chat_think_open(srv->tok), &msgs,
+                               &prefill);
         if (e == ECS_OK)
             e = api_prompt_chat(srv->tok, &srv->specials, msgs, q->n_msgs, prefill, n_ctx, ids, n);
         free(msgs);
@@ -201,6 +202,7 @@ static void generate(api_conn_t *c, api_route_t route)
         p.stops[i] = q->stops[i];
     p.n_stops = q->n_stops;
     j->think = api_think_splits(q, tok_chat_thinks(srv->tok));
+    j->think_open = j->think && tok_chat_think_open(srv->tok);
     j->created = (long)time(NULL);
     snprintf(j->id, sizeof j->id, "%s%llx%llx",
              route == API_ROUTE_MESSAGES ? "msg_" : route == API_ROUTE_CHAT ? "chatcmpl-" : "cmpl-",

@@ -75,6 +75,12 @@ bool tok_chat_detect_thinks(const char *tmpl, size_t len)
     return tmpl && contains(tmpl, len, "<think>");
 }
 
+bool tok_chat_detect_think_open(const char *tmpl, size_t len)
+{
+    /* the Jinja source's string literal, its newlines as \n escapes */
+    return tmpl && contains(tmpl, len, "'<|im_start|>assistant\\n<think>\\n'");
+}
+
 /* Counts everything, writes what fits. */
 typedef struct {
     char *out;

@@ -158,6 +158,7 @@ struct tok {
 
     tok_chat_kind_t chat;
     bool chat_thinks;        /* the template's text writes <think> (Qwen3's) */
+    bool chat_think_open;    /* its assistant prompt opens the think block */
     char chat_line[96];
     tok_arena_t arena;
 };

@@ -389,6 +389,7 @@ static ecs_err_t load_chat(tok_t *t, const gguf_file_t *f)
     gguf_str_t s;
     t->chat = TOK_CHAT_NONE;
     t->chat_thinks = false;
+    t->chat_think_open = false;
     t->chat_line[0] = '\0';
     if (!gguf_find(f, "tokenizer.chat_template"))
         return ECS_OK;
@@ -397,6 +398,7 @@ static ecs_err_t load_chat(tok_t *t, const gguf_file_t *f)
         return err;
     t->chat = tok_chat_detect(s.ptr, s.len);
     t->chat_thinks = tok_chat_detect_thinks(s.ptr, s.len);
+    t->chat_think_open = tok_chat_detect_think_open(s.ptr, s.len);
     size_t n = 0;
     while (n < s.len && n + 1 < sizeof t->chat_line && s.ptr[n] != '\n' && s.ptr[n] != '\r')
         n++;

@@ -29,6 +29,7 @@ bool tok_add_eos(const tok_t *t) { return t->add_eos; }
 const char *tok_pre_name(const tok_t *t) { return tok_pretok_name(t->pre); }
 tok_chat_kind_t tok_chat_kind(const tok_t *t) { return t->chat; }
 bool tok_chat_thinks(const tok_t *t) { return t->chat == TOK_CHAT_CHATML && t->chat_thinks; }
+bool tok_chat_think_open(const tok_t *t) { return tok_chat_thinks(t) && t->chat_think_open; }
 void tok_set_chat_kind(tok_t *t, tok_chat_kind_t k) { t->chat = k; }
 const char *tok_chat_first_line(const struct tok *t) { return t->chat_line; }
 

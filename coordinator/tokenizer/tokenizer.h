@@ -156,6 +156,12 @@ bool tok_chat_thinks(const tok_t *t);
 /* Whether a template's text holds "<think>" (what tok_chat_thinks tests
  * of the model's template, beside the kind). */
 bool tok_chat_detect_thinks(const char *tmpl, size_t len);
+/* A thinking template whose assistant prompt opens the think block itself
+ * ('<|im_start|>assistant\n<think>\n', as Qwen3's thinking-only models'
+ * do): the answer starts inside the reasoning. Qwen3's hybrid template
+ * does not: its model writes "<think>" first. */
+bool tok_chat_think_open(const tok_t *t);
+bool tok_chat_detect_think_open(const char *tmpl, size_t len);
 /* Short name of a kind ("deepseek2", ...; "none", "unknown"). */
 const char *tok_chat_kind_name(tok_chat_kind_t k);
 /* The built-in kind a name gives ("deepseek2", "deepseek3", "chatml"),

@@ -33,9 +33,9 @@ static void parse_body(api_http_t *h)
             __builtin_trap();
         json_decref(c);
     }
-    for (int partial = 0; partial < 2; partial++) { /* reasoning.c's split of an output */
+    for (int k = 0; k < 4; k++) { /* reasoning.c's split of an output: opened or not, partial */
         api_think_span_t s;
-        api_think_split(body, len, partial, &s);
+        api_think_split(body, len, k & 1, k >> 1, &s);
         if (s.r_off > s.r_end || s.r_end > s.c_off || s.c_off > len)
             __builtin_trap();
     }

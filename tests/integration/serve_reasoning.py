@@ -1,6 +1,7 @@
 """serve_reasoning.py - reasoning with a chat template that thinks, live:
-a tiny qwen3moe made here (ecs-mkmodel --chat-template) with a Qwen3-style
-template. Its weights are random, so it never writes "</think>" and all
+a tiny qwen3moe made here (ecs-mkmodel --chat-template) with a template
+whose assistant prompt opens the think block (as Qwen3's thinking-only
+models' do). Its weights are random, so it never writes "</think>" and all
 of its answer is reasoning (the split after "</think>" is test_api_reasoning's):
 thinking off appends the empty think block to the prompt (usage against
 /tokenize); thinking on puts the answer, the raw completion of the same
@@ -20,13 +21,19 @@ root, build = sys.argv[1], sys.argv[2]
 binary = "%s/%s/bin/ecs-coordinator" % (root, build)
 fails = 0
 
-# a Qwen3-style template: ChatML, and "<think>" where enable_thinking is false
+# ChatML that opens the think block in its assistant prompt (Qwen3's
+# thinking-only models); HYBRID: Qwen3's hybrid, "<think>" only where
+# enable_thinking is false (its model writes "<think>" itself)
 TEMPLATE = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + "
             "message.content + '<|im_end|>\\n' }}{%- endfor %}\n{%- if add_generation_prompt %}"
-            "{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking "
-            "is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}\n")
+            "{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}\n")
+HYBRID = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + "
+          "message.content + '<|im_end|>\\n' }}{%- endfor %}\n{%- if add_generation_prompt %}"
+          "{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking "
+          "is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}\n")
 PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 EMPTY = "<think>\n\n</think>\n\n"
+OPEN = "<think>\n"
 MSGS = [{"role": "user", "content": "hi"}]
 
 
@@ -61,18 +68,18 @@ def anthropic(n, stream=False, **kw):
 
 
 def prompt_ends():
-    for kw, suffix in (({}, ""), ({"chat_template_kwargs": {"enable_thinking": True}}, ""),
+    for kw, suffix in (({}, OPEN), ({"chat_template_kwargs": {"enable_thinking": True}}, OPEN),
                        ({"chat_template_kwargs": {"enable_thinking": False}}, EMPTY)):
         r = chat(1, **kw)
         assert r["usage"]["prompt_tokens"] == n_tokens(PROMPT + suffix), (kw, r["usage"])
-    for kw, suffix in (({}, ""), ({"thinking": {"type": "disabled"}}, EMPTY),
-                       ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "")):
+    for kw, suffix in (({}, OPEN), ({"thinking": {"type": "disabled"}}, EMPTY),
+                       ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, OPEN)):
         r = anthropic(1, **kw)
         assert r["usage"]["input_tokens"] == n_tokens(PROMPT + suffix), (kw, r["usage"])
 
 
 def reasoning_out():
-    want = raw(PROMPT, 8).lstrip("\n")  # what a stream or a whole answer calls reasoning
+    want = raw(PROMPT + OPEN, 8).lstrip("\n")  # what a stream or a whole answer calls reasoning
     assert want and "</think>" not in want, want
     m = chat(8)["choices"][0]
     assert m["message"]["reasoning_content"] == want and m["message"]["content"] == "", m
@@ -101,6 +108,23 @@ def thinking_off_is_content():
     assert r["content"] == [{"type": "text", "text": want}], r
 
 
+def hybrid_no_think_is_content():
+    """Qwen3's hybrid template: the prompt ends as before, and an answer
+    that does not open a think block (random weights never do) is content,
+    whole and streamed."""
+    r = chat(8)
+    assert r["usage"]["prompt_tokens"] == n_tokens(PROMPT), r["usage"]
+    want = raw(PROMPT, 8)
+    m = r["choices"][0]["message"]
+    assert m["content"] == want and "reasoning_content" not in m, m
+    deltas = [d["choices"][0]["delta"] for _, d in chat(8, True) if isinstance(d, dict) and d.get("choices")]
+    assert "".join(d.get("content") or "" for d in deltas) == want, deltas
+    assert not any(d.get("reasoning_content") for d in deltas), deltas
+    a = anthropic(8)
+    assert a["content"] == [{"type": "thinking", "thinking": "", "signature": ""},
+                            {"type": "text", "text": want}], a["content"]
+
+
 def mistakes():
     for path, body, needle in (
             ("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": 5},
@@ -114,23 +138,36 @@ def mistakes():
         assert st == 400 and needle in msg, (st, r)
 
 
-with tempfile.TemporaryDirectory() as tmp:
-    tmpl, model = os.path.join(tmp, "qwen3.jinja"), os.path.join(tmp, "think.gguf")
+def serve(tmp, name, template):
+    """A tiny qwen3moe with this chat template, served."""
+    tmpl, model = os.path.join(tmp, name + ".jinja"), os.path.join(tmp, name + ".gguf")
     with open(tmpl, "w") as f:
-        f.write(TEMPLATE)
+        f.write(template)
     subprocess.check_call([os.path.join(root, build, "bin", "ecs-mkmodel"), "--arch", "qwen3moe",
                            "--preset", "tiny", "--types", "q8_0", "--seed", "1", "--threads", "1",
                            "--chat-template", tmpl, "-o", model], cwd=root)
-    srv = Server(binary, model, "--ctx", "512", "--no-prefix-cache")
-    checks = [("thinking off ends the prompt with the empty think block (both APIs)", prompt_ends),
-              ("thinking on: the answer is reasoning_content / a thinking block, whole and streamed",
-               reasoning_out),
-              ("thinking off: the answer is content", thinking_off_is_content),
-              ("bad thinking fields -> 400 naming them", mistakes),
-              ("clean exit", lambda: srv.stop() == 0 or (_ for _ in ()).throw(AssertionError("exit")))]
-    for name, fn in checks:  # each one reported, the server stopped by the last
-        fails += not run_check(name, fn)
-    if srv.proc.poll() is None:
-        srv.stop()
+    return Server(binary, model, "--ctx", "512", "--no-prefix-cache")
+
+
+def clean_exit():
+    assert srv.stop() == 0, "exit status %s" % srv.proc.returncode
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    for template, checks in (
+            (TEMPLATE, [("thinking off ends the prompt with the empty think block (both APIs)", prompt_ends),
+                        ("thinking on: the answer is reasoning_content / a thinking block, whole and "
+                         "streamed", reasoning_out),
+                        ("thinking off: the answer is content", thinking_off_is_content),
+                        ("bad thinking fields -> 400 naming them", mistakes),
+                        ("clean exit", clean_exit)]),
+            (HYBRID, [("hybrid template: an answer without a think block is content",
+                       hybrid_no_think_is_content),
+                      ("hybrid server: clean exit", clean_exit)])):
+        srv = serve(tmp, "hybrid" if template is HYBRID else "think", template)
+        for name, fn in checks:  # each one reported, the server stopped by the last
+            fails += not run_check(name, fn)
+        if srv.proc.poll() is None:
+            srv.stop()
 print("%d failed" % fails if fails else "all passed")
 sys.exit(1 if fails else 0)

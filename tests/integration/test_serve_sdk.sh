@@ -19,9 +19,10 @@ fi
 model=$(cd tests/integration && /usr/bin/python3 -c \
     "import serve_lib,sys; print(serve_lib.model_path(sys.argv[1], sys.argv[2], 'tiny-ds2-q8_0'))" "$root" "$build")
 free_port() { /usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
-# a second model for reasoning: a tiny qwen3moe with a Qwen3-style template
+# a second model for reasoning: a tiny qwen3moe with a template whose
+# assistant prompt opens the think block (Qwen3's thinking-only models')
 tmp=$(mktemp -d)
-printf '%s\n' "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}" >"$tmp/qwen3.jinja"
+printf '%s\n' "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}" >"$tmp/qwen3.jinja"
 "$root/$build/bin/ecs-mkmodel" --arch qwen3moe --preset tiny --types q8_0 --seed 1 --threads 1 \
     --chat-template "$tmp/qwen3.jinja" -o "$tmp/think.gguf" >"$tmp/mk.log" 2>&1 ||
     { echo "FAIL setup: ecs-mkmodel --chat-template"; cat "$tmp/mk.log"; rm -rf "$tmp"; exit 1; }

@@ -15,13 +15,13 @@
 
 /* The ChatML text of a parsed request as a template that thinks (or not)
  * renders it, the answer's start included. */
-static char *prompt_of(api_route_t route, const char *json, bool thinks)
+static char *prompt_of(api_route_t route, const char *json, bool thinks, bool open)
 {
     api_req_t r;
     cr_assert_eq(parse(route, json, &r), ECS_OK, "%s -> %s", json, err);
     tok_chat_msg_t *msgs;
     const char *prefill;
-    cr_assert_eq(api_think_view(&r, thinks, &msgs, &prefill), ECS_OK);
+    cr_assert_eq(api_think_view(&r, thinks, open, &msgs, &prefill), ECS_OK);
     size_t len = 0;
     cr_assert_eq(tok_chat_apply(TOK_CHAT_CHATML, msgs, r.n_msgs, true, NULL, 0, &len), ECS_ERR_RANGE);
     size_t pl = prefill ? strlen(prefill) : 0;
@@ -60,12 +60,28 @@ Test(api_reasoning, thinking_off_ends_the_prompt_with_an_empty_think)
          "<tool_call>\n"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *p = prompt_of(cases[i].route, cases[i].json, cases[i].thinks);
+        char *p = prompt_of(cases[i].route, cases[i].json, cases[i].thinks, false);
         const size_t n = strlen(p), w = strlen(cases[i].want);
         /* the end (the tools' system turn comes first) */
         cr_assert(n >= w && !strcmp(p + n - w, cases[i].want), "%s: %s", cases[i].json, p);
         free(p);
     }
+    /* a template whose assistant prompt opens the think block: the prompt
+     * ends as it renders it, the empty block instead with thinking off */
+    char *p = prompt_of(API_ROUTE_CHAT, "{" UMSG "}", true, true);
+    cr_assert_str_eq(p, U("u") GEN "<think>\n");
+    free(p);
+    p = prompt_of(API_ROUTE_CHAT, "{" UMSG ",\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+                  true, true);
+    cr_assert_str_eq(p, EMPTY);
+    free(p);
+    p = prompt_of(API_ROUTE_CHAT, "{" UMSG "}", false, true); /* not a thinking template */
+    cr_assert_str_eq(p, ON);
+    free(p);
+    const char *open = "{{- '<|im_start|>assistant\\n<think>\\n' }}",
+               *hybrid = "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + r }}";
+    cr_assert(tok_chat_detect_think_open(open, strlen(open)));
+    cr_assert(!tok_chat_detect_think_open(hybrid, strlen(hybrid)));
 }
 
 Test(api_reasoning, old_reasoning_is_dropped_before_the_last_query)
@@ -75,17 +91,17 @@ Test(api_reasoning, old_reasoning_is_dropped_before_the_last_query)
         "{\"role\":\"assistant\",\"content\":\"<think>\\nr1\\n</think>\\n\\na1\"},"
         "{\"role\":\"assistant\",\"content\":\"x</think>y</think>\\n\\nz\"},"
         "{\"role\":\"user\",\"content\":\"q2\"}]}";
-    char *p = prompt_of(API_ROUTE_CHAT, j, true);
+    char *p = prompt_of(API_ROUTE_CHAT, j, true, false);
     cr_assert_str_eq(p, U("q1") A("a1") A("z") U("q2") GEN, "%s", p);
     free(p);
-    p = prompt_of(API_ROUTE_CHAT, j, false); /* other templates: verbatim */
+    p = prompt_of(API_ROUTE_CHAT, j, false, false); /* other templates: verbatim */
     cr_assert_str_eq(p, U("q1") A("<think>\nr1\n</think>\n\na1") A("x</think>y</think>\n\nz")
                      U("q2") GEN, "%s", p);
     free(p);
     /* reasoning_content before the last query: dropped too */
     p = prompt_of(API_ROUTE_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q1\"},"
                   "{\"role\":\"assistant\",\"content\":\"a1\",\"reasoning_content\":\"r\"},"
-                  "{\"role\":\"user\",\"content\":\"q2\"}]}", true);
+                  "{\"role\":\"user\",\"content\":\"q2\"}]}", true, false);
     cr_assert_str_eq(p, U("q1") A("a1") U("q2") GEN, "%s", p);
     free(p);
 }
@@ -107,7 +123,7 @@ Test(api_reasoning, reasoning_is_kept_in_a_tool_loop)
         "[{\"id\":\"3\",\"type\":\"function\",\"function\":{\"name\":\"c\",\"arguments\":\"{}\"}}]},"
         "{\"role\":\"tool\",\"content\":\"r3\"},"
         "{\"role\":\"assistant\",\"content\":\"\\n<think>\\nmore\\n</think>\\n\\nDone.\"}]}";
-    char *p = prompt_of(API_ROUTE_CHAT, j, true);
+    char *p = prompt_of(API_ROUTE_CHAT, j, true, false);
     cr_assert_str_eq(p,
         "<|im_start|>system\nS<|im_end|>\n" U("q")
         A("<think>\nplan\n</think>\n\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>")
@@ -120,12 +136,12 @@ Test(api_reasoning, reasoning_is_kept_in_a_tool_loop)
     free(p);
     /* the last message with no reasoning still gets its (empty) block */
     p = prompt_of(API_ROUTE_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
-                  "{\"role\":\"assistant\",\"content\":\"\\n\\nhi\"}]}", true);
+                  "{\"role\":\"assistant\",\"content\":\"\\n\\nhi\"}]}", true, false);
     cr_assert_str_eq(p, U("q") A("<think>\n\n</think>\n\nhi") GEN, "%s", p);
     free(p);
     /* no user query at all: nothing is kept */
     p = prompt_of(API_ROUTE_CHAT, "{\"messages\":[{\"role\":\"assistant\",\"content\":\"hi\","
-                  "\"reasoning_content\":\"r\"}]}", true);
+                  "\"reasoning_content\":\"r\"}]}", true, false);
     cr_assert_str_eq(p, A("hi") GEN, "%s", p);
     free(p);
 }
@@ -143,14 +159,14 @@ Test(api_reasoning, anthropic_thinking_blocks)
         "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t\","
         "\"content\":\"r\"}]},"
         "{\"role\":\"assistant\",\"content\":[{\"type\":\"redacted_thinking\",\"data\":\"xx\"}]}]}";
-    char *p = prompt_of(API_ROUTE_MESSAGES, j, true);
+    char *p = prompt_of(API_ROUTE_MESSAGES, j, true, false);
     cr_assert_str_eq(p, U("q1") A("a1") U("q2")
                      A("<think>\nt2\n</think>\n\na2\n<tool_call>\n{\"name\": \"x\", \"arguments\": {}}"
                        "\n</tool_call>")
                      U("<tool_response>\nr\n</tool_response>") A("<think>\n\n</think>\n\n") GEN,
                      "%s", p);
     free(p);
-    p = prompt_of(API_ROUTE_MESSAGES, j, false); /* the thinking left out */
+    p = prompt_of(API_ROUTE_MESSAGES, j, false, false); /* the thinking left out */
     cr_assert_str_eq(p, U("q1") A("a1") U("q2")
                      A("a2\n<tool_call>\n{\"name\": \"x\", \"arguments\": {}}\n</tool_call>")
                      U("<tool_response>\nr\n</tool_response>") A("") GEN, "%s", p);
@@ -210,22 +226,31 @@ Test(api_reasoning, which_requests_split)
     cr_assert(!tok_chat_detect_thinks(NULL, 0));
 }
 
-static api_think_span_t split(const char *t, bool partial)
+static api_think_span_t split_as(const char *t, bool open, bool partial)
 {
     api_think_span_t s;
-    api_think_split(t, strlen(t), partial, &s);
+    api_think_split(t, strlen(t), open, partial, &s);
     cr_assert(s.r_off <= s.r_end && s.r_end <= s.c_off && s.c_off <= strlen(t), "%s", t);
     return s;
 }
 
-static void expect_span(const char *t, bool partial, const char *reasoning, const char *answer,
-                        bool closed)
+static api_think_span_t split(const char *t, bool partial) { return split_as(t, true, partial); }
+
+static void expect_span_as(const char *t, bool open, bool partial, const char *reasoning,
+                           const char *answer, bool closed)
 {
-    api_think_span_t s = split(t, partial);
+    api_think_span_t s = split_as(t, open, partial);
     cr_assert_eq(s.r_end - s.r_off, strlen(reasoning), "%s: reasoning %zu..%zu", t, s.r_off, s.r_end);
     cr_assert_eq(memcmp(t + s.r_off, reasoning, strlen(reasoning)), 0, "%s", t);
     cr_assert_str_eq(t + s.c_off, answer, "%s", t);
     cr_assert_eq(s.closed, closed, "%s", t);
+}
+
+/* With the think block opened by the prompt (or the output's own). */
+static void expect_span(const char *t, bool partial, const char *reasoning, const char *answer,
+                        bool closed)
+{
+    expect_span_as(t, true, partial, reasoning, answer, closed);
 }
 
 Test(api_reasoning, output_split)
@@ -251,6 +276,14 @@ Test(api_reasoning, output_split)
     expect_span("<think>\nab\n</think>\n", true, "ab", "", true);
     expect_span("<think>\nab\n</think>\n\nH", true, "ab", "H", true);
     expect_span("<tx", true, "<tx", "", false);
+    /* the prompt did not open it: only an output that opens it thinks */
+    expect_span_as("<think>\nabc\n</think>\n\nHello", false, false, "abc", "Hello", true);
+    expect_span_as("abc</think>Hi", false, false, "", "abc</think>Hi", true);
+    expect_span_as("plain", false, false, "", "plain", true);
+    expect_span_as("\nplain", false, true, "", "\nplain", true);
+    expect_span_as("\n<thi", false, true, "", "", false); /* it may still open */
+    expect_span_as("<tx", false, true, "", "<tx", true);
+    expect_span_as("<think>\nab", false, true, "ab", "", false);
     /* a think, then a call: the call is read from the answer */
     const char *t = "<think>\nr\n</think>\n\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n"
                     "</tool_call>";
@@ -278,6 +311,7 @@ static api_job_t *job(api_route_t route, bool stream, bool think)
     j->req.top_logprobs = -1;
     j->req.tool_mode = API_TOOLS_AUTO;
     j->think = think;
+    j->think_open = think; /* as a prompt that opened the block: see no_think_block_is_content */
     strcpy(j->id, "id1");
     return j;
 }
@@ -341,9 +375,11 @@ Test(api_reasoning, whole_replies)
 
 /* A stream's events for text growing through cuts (prefix lengths), as
  * one string: each event's type and its delta's text. */
-static char *stream(api_route_t route, const char *text, const size_t *cuts, size_t n_cuts)
+static char *stream_as(api_route_t route, const char *text, bool open, const size_t *cuts,
+                       size_t n_cuts)
 {
     api_job_t *j = job(route, true, true);
+    j->think_open = open;
     api_buf_t b = {0};
     api_reply_stream_start(j, &b, 3, "m");
     for (size_t k = 0; k < n_cuts; k++) {
@@ -387,6 +423,11 @@ static char *stream(api_route_t route, const char *text, const size_t *cuts, siz
     return out.p;
 }
 
+static char *stream(api_route_t route, const char *text, const size_t *cuts, size_t n_cuts)
+{
+    return stream_as(route, text, true, cuts, n_cuts);
+}
+
 Test(api_reasoning, streams)
 {
     const char *t = "<think>\nab\n</think>\n\nHi <tool_call> no";
@@ -417,5 +458,32 @@ Test(api_reasoning, streams)
     cr_assert_str_eq(s, "message_start0 thinking0 ping0 thinking_delta0[r] content_block_stop0 "
                      "text1 content_block_stop1 tool_use2 input_json_delta2 content_block_stop2 "
                      "message_delta0 message_stop0 ", "%s", s);
+    free(s);
+}
+
+/* A model that does not open a think block (the prompt did not either):
+ * its answer is content, whole and streamed alike. */
+Test(api_reasoning, no_think_block_is_content)
+{
+    api_job_t *j = job(API_ROUTE_CHAT, false, true);
+    j->think_open = false;
+    api_buf_t b = {0};
+    sched_view_t v = view("Hello </think> x", SCHED_FINISH_EOG);
+    api_reply_full(j, &b, &v, "m", NULL);
+    json_t *o = json_loadb(b.p, b.len, 0, NULL);
+    cr_assert(o);
+    json_t *m = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+    cr_assert_null(json_object_get(m, "reasoning_content"));
+    cr_assert_str_eq(JS(m, "content"), "Hello </think> x");
+    json_decref(o);
+    api_buf_free(&b);
+    free(j);
+    const size_t cuts[] = {1, 3, 6};
+    char *s = stream_as(API_ROUTE_CHAT, "Hello </think> x", false, cuts, 3);
+    cr_assert_str_eq(s, "c[H]c[el]c[lo ]c[</think> x]", "%s", s);
+    free(s);
+    s = stream_as(API_ROUTE_MESSAGES, "Hi", false, cuts, 1);
+    cr_assert_str_eq(s, "message_start0 thinking0 ping0 content_block_stop0 text1 text_delta1[H] "
+                     "text_delta1[i] content_block_stop1 message_delta0 message_stop0 ", "%s", s);
     free(s);
 }

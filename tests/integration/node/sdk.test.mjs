@@ -277,8 +277,8 @@ await check('openai: tool_choice required among two tools, streamed: a call foll
   else { assert.equal(call.name, 'get_weather'); weatherArgs(args); }
 });
 
-// Reasoning, against a second server whose model has a Qwen3-style
-// template (made by test_serve_sdk.sh): random weights never close the
+// Reasoning, against a second server whose model's template opens the
+// think block (made by test_serve_sdk.sh): random weights never close the
 // think block, so the whole answer is reasoning_content / a thinking block;
 // a past thinking block goes back in through the SDK's own types.
 const [thinkPort, thinkModel] = process.argv.slice(4);
