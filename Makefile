@@ -180,6 +180,7 @@ build/gen/proto/ecs.pb-c.c: proto/ecs.proto
 endif
 # the request parser of ecs-coordinator: HTTP framing and JSON into api_req_t
 FUZZ_API_SRC = coordinator/api/hparse.c coordinator/api/req.c coordinator/api/tools.c \
+  coordinator/api/tools_v3.c \
   coordinator/api/reasoning.c coordinator/api/buf.c $(wildcard coordinator/sampler/*.c)
 build/fuzz/fuzz_api_req: tests/fuzz/fuzz_api_req.c $(FUZZ_API_SRC) $(COMMON_SRC) $(wildcard coordinator/api/*.h)
 	@mkdir -p $(dir $@)

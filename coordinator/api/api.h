@@ -134,6 +134,10 @@ typedef struct {
     bool one_call;           /* parallel_tool_calls false / disable_parallel_tool_use: the first call only */
     api_msg_x_t *mx;         /* per message (n_msgs of them), for a thinking template */
     bool think_off;          /* enable_thinking false / thinking disabled */
+    tok_chat_kind_t chat;    /* the template's kind: which form tool calls take */
+    int cap_msgs;            /* room in msgs and mx */
+    char *call_open;         /* a forced call's answer starts with this (NULL: API_TOOL_CALL_OPEN) */
+    char *call_name;         /* DeepSeek-V3, forced: the function called (its answer: the arguments) */
 } api_req_t;
 
 /* Where a thinking model's output (thinking on) holds its reasoning and
@@ -151,12 +155,13 @@ typedef struct {
 } api_think_span_t;
 void api_think_split(const char *text, size_t len, bool open, bool partial, api_think_span_t *s);
 
-/* Parses a JSON body for route into r. On failure returns ECS_ERR_INVAL
- * (or ECS_ERR_UNSUPPORTED for a feature this server cannot do, e.g.
- * n > 1) and writes a message for the client into err; r is then
- * already freed. */
-ecs_err_t api_req_parse(api_route_t route, const char *body, size_t len, api_req_t *r,
-                        char *err, size_t err_cap);
+/* Parses a JSON body for route into r, its tool calls and results in the
+ * form of the model's chat template of kind chat (DeepSeek-V3's, else
+ * Qwen's ChatML form). On failure returns ECS_ERR_INVAL (or
+ * ECS_ERR_UNSUPPORTED for a feature this server cannot do, e.g. n > 1)
+ * and writes a message for the client into err; r is then already freed. */
+ecs_err_t api_req_parse(api_route_t route, tok_chat_kind_t chat, const char *body, size_t len,
+                        api_req_t *r, char *err, size_t err_cap);
 void api_req_free(api_req_t *r);
 
 /* Incremental HTTP/1.1 request parser with limits (one connection's). */

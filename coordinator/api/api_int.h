@@ -48,8 +48,9 @@ ecs_err_t api_content_text(api_perr_t *e, json_t *c, size_t idx, char **out);
 /* Appends a message (takes text, even on failure). */
 ecs_err_t api_push_msg(api_perr_t *e, api_req_t *r, const char *role, char *text);
 
-/* Tools (tools.c; Qwen's Hermes form in a ChatML template). A forced call's
- * answer starts with API_TOOL_CALL_OPEN. */
+/* Tools (tools.c; Qwen's Hermes form in a ChatML template, tools_v3.c
+ * DeepSeek-V3's). A forced call's answer starts with r->call_open, or
+ * API_TOOL_CALL_OPEN when that is NULL. */
 #define API_TOOL_CALL_OPEN "<tool_call>\n"
 /* tools / tool_choice of a chat (OpenAI) or messages (Anthropic) body. */
 ecs_err_t api_tools_get(api_perr_t *e, json_t *o, api_req_t *r);
@@ -62,6 +63,25 @@ ecs_err_t api_tools_system(api_perr_t *e, api_req_t *r);
 /* ECS_OK when a template of kind k (NONE: the ChatML fallback) has a place
  * for tools; else the error, naming the template. */
 ecs_err_t api_tools_template(tok_chat_kind_t k);
+/* Whether r's output must keep control tokens' text (DeepSeek-V3's calls). */
+bool api_tools_render_special(const api_req_t *r);
+/* OpenAI's rule for function names: 1-64 of [A-Za-z0-9_.-]. */
+bool api_tools_name_ok(const char *s);
+/* One call in OpenAI's shape: id "call_<id>_<k>", the arguments' text. */
+json_t *api_tools_call_json(const char *id, size_t k, const char *name, const char *args);
+
+/* DeepSeek-V3's form (tools_v3.c). Results are NULL when out of memory. */
+extern const char api_v3_calls_begin[];
+/* The tools (OpenAI's shape) as the system turn describes them. */
+char *api_v3_tools_text(json_t *defs);
+/* A past call as a "tool_call" message's content (tok_chat.c). */
+char *api_v3_call_text(const char *name, json_t *args);
+/* A forced call's answer start: the markup up to the arguments' fence. */
+char *api_v3_forced_open(const char *name);
+/* api_tools_calls for V3 (forced: the output is the arguments of
+ * r->call_name). */
+json_t *api_v3_calls(const api_req_t *r, const char *id, const char *s, size_t n, size_t *text_len);
+
 /* Bytes at the end of s[0, n) that begin tag (it may be arriving). */
 size_t api_tag_tail(const char *s, size_t n, const char *tag);
 /* Bytes of the output that may go out as text while streaming (a call's

@@ -114,6 +114,39 @@ ecs_err_t api_prompt_text(const tok_t *tok, const char *text, int n_ctx, int32_t
 #define SENT_OPEN '\x01'
 #define SENT_CLOSE '\x02'
 
+/* Template text into b: its control-token text as those tokens, the rest
+ * plain, and each message's sentinel (msgs: NULL for none) as the
+ * message's content, plain. */
+static ecs_err_t put_template(build_t *b, const api_specials_t *sp, const char *tmpl, size_t len,
+                              const tok_chat_msg_t *msgs)
+{
+    ecs_err_t e;
+    for (size_t i = 0; i < len;) {
+        if (msgs && tmpl[i] == SENT_OPEN) { /* a message's content goes back in */
+            int k = atoi(tmpl + i + 1);
+            const char *c = msgs[k].content;
+            size_t cl = strlen(c);
+            memcpy(b->plain + b->plain_len, c, cl);
+            b->plain_len += cl;
+            i = (size_t)(strchr(tmpl + i, SENT_CLOSE) - tmpl) + 1;
+            continue;
+        }
+        int hit = -1;
+        for (int s = 0; s < sp->n && hit < 0; s++)
+            if (sp->v[s].len <= len - i && memcmp(tmpl + i, sp->v[s].text, sp->v[s].len) == 0)
+                hit = s;
+        if (hit < 0) {
+            b->plain[b->plain_len++] = tmpl[i++];
+            continue;
+        }
+        if ((e = flush_plain(b)) != ECS_OK)
+            return e;
+        push_id(b, sp->v[hit].id);
+        i += sp->v[hit].len;
+    }
+    return ECS_OK;
+}
+
 ecs_err_t api_prompt_chat(const tok_t *tok, const api_specials_t *sp, const tok_chat_msg_t *msgs,
                           int n, const char *prefill, int n_ctx, int32_t **out, int *n_out)
 {
@@ -141,33 +174,10 @@ ecs_err_t api_prompt_chat(const tok_t *tok, const api_specials_t *sp, const tok_
         goto fail;
     if (tok_add_bos(tok) && tok_bos(tok) >= 0)
         push_id(&b, tok_bos(tok));
-    for (size_t i = 0; i < len;) {
-        if (tmpl[i] == SENT_OPEN) { /* a message's content goes back in */
-            int k = atoi(tmpl + i + 1);
-            const char *c = msgs[k].content;
-            size_t cl = strlen(c);
-            memcpy(b.plain + b.plain_len, c, cl);
-            b.plain_len += cl;
-            i = (size_t)(strchr(tmpl + i, SENT_CLOSE) - tmpl) + 1;
-            continue;
-        }
-        int hit = -1;
-        for (int s = 0; s < sp->n && hit < 0; s++)
-            if (sp->v[s].len <= len - i && memcmp(tmpl + i, sp->v[s].text, sp->v[s].len) == 0)
-                hit = s;
-        if (hit < 0) {
-            b.plain[b.plain_len++] = tmpl[i++];
-            continue;
-        }
-        if ((e = flush_plain(&b)) != ECS_OK)
-            goto fail;
-        push_id(&b, sp->v[hit].id);
-        i += sp->v[hit].len;
-    }
-    if (prefill) { /* text of the answer: plain */
-        memcpy(b.plain + b.plain_len, prefill, strlen(prefill));
-        b.plain_len += strlen(prefill);
-    }
+    if ((e = put_template(&b, sp, tmpl, len, msgs)) != ECS_OK)
+        goto fail;
+    if (prefill && (e = put_template(&b, sp, prefill, strlen(prefill), NULL)) != ECS_OK)
+        goto fail; /* the answer's start: ours, so its control-token text is control tokens */
     if ((e = flush_plain(&b)) != ECS_OK)
         goto fail;
     free(sm);
@@ -186,12 +196,12 @@ fail:
     return e;
 }
 
-/* Tools live in Qwen's ChatML form (tools.c). */
+/* Tools live in Qwen's ChatML form or DeepSeek-V3's (tools.c). */
 ecs_err_t api_tools_template(tok_chat_kind_t k)
 {
-    if (k == TOK_CHAT_CHATML || k == TOK_CHAT_NONE) /* NONE: the ChatML fallback */
-        return ECS_OK;
+    if (k == TOK_CHAT_CHATML || k == TOK_CHAT_NONE || k == TOK_CHAT_DEEPSEEK3)
+        return ECS_OK; /* NONE: the ChatML fallback */
     return ecs_error(ECS_ERR_UNSUPPORTED, "tools are not supported with this model: its chat "
-                     "template (%s) has no place for tool calls (ChatML / Qwen templates have)",
-                     tok_chat_kind_name(k));
+                     "template (%s) has no place for tool calls (ChatML / Qwen and DeepSeek-V3 "
+                     "templates have)", tok_chat_kind_name(k));
 }

@@ -261,7 +261,7 @@ ecs_err_t api_think_view(const api_req_t *r, bool thinks, bool open, tok_chat_ms
                          const char **prefill)
 {
     const bool forced = r->tool_mode == API_TOOLS_FORCED;
-    *prefill = forced ? API_TOOL_CALL_OPEN : NULL;
+    *prefill = !forced ? NULL : r->call_open ? r->call_open : API_TOOL_CALL_OPEN;
     if (thinks && open) /* the template's own assistant prompt */
         *prefill = THINK_OPEN "\n";
     /* thinking off, or a grammar from the first token: an empty think

@@ -170,12 +170,30 @@ ecs_err_t api_content_text(api_perr_t *e, json_t *c, size_t idx, char **out)
     return ECS_OK;
 }
 
+/* Room for more messages (DeepSeek-V3's tool calls and results are one
+ * message each); bounded by the body's size. */
+static bool grow_msgs(api_req_t *r)
+{
+    int cap = r->cap_msgs * 2;
+    tok_chat_msg_t *m = realloc(r->msgs, (size_t)cap * sizeof *m);
+    if (!m)
+        return false;
+    r->msgs = m;
+    api_msg_x_t *x = realloc(r->mx, (size_t)cap * sizeof *x);
+    if (!x)
+        return false;
+    r->mx = x;
+    r->cap_msgs = cap;
+    return true;
+}
+
 ecs_err_t api_push_msg(api_perr_t *e, api_req_t *r, const char *role, char *text)
 {
     if (!text)
         return bad(e, ECS_ERR_NOMEM, "out of memory");
     char *ro = strdup(role);
-    if (!ro) {
+    if (!ro || (r->n_msgs == r->cap_msgs && !grow_msgs(r))) {
+        free(ro);
         free(text);
         return bad(e, ECS_ERR_NOMEM, "out of memory");
     }
@@ -204,6 +222,7 @@ static ecs_err_t get_messages(perr_t *e, json_t *o, api_req_t *r)
     /* + system, + the tools' system turn */
     if (!(r->msgs = calloc(n + 2, sizeof *r->msgs)) || !(r->mx = calloc(n + 2, sizeof *r->mx)))
         return bad(e, ECS_ERR_NOMEM, "out of memory");
+    r->cap_msgs = (int)n + 2;
     json_t *sys = anthropic ? field(o, "system") : NULL;
     if (sys) {
         char *t = NULL;
@@ -472,12 +491,13 @@ static ecs_err_t parse_obj(perr_t *e, json_t *o, api_req_t *r)
     return r->route == API_ROUTE_COMPLETION ? get_prompt(e, o, r) : get_messages(e, o, r);
 }
 
-ecs_err_t api_req_parse(api_route_t route, const char *body, size_t len, api_req_t *r,
-                        char *err, size_t err_cap)
+ecs_err_t api_req_parse(api_route_t route, tok_chat_kind_t chat, const char *body, size_t len,
+                        api_req_t *r, char *err, size_t err_cap)
 {
     perr_t e = {err, err_cap, ECS_OK};
     memset(r, 0, sizeof *r);
     r->route = route;
+    r->chat = chat;
     r->max_tokens = -1;
     r->top_logprobs = -1;
     r->sp = sampler_params_default();
@@ -513,6 +533,8 @@ void api_req_free(api_req_t *r)
     free(r->prompt);
     free(r->prompt_ids);
     free(r->tools_text);
+    free(r->call_open);
+    free(r->call_name);
     sampler_schema_free(r->schema);
     memset(r, 0, sizeof *r);
 }

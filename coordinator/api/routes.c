@@ -147,8 +147,8 @@ static void count_tokens(api_conn_t *c)
     }
     json_decref(o);
     api_req_t q;
-    ecs_err_t e = api_req_parse(API_ROUTE_MESSAGES, text ? text : body, text ? strlen(text) : len,
-                                &q, err, sizeof err);
+    ecs_err_t e = api_req_parse(API_ROUTE_MESSAGES, tok_chat_kind(c->srv->tok),
+                                text ? text : body, text ? strlen(text) : len, &q, err, sizeof err);
     const size_t bound = 2 * (text ? strlen(text) : len) + 4096;
     free(text);
     if (e != ECS_OK) {
@@ -179,7 +179,8 @@ static void generate(api_conn_t *c, api_route_t route)
         fail(c, route, 503, "out of memory");
         return;
     }
-    if (api_req_parse(route, body, len, &j->req, err, sizeof err) != ECS_OK) {
+    if (api_req_parse(route, tok_chat_kind(srv->tok), body, len, &j->req, err, sizeof err) !=
+        ECS_OK) {
         free(j);
         fail(c, route, 400, err);
         return;
@@ -190,7 +191,8 @@ static void generate(api_conn_t *c, api_route_t route)
         return;
     }
     sched_params_t p = {.top_logprobs = q->top_logprobs, .ignore_eos = q->ignore_eos, .sp = q->sp,
-                        .json = q->json, .schema = q->schema};
+                        .json = q->json, .schema = q->schema,
+                        .render_special = api_tools_render_special(q)};
     if (!tokenize(c, q, sched_n_ctx(srv->sched), &p.prompt, &p.n_prompt)) {
         job_free(srv, j);
         return;

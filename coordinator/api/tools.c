@@ -16,7 +16,8 @@
  * naming the keyword). With tool_choice auto the output is read after
  * generation: text, then one or more well-formed call blocks, is text plus
  * calls; anything else stays text. Streams hold back a call's tag and what
- * follows, and send the calls at the end. */
+ * follows, and send the calls at the end. DeepSeek-V3's template takes its
+ * own form (tools_v3.c); the request's parse (r->chat) picks it. */
 #include <string.h>
 
 #include "api_int.h"
@@ -34,7 +35,7 @@ static const char TOOLS_TAIL[] =
     "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
 
 /* OpenAI's rule for function names. */
-static bool name_ok(const char *s)
+bool api_tools_name_ok(const char *s)
 {
     size_t n = strlen(s);
     if (n == 0 || n > 64)
@@ -82,7 +83,7 @@ static ecs_err_t tool_def(api_perr_t *e, const api_req_t *r, json_t *tool, size_
     json_t *name = api_field(fn, "name"), *desc = api_field(fn, "description");
     json_t *params = api_field(fn, an ? "input_schema" : "parameters");
     const char *pre = an ? "" : ".function";
-    if (!json_is_string(name) || !name_ok(json_string_value(name)))
+    if (!json_is_string(name) || !api_tools_name_ok(json_string_value(name)))
         return api_bad(e, ECS_ERR_INVAL, "'tools'[%zu]%s.name must be a string of 1 to 64 "
                        "letters, digits, '_', '-' or '.'", i, pre);
     if (desc && !json_is_string(desc))
@@ -261,12 +262,50 @@ static ecs_err_t compile_call(api_perr_t *e, api_req_t *r, const tools_t *t, con
     return rc;
 }
 
+static bool v3(const api_req_t *r)
+{
+    return r->chat == TOK_CHAT_DEEPSEEK3;
+}
+
+/* DeepSeek-V3 (tools_v3.c): the answer starts with the call's markup up to
+ * the arguments' fence; JSON mode constrains the arguments alone. */
+static ecs_err_t forced_v3(api_perr_t *e, api_req_t *r, const tools_t *t)
+{
+    json_t *f = NULL;
+    for (size_t k = 0; k < json_array_size(t->defs); k++) {
+        json_t *fk = json_object_get(json_array_get(t->defs, k), "function");
+        if (t->forced ? !strcmp(json_string_value(json_object_get(fk, "name")), t->forced)
+                      : json_array_size(t->defs) == 1)
+            f = fk;
+    }
+    if (!f)
+        return api_bad(e, ECS_ERR_UNSUPPORTED, "'tool_choice': a call to any of %zu tools cannot "
+                       "be forced with DeepSeek-V3's chat template (a call names its function "
+                       "before the arguments' JSON): name the function",
+                       json_array_size(t->defs));
+    const char *name = json_string_value(json_object_get(f, "name"));
+    json_t *params = json_object_get(f, "parameters");
+    char *text = params ? json_dumps(params, JSON_COMPACT) : strdup("{\"type\":\"object\"}");
+    ecs_err_t rc = text ? sampler_schema_new(text, strlen(text), &r->schema) : ECS_ERR_NOMEM;
+    free(text);
+    if (rc)
+        return api_bad(e, rc == ECS_ERR_NOMEM ? rc : ECS_ERR_UNSUPPORTED, "'tool_choice': the "
+                       "parameters of '%s' cannot constrain a forced call: %s", name,
+                       rc == ECS_ERR_NOMEM ? "out of memory" : ecs_errmsg());
+    if (!(r->call_name = strdup(name)) || !(r->call_open = api_v3_forced_open(name)))
+        return api_bad(e, ECS_ERR_NOMEM, "out of memory");
+    r->json = true;
+    return ECS_OK;
+}
+
 /* The forced call's schema, compiled into r (JSON mode's recogniser). */
 static ecs_err_t forced_schema(api_perr_t *e, api_req_t *r, const tools_t *t)
 {
     if (r->json)
         return api_bad(e, ECS_ERR_INVAL, "'response_format' cannot be combined with a forced "
                        "tool call (the call's arguments follow the tool's schema)");
+    if (v3(r))
+        return forced_v3(e, r, t);
     ecs_err_t rc = compile_call(e, r, t, t->forced);
     const char *bad = t->forced;
     for (size_t k = 0; rc != ECS_OK && rc != ECS_ERR_NOMEM && !bad &&
@@ -298,6 +337,11 @@ static ecs_err_t forced_schema(api_perr_t *e, api_req_t *r, const tools_t *t)
 
 static ecs_err_t tools_text(api_perr_t *e, api_req_t *r, const tools_t *t)
 {
+    if (v3(r)) {
+        if (!(r->tools_text = api_v3_tools_text(t->defs)))
+            return api_bad(e, ECS_ERR_NOMEM, "out of memory");
+        return ECS_OK;
+    }
     api_buf_t b = {0};
     api_buf_puts(&b, TOOLS_HEAD);
     for (size_t k = 0; k < json_array_size(t->defs); k++) {
@@ -389,6 +433,7 @@ ecs_err_t api_tools_system(api_perr_t *e, api_req_t *r)
     char *text = strdup(r->tools_text);
     if (api_push_msg(e, r, "system", text))
         return e->code;
+    m = r->msgs; /* the push may have moved it */
     tok_chat_msg_t sys = m[r->n_msgs - 1];
     memmove(m + 1, m, (size_t)(r->n_msgs - 1) * sizeof *m);
     m[0] = sys;
@@ -424,6 +469,9 @@ static void put_call(api_buf_t *b, bool sep, const char *name, json_t *args)
 /* A tool's result joins the turn of results just before it, or opens one. */
 static ecs_err_t put_result(api_perr_t *e, api_req_t *r, char *text)
 {
+    r->tool_parts = true;
+    if (v3(r)) /* a message of its own (tok_chat.c) */
+        return api_push_msg(e, r, "tool", text ? text : strdup(""));
     api_buf_t b = {0};
     const bool join = r->tool_turn_end > 0 && r->tool_turn_end == r->n_msgs;
     if (join) {
@@ -450,28 +498,52 @@ static ecs_err_t put_result(api_perr_t *e, api_req_t *r, char *text)
     return ECS_OK;
 }
 
+/* DeepSeek-V3: the assistant's text (taken), then each call a message of
+ * its own; calls: [{"function": {"name", "arguments"}}] (OpenAI's shape). */
+static ecs_err_t v3_calls(api_perr_t *e, api_req_t *r, char *text, json_t *calls)
+{
+    r->tool_parts = true;
+    if (api_push_msg(e, r, "assistant", text))
+        return e->code;
+    size_t k;
+    json_t *c;
+    json_array_foreach(calls, k, c) {
+        json_t *f = api_field(c, "function");
+        if (api_push_msg(e, r, "tool_call", api_v3_call_text(json_string_value(api_field(f, "name")),
+                                                             api_field(f, "arguments"))))
+            return e->code;
+    }
+    return ECS_OK;
+}
+
 /* OpenAI: an assistant message's text and tool_calls. */
 static ecs_err_t openai_calls(api_perr_t *e, json_t *msg, json_t *calls, size_t i, api_req_t *r)
 {
     char *text = NULL;
     if (api_content_text(e, api_field(msg, "content"), i, &text))
         return e->code;
+    size_t k;
+    json_t *c;
+    json_array_foreach(calls, k, c) {
+        json_t *f = json_is_object(c) ? api_field(c, "function") : NULL;
+        json_t *name = f ? api_field(f, "name") : NULL;
+        if (!json_is_string(name) || !api_tools_name_ok(json_string_value(name))) {
+            free(text);
+            return api_bad(e, ECS_ERR_INVAL, "messages[%zu].tool_calls[%zu].function.name must "
+                           "be a function's name", i, k);
+        }
+    }
+    if (v3(r))
+        return v3_calls(e, r, text, calls);
     api_buf_t b = {0};
     api_buf_puts(&b, text);
     const bool had_text = text[0] != '\0';
     const size_t text_len = b.len;
     free(text);
-    size_t k;
-    json_t *c;
     json_array_foreach(calls, k, c) {
-        json_t *f = json_is_object(c) ? api_field(c, "function") : NULL;
-        json_t *name = f ? api_field(f, "name") : NULL, *args = f ? api_field(f, "arguments") : NULL;
-        if (!json_is_string(name) || !name_ok(json_string_value(name))) {
-            api_buf_free(&b);
-            return api_bad(e, ECS_ERR_INVAL, "messages[%zu].tool_calls[%zu].function.name must "
-                           "be a function's name", i, k);
-        }
-        put_call(&b, k > 0 || had_text, json_string_value(name), args);
+        json_t *f = api_field(c, "function");
+        put_call(&b, k > 0 || had_text, json_string_value(api_field(f, "name")),
+                 api_field(f, "arguments"));
     }
     api_buf_add(&b, "", 1);
     if (b.failed) {
@@ -493,8 +565,10 @@ static ecs_err_t anthropic_blocks(api_perr_t *e, json_t *content, const char *ro
     const bool asst = !strcmp(role, "assistant");
     api_buf_t b = {0};
     size_t k, calls_at = SIZE_MAX;
-    json_t *blk;
+    json_t *blk, *later = v3(r) ? json_array() : NULL; /* V3: calls after the text */
     int n = 0;
+    if (v3(r) && !later)
+        return api_bad(e, ECS_ERR_NOMEM, "out of memory");
     json_array_foreach(content, k, blk) {
         json_t *ty = json_is_object(blk) ? api_field(blk, "type") : NULL;
         const char *s = json_is_string(ty) ? json_string_value(ty) : "";
@@ -502,42 +576,59 @@ static ecs_err_t anthropic_blocks(api_perr_t *e, json_t *content, const char *ro
             api_buf_puts(&b, json_string_value(api_field(blk, "text")));
         } else if (asst && !strcmp(s, "tool_use")) {
             json_t *name = api_field(blk, "name");
-            if (!json_is_string(name) || !name_ok(json_string_value(name))) {
+            if (!json_is_string(name) || !api_tools_name_ok(json_string_value(name))) {
                 api_buf_free(&b);
+                json_decref(later);
                 return api_bad(e, ECS_ERR_INVAL, "messages[%zu].content[%zu].name must be a "
                                "tool's name", i, k);
             }
             calls_at = calls_at == SIZE_MAX ? b.len : calls_at;
-            put_call(&b, b.len > 0, json_string_value(name), api_field(blk, "input"));
+            if (!later)
+                put_call(&b, b.len > 0, json_string_value(name), api_field(blk, "input"));
+            else if (json_array_append_new(later, json_pack("{s:{s:O,s:O*}}", "function", "name",
+                                                            name, "arguments",
+                                                            api_field(blk, "input"))))
+                b.failed = true;
         } else if (!asst && !strcmp(s, "tool_result")) {
             char *text = NULL;
             if (api_content_text(e, api_field(blk, "content"), i, &text)) {
                 api_buf_free(&b);
+                json_decref(later);
                 return e->code;
             }
             ecs_err_t rc = put_result(e, r, text);
             if (rc) {
                 api_buf_free(&b);
+                json_decref(later);
                 return rc;
             }
             n++;
         } else {
             api_buf_free(&b);
+            json_decref(later);
             return api_bad(e, ECS_ERR_UNSUPPORTED, "messages[%zu].content[%zu]: a '%.40s' block "
                            "is not supported here", i, k, s);
         }
     }
+    api_buf_add(&b, "", 1);
     if (b.failed) {
         api_buf_free(&b);
+        json_decref(later);
         return api_bad(e, ECS_ERR_NOMEM, "out of memory");
     }
     r->tool_parts = true;
-    if (b.len == 0 && n > 0) { /* only results */
+    if (b.len == 1 && n > 0) { /* only results */
         api_buf_free(&b);
+        json_decref(later);
         return ECS_OK;
     }
-    api_buf_add(&b, "", 1); /* the user's words, a turn after the results */
-    r->tool_turn_end = 0;
+    if (later && calls_at != SIZE_MAX) {
+        ecs_err_t rc = v3_calls(e, r, b.p, later);
+        json_decref(later);
+        return rc;
+    }
+    json_decref(later);
+    r->tool_turn_end = 0; /* the user's words, a turn after the results */
     if (api_push_msg(e, r, role, b.p))
         return e->code;
     if (calls_at != SIZE_MAX) /* where the calls begin (reasoning.c) */
@@ -601,11 +692,17 @@ size_t api_tools_text_len(const api_req_t *r, const char *text, size_t len)
         return len;
     if (r->tool_mode == API_TOOLS_FORCED)
         return 0;
-    const char *p = memmem(text, len, CALL_OPEN, strlen(CALL_OPEN));
+    const char *tag = v3(r) ? api_v3_calls_begin : CALL_OPEN;
+    const char *p = memmem(text, len, tag, strlen(tag));
     if (p)
         return (size_t)(p - text);
     /* a tag may be arriving: hold back an end that begins one */
-    return len - api_tag_tail(text, len, CALL_OPEN);
+    return len - api_tag_tail(text, len, tag);
+}
+
+bool api_tools_render_special(const api_req_t *r)
+{
+    return v3(r) && r->tool_mode == API_TOOLS_AUTO;
 }
 
 size_t api_tag_tail(const char *s, size_t n, const char *tag)
@@ -623,6 +720,14 @@ static size_t skip_ws(const char *s, size_t i, size_t n)
     return i;
 }
 
+json_t *api_tools_call_json(const char *id, size_t k, const char *name, const char *args)
+{
+    char cid[96];
+    snprintf(cid, sizeof cid, "call_%s_%zu", id, k);
+    return json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", cid, "type", "function", "function", "name",
+                     name, "arguments", args);
+}
+
 /* One call object at s[*i..n): {"name": string, "arguments": any}. */
 static json_t *read_call(const char *s, size_t *i, size_t n, const char *id, size_t k)
 {
@@ -637,13 +742,7 @@ static json_t *read_call(const char *s, size_t *i, size_t n, const char *id, siz
         a = json_is_string(args) ? strdup(json_string_value(args))
             : args              ? json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY)
                                 : strdup("{}");
-    json_t *call = NULL;
-    if (a) {
-        char cid[96];
-        snprintf(cid, sizeof cid, "call_%s_%zu", id, k);
-        call = json_pack("{s:s,s:s,s:{s:O,s:s}}", "id", cid, "type", "function", "function",
-                         "name", name, "arguments", a);
-    }
+    json_t *call = a ? api_tools_call_json(id, k, json_string_value(name), a) : NULL;
     free(a);
     json_decref(o);
     return call;
@@ -655,6 +754,8 @@ json_t *api_tools_calls(const api_req_t *r, const char *id, const char *text, si
     *text_len = len;
     if (r->tool_mode == API_TOOLS_OFF)
         return NULL;
+    if (v3(r))
+        return api_v3_calls(r, id, text, len, text_len);
     const bool forced = r->tool_mode == API_TOOLS_FORCED;
     const char *p = forced ? text : memmem(text, len, CALL_OPEN, strlen(CALL_OPEN));
     if (!p)

@@ -125,6 +125,8 @@ typedef struct {
                                (finish EOG); tokens that would break it are never drawn */
     sampler_schema_t *schema; /* with json: the object also follows this schema; taken
                                over by a successful sched_submit (freed by it) */
+    bool render_special;    /* control tokens' text goes into the output (a template
+                               whose tool calls are control tokens: DeepSeek-V3's) */
 } sched_params_t;
 
 /* A generated token as published to the owner. */

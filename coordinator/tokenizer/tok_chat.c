@@ -101,7 +101,60 @@ static ecs_err_t bad_role(tok_chat_kind_t kind, const char *role)
                      tok_chat_kind_name(kind));
 }
 
-static ecs_err_t render_deepseek(tok_chat_kind_t kind, const tok_chat_msg_t *m, cat_t *c)
+/* DeepSeek-V3's tool markup (its template's, for past calls and results). */
+#define DS_CALLS_BEGIN "<｜tool▁calls▁begin｜>"
+#define DS_CALL_BEGIN "<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+#define DS_CALL_END "<｜tool▁call▁end｜>"
+#define DS_CALLS_END "<｜tool▁calls▁end｜>"
+#define DS_OUTPUTS_BEGIN "<｜tool▁outputs▁begin｜>"
+#define DS_OUTPUT_BEGIN "<｜tool▁output▁begin｜>"
+#define DS_OUTPUT_END "<｜tool▁output▁end｜>"
+#define DS_OUTPUTS_END "<｜tool▁outputs▁end｜>"
+
+static bool role_is(const tok_chat_msg_t *m, const char *role)
+{
+    return m && strcmp(m->role, role) == 0;
+}
+
+/* DeepSeek-V3's tool turns (tok_chat_msg_t): a run of "tool_call"
+ * messages follows its assistant message inside one answer, a run of
+ * "tool" results is one outputs block, and the model answers right after
+ * it (no assistant tag: the template's add_generation_prompt is off after
+ * tool results). Unlike the official template, which drops the calls'
+ * closing after a single call and never resets its first-call flag, every
+ * run of calls is closed, as the model writes them. */
+static bool render_v3_tools(const tok_chat_msg_t *prev, const tok_chat_msg_t *m,
+                            const tok_chat_msg_t *next, cat_t *c)
+{
+    if (role_is(m, "tool_call")) {
+        if (role_is(prev, "tool_call")) {
+            put(c, "\n");
+        } else {
+            if (!role_is(prev, "assistant") && !role_is(prev, "tool"))
+                put(c, DS_ASSISTANT);
+            put(c, DS_CALLS_BEGIN);
+        }
+        put(c, DS_CALL_BEGIN);
+        put(c, m->content);
+        put(c, DS_CALL_END);
+        if (!role_is(next, "tool_call"))
+            put(c, DS_CALLS_END DS_EOS);
+        return true;
+    }
+    if (role_is(m, "tool")) {
+        put(c, role_is(prev, "tool") ? "\n" : DS_OUTPUTS_BEGIN);
+        put(c, DS_OUTPUT_BEGIN);
+        put(c, m->content);
+        put(c, DS_OUTPUT_END);
+        if (!role_is(next, "tool"))
+            put(c, DS_OUTPUTS_END);
+        return true;
+    }
+    return false;
+}
+
+static ecs_err_t render_deepseek(tok_chat_kind_t kind, const tok_chat_msg_t *prev,
+                                 const tok_chat_msg_t *m, const tok_chat_msg_t *next, cat_t *c)
 {
     bool v3 = kind == TOK_CHAT_DEEPSEEK3;
     if (strcmp(m->role, "system") == 0) {
@@ -112,10 +165,12 @@ static ecs_err_t render_deepseek(tok_chat_kind_t kind, const tok_chat_msg_t *m, 
         put(c, m->content);
         put(c, v3 ? "" : "\n\n");
     } else if (strcmp(m->role, "assistant") == 0) {
-        put(c, v3 ? DS_ASSISTANT : "Assistant: ");
+        if (!(v3 && role_is(prev, "tool"))) /* after results the answer follows at once */
+            put(c, v3 ? DS_ASSISTANT : "Assistant: ");
         put(c, m->content);
-        put(c, DS_EOS);
-    } else {
+        if (!(v3 && role_is(next, "tool_call"))) /* its calls end the answer */
+            put(c, DS_EOS);
+    } else if (!v3 || !render_v3_tools(prev, m, next, c)) {
         return bad_role(kind, m->role);
     }
     return ECS_OK;
@@ -145,12 +200,15 @@ ecs_err_t tok_chat_apply(tok_chat_kind_t kind, const tok_chat_msg_t *msgs, int n
     for (int i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content)
             return ecs_error(ECS_ERR_INVAL, "chat: message %d has no role or content", i);
+        const tok_chat_msg_t *prev = i > 0 ? &msgs[i - 1] : NULL;
+        const tok_chat_msg_t *next = i + 1 < n ? &msgs[i + 1] : NULL;
         ecs_err_t err = kind == TOK_CHAT_CHATML ? render_chatml(&msgs[i], &c)
-                                                : render_deepseek(kind, &msgs[i], &c);
+                                                : render_deepseek(kind, prev, &msgs[i], next, &c);
         if (err)
             return err;
     }
-    if (add_assistant_prompt)
+    const bool after_results = kind == TOK_CHAT_DEEPSEEK3 && n > 0 && role_is(&msgs[n - 1], "tool");
+    if (add_assistant_prompt && !after_results)
         put(&c, kind == TOK_CHAT_CHATML    ? "<|im_start|>assistant\n"
                 : kind == TOK_CHAT_DEEPSEEK3 ? DS_ASSISTANT
                                              : "Assistant:");

@@ -138,7 +138,10 @@ typedef enum {
 } tok_chat_kind_t;
 
 typedef struct {
-    const char *role;    /* "system", "user" or "assistant" (ChatML takes any role) */
+    const char *role;    /* "system", "user" or "assistant" (ChatML takes any role);
+                          * deepseek3 also "tool_call" (content: the function's name,
+                          * "\n```json\n", its arguments, "\n```"; after its assistant
+                          * message) and "tool" (a result) */
     const char *content;
 } tok_chat_msg_t;
 

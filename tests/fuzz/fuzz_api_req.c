@@ -3,7 +3,7 @@
  * two pieces, cut where the first byte says, pipelined requests included)
  * and each complete request's body through the JSON request parser of its
  * route, and through the reading of tool calls out of a model's output
- * (tools.c; both modes) and the split of its reasoning (reasoning.c). Limits are small so the size checks are reached. */
+ * (tools.c, tools_v3.c; both modes, both forms) and the split of its reasoning (reasoning.c). Limits are small so the size checks are reached. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -23,10 +23,14 @@ static void parse_body(api_http_t *h)
     (void)api_http_method(h);
     api_req_t r;
     char err[256];
-    if (api_req_parse(route, body, len, &r, err, sizeof err) == ECS_OK)
+    /* tool calls in both forms: Qwen's (ChatML) and DeepSeek-V3's */
+    const tok_chat_kind_t kind = len % 2 ? TOK_CHAT_DEEPSEEK3 : TOK_CHAT_CHATML;
+    if (api_req_parse(route, kind, body, len, &r, err, sizeof err) == ECS_OK)
         api_req_free(&r);
-    for (int mode = API_TOOLS_AUTO; mode <= API_TOOLS_FORCED; mode++) {
-        api_req_t t = {.tool_mode = (api_tool_mode_t)mode};
+    for (int mode = API_TOOLS_AUTO; mode <= 2 * API_TOOLS_FORCED; mode++) {
+        const bool v3 = mode > API_TOOLS_FORCED;
+        api_req_t t = {.tool_mode = (api_tool_mode_t)(v3 ? mode - API_TOOLS_FORCED : mode),
+                       .chat = v3 ? TOK_CHAT_DEEPSEEK3 : TOK_CHAT_CHATML, .call_name = "f"};
         size_t tl = 0;
         json_t *c = api_tools_calls(&t, "f", body, len, &tl);
         if (tl > len || (c && !json_is_array(c)) || api_tools_text_len(&t, body, len) > len)

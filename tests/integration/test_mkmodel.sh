@@ -261,6 +261,11 @@ bad ds2_head_kv "must equal --n-head" --arch deepseek2 --n-head-kv 2 "${o[@]}"
 bad qwen_gqa "multiple of --n-head-kv" --arch qwen3moe --n-head 8 --n-head-kv 3 "${o[@]}"
 bad missing_vocab_file "cannot open\|No such file" --arch deepseek2 -o "$tmp/bad.gguf" --vocab "$tmp/none.gguf"
 bad missing_chat_template "chat-template .*No such file" --arch qwen3moe --chat-template "$tmp/none.jinja" "${o[@]}"
+bad specials_no_room "need as many padding rows" --arch deepseek2 --special-tokens "<a>" "${o[@]}"
+bad specials_known "'<｜begin▁of▁sentence｜>' is already token" --arch deepseek2 --vocab-size 5000 \
+    --special-tokens "<a>,<｜begin▁of▁sentence｜>" -o "$tmp/bad.gguf"
+bad specials_empty "an empty token" --arch deepseek2 --vocab-size 5000 --special-tokens "<a>,,<b>" \
+    -o "$tmp/bad.gguf"
 
 echo "mkmodel: $fails failed"
 [ $fails -eq 0 ]

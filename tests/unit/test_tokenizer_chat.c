@@ -46,6 +46,44 @@ Test(chat, render_formats)
     cr_assert_eq(tok_chat_apply(TOK_CHAT_UNKNOWN, CONVO, 1, false, out, sizeof out, &len), ECS_ERR_INVAL);
 }
 
+/* DeepSeek-V3's tool turns: calls inside their answer, a run of results as
+ * one outputs block, the answer right after it (no assistant tag). */
+Test(chat, deepseek3_tool_turns)
+{
+    static const tok_chat_msg_t m[] = {
+        {"user", "Weather?"},
+        {"assistant", ""},
+        {"tool_call", "get\n```json\n{\"c\": 1}\n```"},
+        {"tool_call", "put\n```json\n{}\n```"},
+        {"tool", "sunny"},
+        {"tool", "ok"},
+        {"assistant", "Sunny."},
+        {"user", "Thanks"},
+        {"assistant", "I will check."},
+        {"tool_call", "get\n```json\n{}\n```"},
+        {"tool", "rain"},
+    };
+    char out[2048];
+    size_t len;
+    cr_assert_eq(tok_chat_apply(TOK_CHAT_DEEPSEEK3, m, 11, true, out, sizeof out, &len), ECS_OK);
+    cr_assert_str_eq(out,
+        "<｜User｜>Weather?<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function"
+        "<｜tool▁sep｜>get\n```json\n{\"c\": 1}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>"
+        "function<｜tool▁sep｜>put\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>" DS_EOS
+        "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>sunny<｜tool▁output▁end｜>\n"
+        "<｜tool▁output▁begin｜>ok<｜tool▁output▁end｜><｜tool▁outputs▁end｜>Sunny." DS_EOS
+        "<｜User｜>Thanks<｜Assistant｜>I will check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+        "function<｜tool▁sep｜>get\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>" DS_EOS
+        "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>rain<｜tool▁output▁end｜>"
+        "<｜tool▁outputs▁end｜>");
+    /* a prompt that does not end with results ends with the assistant tag */
+    cr_assert_eq(tok_chat_apply(TOK_CHAT_DEEPSEEK3, m, 8, true, out, sizeof out, &len), ECS_OK);
+    cr_assert(len > 13 && !strcmp(out + len - strlen("<｜Assistant｜>"), "<｜Assistant｜>"));
+    /* the other templates have no such roles */
+    cr_assert_eq(tok_chat_apply(TOK_CHAT_DEEPSEEK2, m, 3, true, out, sizeof out, &len), ECS_ERR_INVAL);
+    cr_assert(strstr(ecs_errmsg(), "'tool_call'"), "%s", ecs_errmsg());
+}
+
 Test(chat, model_without_template_needs_fallback)
 {
     tok_t *t = load_vocab(LLM_VOCAB);

@@ -23,6 +23,7 @@
 
 typedef struct {
     const char *arch, *preset, *types, *vocab, *corpus, *out, *name, *chat_template;
+    const char *special_tokens;
     uint64_t seed;
     int n_merges, threads;
     double stddev;
@@ -41,6 +42,9 @@ static void usage(FILE *f)
             "other flags: --name NAME (general.name), --std S (weight stddev, default 0.02),\n"
             "             --chat-template FILE: its text becomes tokenizer.chat_template\n"
             "             (instead of the vocabulary's; e.g. a Qwen3-style template)\n"
+            "             --special-tokens A,B,...: the first padding rows become these\n"
+            "             CONTROL tokens (make room with --vocab-size; e.g. a template's\n"
+            "             markup, as DeepSeek-V3's tool-call tokens)\n"
             "             --threads N (default: online CPUs), -h/--help\n"
             "             --dry-run: print the tensor plan (name, type, ne) and the bytes per\n"
             "             type instead of writing a file\n"
@@ -108,6 +112,7 @@ static const struct {
     { "vocab", offsetof(opts_t, vocab) },   { "corpus", offsetof(opts_t, corpus) },
     { "o", offsetof(opts_t, out) },         { "output", offsetof(opts_t, out) },
     { "name", offsetof(opts_t, name) },     { "chat-template", offsetof(opts_t, chat_template) },
+    { "special-tokens", offsetof(opts_t, special_tokens) },
 };
 #define N_STR_OPTS (sizeof str_opts / sizeof str_opts[0])
 static const char *const num_opts[] = { "seed", "n-merges", "threads", "std" };
@@ -293,9 +298,17 @@ done:
 
 static bool is_key(const gguf_kv_t *kv, const char *key) { return gguf_str_eq(kv->key, key); }
 
+/* --special-tokens: texts of the first padding rows, CONTROL. */
+typedef struct {
+    gguf_str_t v[64];
+    size_t n;
+} specials_t;
+
 /* A copy of the per-token array v grown to n_total entries with the values
- * llama.cpp's converter uses for padding tokens. */
-static ecs_err_t pad_array(const gguf_kv_t *kv, uint64_t n_total, gguf_value_t *out, void **mem)
+ * llama.cpp's converter uses for padding tokens (the first sp->n of them
+ * the special tokens). */
+static ecs_err_t pad_array(const gguf_kv_t *kv, uint64_t n_total, const specials_t *sp,
+                           gguf_value_t *out, void **mem)
 {
     const gguf_value_t *v = &kv->value;
     uint64_t n = v->arr.n;
@@ -311,7 +324,7 @@ static ecs_err_t pad_array(const gguf_kv_t *kv, uint64_t n_total, gguf_value_t *
         for (uint64_t i = n; i < n_total; i++) {
             char *s = text + (i - n) * PAD_LEN;
             int l = snprintf(s, PAD_LEN, "[PAD%llu]", (unsigned long long)i);
-            strs[i] = (gguf_str_t){ s, (uint64_t)l };
+            strs[i] = i - n < sp->n ? sp->v[i - n] : (gguf_str_t){ s, (uint64_t)l };
         }
         out->arr.strs = strs;
         *mem = strs;
@@ -325,7 +338,7 @@ static ecs_err_t pad_array(const gguf_kv_t *kv, uint64_t n_total, gguf_value_t *
     float score = -1000.0f;
     for (uint64_t i = n; i < n_total; i++) {
         if (v->arr.elem_type == GGUF_TYPE_INT32)
-            raw[i] = TOKEN_TYPE_UNUSED;
+            raw[i] = i - n < sp->n ? TOK_TYPE_CONTROL : TOKEN_TYPE_UNUSED;
         else
             memcpy(&raw[i], &score, 4);
     }
@@ -347,7 +360,7 @@ static bool per_token_array(const gguf_kv_t *kv, uint64_t n_tokens)
 /* Copies every tokenizer.* key of vf in its order; per-token arrays are padded
  * from n_tokens to n_total entries. */
 static ecs_err_t copy_tokenizer(gguf_writer_t *w, const gguf_file_t *vf, uint64_t n_tokens,
-                                uint64_t n_total)
+                                uint64_t n_total, const specials_t *sp)
 {
     static const char prefix[] = "tokenizer.";
     for (uint64_t i = 0; i < gguf_n_kv(vf); i++) {
@@ -365,7 +378,7 @@ static ecs_err_t copy_tokenizer(gguf_writer_t *w, const gguf_file_t *vf, uint64_
         const gguf_value_t *v = &kv->value;
         ecs_err_t err = ECS_OK;
         if (n_total > n_tokens && per_token_array(kv, n_tokens)) {
-            err = pad_array(kv, n_total, &padded, &mem);
+            err = pad_array(kv, n_total, sp, &padded, &mem);
             v = &padded;
         }
         if (!err)
@@ -474,8 +487,36 @@ static ecs_err_t settle_vocab(const opts_t *o, mk_hparams_t *hp, uint64_t n_toke
     return ECS_OK;
 }
 
+/* --special-tokens A,B,...: each new, and room for them in the padding. */
+static ecs_err_t parse_specials(const char *list, const gguf_file_t *vf, uint64_t n_tokens,
+                                uint64_t n_total, specials_t *sp)
+{
+    sp->n = 0;
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == 0 || sp->n == sizeof sp->v / sizeof sp->v[0])
+            return ecs_error(ECS_ERR_INVAL, "--special-tokens: %s", len ? "more than 64 tokens"
+                             : "an empty token (give A,B,... without empty entries)");
+        const gguf_value_t *arr;
+        if (gguf_get_arr(vf, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &arr) == ECS_OK)
+            for (uint64_t i = 0; i < arr->arr.n; i++)
+                if (arr->arr.strs[i].len == len && !memcmp(arr->arr.strs[i].ptr, p, len))
+                    return ecs_error(ECS_ERR_INVAL, "--special-tokens: '%.*s' is already token %llu",
+                                     (int)len, p, (unsigned long long)i);
+        sp->v[sp->n++] = (gguf_str_t){ p, (uint64_t)len };
+        p = end ? end + 1 : NULL;
+    }
+    if (sp->n > n_total - n_tokens)
+        return ecs_error(ECS_ERR_INVAL, "--special-tokens: %zu tokens need as many padding rows; "
+                         "the vocabulary has %llu tokens in %llu rows (raise --vocab-size)", sp->n,
+                         (unsigned long long)n_tokens, (unsigned long long)n_total);
+    return ECS_OK;
+}
+
 static ecs_err_t build(const opts_t *o, run_t *r)
 {
+    specials_t sp;
     mk_hparams_t hp;
     ecs_err_t err;
     uint64_t n_tokens = 0;
@@ -497,6 +538,7 @@ static ecs_err_t build(const opts_t *o, run_t *r)
         err = train_vocab(o, r->part, &r->vf);
     if (err || (err = token_count(r->vf, &n_tokens)) || (err = settle_vocab(o, &hp, n_tokens)) ||
         (err = mk_validate(r->arch, &hp, o->set[param_index("q-lora-rank")])) ||
+        (err = parse_specials(o->special_tokens, r->vf, n_tokens, (uint64_t)hp.vocab_size, &sp)) ||
         (err = mk_tensor_list(r->arch, r->ft, &hp, &r->tensors, &r->n_tensors)) ||
         (err = gguf_writer_new(&r->w)))
         return err;
@@ -504,7 +546,7 @@ static ecs_err_t build(const opts_t *o, run_t *r)
     if (!o->name)
         snprintf(name, sizeof name, "ecs-%s-%s", mk_arch_name(r->arch), o->preset);
     if ((err = mk_write_meta_head(r->w, r->arch, r->ft, &hp, name)) ||
-        (err = copy_tokenizer(r->w, r->vf, n_tokens, (uint64_t)hp.vocab_size)) ||
+        (err = copy_tokenizer(r->w, r->vf, n_tokens, (uint64_t)hp.vocab_size, &sp)) ||
         (o->chat_template && (err = set_chat_template(r->w, o->chat_template))) ||
         (err = mk_write_meta_tail(r->w, r->arch, r->ft)))
         return err;
