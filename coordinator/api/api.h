@@ -148,10 +148,12 @@ typedef struct {
  * closed: "</think>" came, or there was no think block (else all of it is
  * reasoning). partial: the output is still growing, so an opening tag, a
  * partial "</think>" and newlines that may end the reasoning are held back
- * (r_end before them). */
+ * (r_end before them). opened: there is a think block (the output or the
+ * prompt opened it); neither opened nor closed: an opening tag may be
+ * arriving (partial only). */
 typedef struct {
     size_t r_off, r_end, c_off;
-    bool closed;
+    bool closed, opened;
 } api_think_span_t;
 void api_think_split(const char *text, size_t len, bool open, bool partial, api_think_span_t *s);
 

@@ -190,6 +190,8 @@ struct api_job {
     bool think;             /* the output is split into reasoning and answer */
     bool think_open;        /* the prompt opened the think block (tok_chat_think_open) */
     bool think_done;        /* stream: the reasoning is all sent (Anthropic: its block closed) */
+    int think_block;        /* Anthropic stream: 1 a thinking block (index 0), -1 none, 0 not
+                               known yet (the answer may still open one) */
 };
 
 /* server.c */

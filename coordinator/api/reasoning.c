@@ -291,12 +291,14 @@ void api_think_split(const char *t, size_t n, bool open, bool partial, api_think
 {
     const size_t ol = strlen(THINK_OPEN), cl = strlen(THINK_CLOSE);
     size_t i = skip_nl(t, 0, n);
+    s->opened = true;
     if (n - i >= ol && !memcmp(t + i, THINK_OPEN, ol)) {
         i = skip_nl(t, i + ol, n);
     } else if (partial && n - i < ol && !memcmp(t + i, THINK_OPEN, n - i)) { /* it may be arriving */
         i = n;
+        s->opened = open;
     } else if (!open) { /* no think block: all of it is the answer */
-        *s = (api_think_span_t){0, 0, 0, true};
+        *s = (api_think_span_t){0, 0, 0, true, false};
         return;
     }
     s->r_off = i;

@@ -147,7 +147,7 @@ static bool unsent(const api_job_t *j, size_t from, size_t end)
  * all of the output is the answer. */
 static api_think_span_t span(const api_job_t *j, const sched_view_t *v, bool partial)
 {
-    api_think_span_t s = {0, 0, 0, true};
+    api_think_span_t s = {0, 0, 0, true, false};
     if (j->think)
         api_think_split(v->text, v->text_len, j->think_open, partial, &s);
     return s;
@@ -202,10 +202,37 @@ static void text_block_start(api_buf_t *b, int index)
                   "content_block", "type", "text", "text", ""));
 }
 
-/* Anthropic: the text block's index (the thinking block is 0). */
+/* Anthropic: the text block's index (a thinking block is 0). */
 static int text_index(const api_job_t *j)
 {
-    return j->think ? 1 : 0;
+    return j->think_block == 1 ? 1 : 0;
+}
+
+static void thinking_block_start(api_job_t *j, api_buf_t *b)
+{
+    sse(b, "content_block_start",
+        json_pack("{s:s,s:i,s:{s:s,s:s,s:s}}", "type", "content_block_start", "index", 0,
+                  "content_block", "type", "thinking", "thinking", "", "signature", ""));
+    j->think_block = 1;
+}
+
+/* Anthropic, thinking: a thinking block once the answer has one (the
+ * prompt opened it, or the answer does), else the text block alone, as
+ * the whole reply has. False while an opening tag may be arriving. */
+static bool think_block_known(api_job_t *j, api_buf_t *b, const api_think_span_t *s)
+{
+    if (j->req.route != API_ROUTE_MESSAGES || !j->think || j->think_block)
+        return true;
+    if (!s->opened && !s->closed)
+        return false;
+    if (s->opened) {
+        thinking_block_start(j, b);
+    } else {
+        text_block_start(b, 0);
+        j->think_block = -1;
+        j->think_done = true;
+    }
+    return true;
 }
 
 static void block_delta(api_buf_t *b, int index, const char *type, const char *key, json_t *text)
@@ -260,11 +287,11 @@ void api_reply_stream_start(api_job_t *j, api_buf_t *b, int n_prompt, const char
                                 "stop_reason", "stop_sequence", "usage", "input_tokens", n_prompt,
                                 "output_tokens", 0);
         sse(b, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message", msg));
-        if (j->think)
-            sse(b, "content_block_start",
-                json_pack("{s:s,s:i,s:{s:s,s:s,s:s}}", "type", "content_block_start", "index", 0,
-                          "content_block", "type", "thinking", "thinking", "", "signature", ""));
-        else if (j->req.tool_mode != API_TOOLS_FORCED) /* a forced call's answer has no text */
+        /* thinking, with a prompt that does not open the block: a block
+         * once the answer shows whether it thinks (think_block_known) */
+        if (j->think && j->think_open)
+            thinking_block_start(j, b);
+        else if (!j->think && j->req.tool_mode != API_TOOLS_FORCED) /* a forced call: no text */
             text_block_start(b, 0);
         sse(b, "ping", json_pack("{s:s}", "type", "ping"));
     } else if (j->req.route == API_ROUTE_CHAT) {
@@ -279,6 +306,8 @@ void api_reply_stream_delta(api_job_t *j, api_buf_t *b, const sched_view_t *v, c
 {
     bool toks = j->req.top_logprobs >= 0 && v->n_tokens > j->sent_toks;
     const api_think_span_t s = span(j, v, true);
+    if (!think_block_known(j, b, &s))
+        return;
     const size_t end = s.closed ? s.c_off + api_tools_text_len(&j->req, v->text + s.c_off,
                                                                 v->text_len - s.c_off)
                                 : s.c_off;
@@ -363,6 +392,7 @@ void api_reply_stream_end(api_job_t *j, api_buf_t *b, const sched_view_t *v, con
     const char *msg = v->finish == SCHED_FINISH_ERROR ? v->error : "the server is shutting down";
     api_think_span_t s = span(j, v, false);
     if (!err && j->think) { /* what was held back; an unclosed reasoning ends here */
+        think_block_known(j, b, &s);
         s.closed = true;
         stream_reasoning(j, b, v, &s, model, NULL);
     }
@@ -427,7 +457,7 @@ void api_reply_full(api_job_t *j, api_buf_t *b, const sched_view_t *v, const cha
     size_t tl = v->text_len - s.c_off;
     json_t *calls = api_tools_calls(&j->req, j->id, v->text + s.c_off, v->text_len - s.c_off, &tl);
     json_t *text = new_span(j, v, s.c_off, s.c_off + tl);
-    json_t *reasoning = j->think ? jstr(v->text + s.r_off, s.r_end - s.r_off) : NULL;
+    json_t *reasoning = j->think && s.opened ? jstr(v->text + s.r_off, s.r_end - s.r_off) : NULL;
     if (j->req.route == API_ROUTE_MESSAGES) {
         json_t *seq = v->finish == SCHED_FINISH_STOP && v->stop_index >= 0 && !calls
                           ? json_string(j->req.stops[v->stop_index]) : json_null();

@@ -111,7 +111,7 @@ def thinking_off_is_content():
 def hybrid_no_think_is_content():
     """Qwen3's hybrid template: the prompt ends as before, and an answer
     that does not open a think block (random weights never do) is content,
-    whole and streamed."""
+    whole and streamed; Anthropic's reply then has no thinking block."""
     r = chat(8)
     assert r["usage"]["prompt_tokens"] == n_tokens(PROMPT), r["usage"]
     want = raw(PROMPT, 8)
@@ -120,9 +120,13 @@ def hybrid_no_think_is_content():
     deltas = [d["choices"][0]["delta"] for _, d in chat(8, True) if isinstance(d, dict) and d.get("choices")]
     assert "".join(d.get("content") or "" for d in deltas) == want, deltas
     assert not any(d.get("reasoning_content") for d in deltas), deltas
-    a = anthropic(8)
-    assert a["content"] == [{"type": "thinking", "thinking": "", "signature": ""},
-                            {"type": "text", "text": want}], a["content"]
+    a = anthropic(8)  # no thinking block: the answer opened none
+    assert a["content"] == [{"type": "text", "text": want}], a["content"]
+    evs = [d for _, d in anthropic(8, True) if isinstance(d, dict)]
+    starts = [(d["index"], d["content_block"]["type"]) for d in evs if d["type"] == "content_block_start"]
+    assert starts == [(0, "text")], starts
+    text = "".join(d["delta"]["text"] for d in evs if d["type"] == "content_block_delta")
+    assert text == want and [d["index"] for d in evs if d["type"] == "content_block_stop"] == [0], evs
 
 
 def mistakes():

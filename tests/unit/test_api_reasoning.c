@@ -284,6 +284,20 @@ Test(api_reasoning, output_split)
     expect_span_as("\n<thi", false, true, "", "", false); /* it may still open */
     expect_span_as("<tx", false, true, "", "<tx", true);
     expect_span_as("<think>\nab", false, true, "ab", "", false);
+    /* whether there is a think block (Anthropic's thinking block), and while
+     * it may still open, not known */
+    struct { const char *t; bool open, partial, opened, closed; } o[] = {
+        {"<think>\nab", false, true, true, false},   {"plain", false, true, false, true},
+        {"\n<thi", false, true, false, false},         {"", false, true, false, false},
+        {"\n<thi", false, false, false, true},         {"", false, false, false, true},
+        {"ab", true, true, true, false},              {"", true, true, true, false},
+        {"<think>\n</think>hi", false, false, true, true},
+    };
+    for (size_t k = 0; k < sizeof o / sizeof o[0]; k++) {
+        api_think_span_t x = split_as(o[k].t, o[k].open, o[k].partial);
+        cr_assert(x.opened == o[k].opened && x.closed == o[k].closed, "%zu: '%s' opened %d closed %d",
+                  k, o[k].t, x.opened, x.closed);
+    }
     /* a think, then a call: the call is read from the answer */
     const char *t = "<think>\nr\n</think>\n\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n"
                     "</tool_call>";
@@ -483,7 +497,21 @@ Test(api_reasoning, no_think_block_is_content)
     cr_assert_str_eq(s, "c[H]c[el]c[lo ]c[</think> x]", "%s", s);
     free(s);
     s = stream_as(API_ROUTE_MESSAGES, "Hi", false, cuts, 1);
-    cr_assert_str_eq(s, "message_start0 thinking0 ping0 content_block_stop0 text1 text_delta1[H] "
-                     "text_delta1[i] content_block_stop1 message_delta0 message_stop0 ", "%s", s);
+    /* Anthropic: no thinking block, the text block alone (as the whole reply) */
+    cr_assert_str_eq(s, "message_start0 ping0 text0 text_delta0[H] text_delta0[i] "
+                     "content_block_stop0 message_delta0 message_stop0 ", "%s", s);
+    free(s);
+    /* an answer that opens one gets the thinking block once its tag is whole */
+    const size_t cuts2[] = {3, 9, 18};
+    s = stream_as(API_ROUTE_MESSAGES, "<think>\nr</think>Hi", false, cuts2, 3);
+    cr_assert_str_eq(s, "message_start0 ping0 thinking0 thinking_delta0[r] content_block_stop0 text1 "
+                     "text_delta1[H] text_delta1[i] content_block_stop1 message_delta0 "
+                     "message_stop0 ", "%s", s);
+    free(s);
+    /* a stream that ends while the tag could still come: the text block */
+    const size_t cuts3[] = {2};
+    s = stream_as(API_ROUTE_MESSAGES, "<t", false, cuts3, 1);
+    cr_assert_str_eq(s, "message_start0 ping0 text0 text_delta0[<t] content_block_stop0 "
+                     "message_delta0 message_stop0 ", "%s", s);
     free(s);
 }
