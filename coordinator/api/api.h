@@ -134,6 +134,7 @@ typedef struct {
     bool one_call;           /* parallel_tool_calls false / disable_parallel_tool_use: the first call only */
     api_msg_x_t *mx;         /* per message (n_msgs of them), for a thinking template */
     bool think_off;          /* enable_thinking false / thinking disabled */
+    int think_budget;        /* Anthropic thinking.budget_tokens (0: none) */
     tok_chat_kind_t chat;    /* the template's kind: which form tool calls take */
     int cap_msgs;            /* room in msgs and mx */
     char *call_open;         /* a forced call's answer starts with this (NULL: API_TOOL_CALL_OPEN) */

@@ -39,9 +39,29 @@ static ecs_err_t anthropic_thinking(api_perr_t *e, json_t *t, api_req_t *r)
         return api_bad(e, ECS_ERR_INVAL, "'thinking' must be {\"type\": \"enabled\", "
                        "\"budget_tokens\": N} or {\"type\": \"disabled\"}");
     json_t *b = api_field(t, "budget_tokens");
-    if (!json_is_integer(b) || json_integer_value(b) < 1)
+    if (!json_is_integer(b) || json_integer_value(b) < 1 || json_integer_value(b) > INT32_MAX)
         return api_bad(e, ECS_ERR_INVAL, "'thinking'.budget_tokens must be a positive integer");
-    return ECS_OK; /* the budget is not enforced: the model closes its reasoning itself */
+    r->think_budget = (int)json_integer_value(b);
+    return ECS_OK;
+}
+
+ecs_err_t api_think_budget(const api_req_t *r, const tok_t *tok, bool open, sched_think_budget_t *t)
+{
+    static const char close[] = "\n" THINK_CLOSE "\n\n"; /* as Qwen3's template writes it */
+    *t = (sched_think_budget_t){.budget = -1};
+    if (r->think_budget <= 0)
+        return ECS_OK;
+    size_t n = 0;
+    ecs_err_t e = tok_encode(tok, close, strlen(close), false, true, t->close_ids, SCHED_MAX_CLOSE,
+                             &n);
+    if (e != ECS_OK)
+        return e;
+    t->budget = r->think_budget;
+    t->opened = open;
+    t->open_tag = THINK_OPEN;
+    t->close_tag = THINK_CLOSE;
+    t->n_close = (int)n;
+    return ECS_OK;
 }
 
 ecs_err_t api_think_get(api_perr_t *e, json_t *o, api_req_t *r)

@@ -205,6 +205,12 @@ static void generate(api_conn_t *c, api_route_t route)
     p.n_stops = q->n_stops;
     j->think = api_think_splits(q, tok_chat_thinks(srv->tok));
     j->think_open = j->think && tok_chat_think_open(srv->tok);
+    if (j->think && api_think_budget(q, srv->tok, j->think_open, &p.think) != ECS_OK) {
+        free(p.prompt);
+        job_free(srv, j);
+        fail(c, route, 500, ecs_errmsg());
+        return;
+    }
     j->created = (long)time(NULL);
     snprintf(j->id, sizeof j->id, "%s%llx%llx",
              route == API_ROUTE_MESSAGES ? "msg_" : route == API_ROUTE_CHAT ? "chatcmpl-" : "cmpl-",

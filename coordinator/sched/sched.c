@@ -182,6 +182,14 @@ ecs_err_t sched_submit(sched_t *s, sched_params_t *p, void *user, sched_req_t **
                              p->prompt[i], s->n_vocab - 1);
     if (sampler_params_check(&p->sp) != ECS_OK)
         return ECS_ERR_INVAL;
+    const sched_think_budget_t *t = &p->think;
+    if (t->n_close < 0 || t->n_close > SCHED_MAX_CLOSE ||
+        (t->n_close > 0 && (!t->open_tag || !t->close_tag)))
+        return ecs_error(ECS_ERR_INVAL, "sched: bad reasoning budget");
+    for (int i = 0; i < t->n_close; i++)
+        if (t->close_ids[i] < 0 || t->close_ids[i] >= s->n_vocab)
+            return ecs_error(ECS_ERR_RANGE, "token id %d outside the vocabulary (0..%d)",
+                             t->close_ids[i], s->n_vocab - 1);
     int room = s->o.n_ctx - p->n_prompt;
     if (p->max_tokens > room)
         p->max_tokens = room;

@@ -112,6 +112,21 @@ typedef enum {
     SCHED_FINISH_ERROR,     /* error holds the message */
 } sched_finish_t;
 
+#define SCHED_MAX_CLOSE 16
+
+/* A reasoning budget: once `budget` tokens are generated inside an open
+ * think block (open_tag opened it, or the prompt did: opened) that has
+ * not written close_tag, the next tokens are close_ids (the tag and what
+ * follows it, as the template writes it), then drawing resumes: the model
+ * answers. The tags are static strings. */
+typedef struct {
+    int budget;             /* < 0, or n_close 0: none */
+    bool opened;
+    const char *open_tag, *close_tag;
+    int32_t close_ids[SCHED_MAX_CLOSE];
+    int n_close;
+} sched_think_budget_t;
+
 typedef struct {
     int32_t *prompt;        /* taken over by sched_submit (freed by it) */
     int n_prompt;
@@ -127,6 +142,7 @@ typedef struct {
                                over by a successful sched_submit (freed by it) */
     bool render_special;    /* control tokens' text goes into the output (a template
                                whose tool calls are control tokens: DeepSeek-V3's) */
+    sched_think_budget_t think; /* a reasoning budget (think.budget < 0: none) */
 } sched_params_t;
 
 /* A generated token as published to the owner. */

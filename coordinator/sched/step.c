@@ -150,6 +150,23 @@ static void logprobs_top(const float *l, int V, int k, sched_token_t *rec, float
         rec->top_id[i] = -1;
 }
 
+/* The next token the reasoning budget puts in, or -1 (sched_think_budget_t). */
+static int32_t budget_token(sched_req_t *r)
+{
+    const sched_think_budget_t *t = &r->p.think;
+    if (r->n_closed == 0) {
+        if (t->budget < 0 || r->n_gen < t->budget || t->n_close == 0)
+            return -1;
+        size_t i = 0, ol = strlen(t->open_tag), cl = strlen(t->close_tag);
+        while (i < r->text_len && r->text[i] == '\n')
+            i++;
+        const bool open = t->opened || (r->text_len - i >= ol && !memcmp(r->text + i, t->open_tag, ol));
+        if (!open || memmem(r->text, r->text_len, t->close_tag, cl))
+            return -1;
+    }
+    return r->n_closed < t->n_close ? t->close_ids[r->n_closed++] : -1;
+}
+
 /* The half of a logits row's handling that touches only its request (its
  * sampler) and p: logprobs and the draw. lp: this thread's row buffer. */
 static void pick_row(const sched_t *s, sched_pick_t *p, float *lp)
@@ -160,6 +177,14 @@ static void pick_row(const sched_t *s, sched_pick_t *p, float *lp)
     if (r->toks) { /* sampling applies penalties in place: keep the model's row */
         memcpy(lp, p->l, (size_t)s->n_vocab * sizeof *lp);
         logprobs_top(p->l, s->n_vocab, r->p.top_logprobs, &p->rec, &lse);
+    }
+    const int32_t put = budget_token(r);
+    if (put >= 0) { /* the budget ran out: the think block's end is written for the model */
+        p->id = put;
+        p->failed = false;
+        if (r->toks)
+            p->rec.logprob = lp[put] - lse;
+        return;
     }
     if (r->p.json) /* after the logprobs: those are the model's */
         sched_json_mask(s, r, p->l);

@@ -6,7 +6,9 @@ of its answer is reasoning (the split after "</think>" is test_api_reasoning's):
 thinking off appends the empty think block to the prompt (usage against
 /tokenize); thinking on puts the answer, the raw completion of the same
 prompt, in reasoning_content / an Anthropic thinking block, whole and
-streamed alike; thinking off leaves it in content; mistakes get a 400.
+streamed alike; a thinking budget ends the reasoning there (the server
+writes "</think>" for the model) and the model answers; thinking off
+leaves it in content; mistakes get a 400.
 The server is started here and stopped by pid.
 usage: serve_reasoning.py ROOT BUILD"""
 import json
@@ -100,6 +102,30 @@ def reasoning_out():
     assert stops == [0, 1], stops
 
 
+def budget():
+    """thinking.budget_tokens: after that many tokens of reasoning the
+    server writes the think block's end and the model answers; a budget
+    not reached changes nothing."""
+    want = raw(PROMPT + OPEN, 4).strip("\n")
+    for stream in (False, True):
+        kw = {"thinking": {"type": "enabled", "budget_tokens": 4}}
+        if not stream:
+            r = anthropic(16, **kw)
+            thought, text = r["content"][0]["thinking"], r["content"][1]["text"]
+            assert [b["type"] for b in r["content"]] == ["thinking", "text"], r
+            assert r["usage"]["output_tokens"] == 16 and r["stop_reason"] == "max_tokens", r
+        else:
+            evs = [d for _, d in anthropic(16, True, **kw) if isinstance(d, dict)]
+            thought = "".join(d["delta"].get("thinking", "") for d in evs
+                              if d["type"] == "content_block_delta" and d["index"] == 0)
+            text = "".join(d["delta"].get("text", "") for d in evs
+                           if d["type"] == "content_block_delta" and d["index"] == 1)
+        assert thought == want, (thought, want)
+        assert text and "</think>" not in text, text
+    r = anthropic(8, thinking={"type": "enabled", "budget_tokens": 100})
+    assert r["content"][0]["thinking"] == raw(PROMPT + OPEN, 8).lstrip("\n"), r
+
+
 def thinking_off_is_content():
     want = raw(PROMPT + EMPTY, 8)
     m = chat(8, chat_template_kwargs={"enable_thinking": False})["choices"][0]["message"]
@@ -120,6 +146,8 @@ def hybrid_no_think_is_content():
     deltas = [d["choices"][0]["delta"] for _, d in chat(8, True) if isinstance(d, dict) and d.get("choices")]
     assert "".join(d.get("content") or "" for d in deltas) == want, deltas
     assert not any(d.get("reasoning_content") for d in deltas), deltas
+    b = anthropic(8, thinking={"type": "enabled", "budget_tokens": 2})  # no block: no budget
+    assert b["content"] == [{"type": "text", "text": want}], b["content"]
     a = anthropic(8)  # no thinking block: the answer opened none
     assert a["content"] == [{"type": "text", "text": want}], a["content"]
     evs = [d for _, d in anthropic(8, True) if isinstance(d, dict)]
@@ -162,6 +190,8 @@ with tempfile.TemporaryDirectory() as tmp:
             (TEMPLATE, [("thinking off ends the prompt with the empty think block (both APIs)", prompt_ends),
                         ("thinking on: the answer is reasoning_content / a thinking block, whole and "
                          "streamed", reasoning_out),
+                        ("thinking.budget_tokens: the think block ends there, the model answers "
+                         "(whole and streamed)", budget),
                         ("thinking off: the answer is content", thinking_off_is_content),
                         ("bad thinking fields -> 400 naming them", mistakes),
                         ("clean exit", clean_exit)]),
