@@ -205,3 +205,25 @@ ecs_err_t api_tools_template(tok_chat_kind_t k)
                      "template (%s) has no place for tool calls (ChatML / Qwen and DeepSeek-V3 "
                      "templates have)", tok_chat_kind_name(k));
 }
+
+/* The budget is enforced by the scheduler, which needs the closing text as
+ * this model's ids; here, not in reasoning.c, because that file stays free
+ * of the tokenizer (the request fuzzer links it alone). */
+ecs_err_t api_think_budget(const api_req_t *r, const tok_t *tok, bool open, sched_think_budget_t *t)
+{
+    static const char close[] = "\n" THINK_CLOSE "\n\n"; /* as Qwen3's template writes it */
+    *t = (sched_think_budget_t){.budget = -1};
+    if (r->think_budget <= 0)
+        return ECS_OK;
+    size_t n = 0;
+    ecs_err_t e = tok_encode(tok, close, strlen(close), false, true, t->close_ids, SCHED_MAX_CLOSE,
+                             &n);
+    if (e != ECS_OK)
+        return e;
+    t->budget = r->think_budget;
+    t->opened = open;
+    t->open_tag = THINK_OPEN;
+    t->close_tag = THINK_CLOSE;
+    t->n_close = (int)n;
+    return ECS_OK;
+}

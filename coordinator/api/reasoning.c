@@ -19,8 +19,6 @@
 
 #include "api_int.h"
 
-#define THINK_OPEN "<think>"
-#define THINK_CLOSE "</think>"
 /* What Qwen3's template appends to the assistant prompt with
  * enable_thinking false. */
 #define THINK_EMPTY THINK_OPEN "\n\n" THINK_CLOSE "\n\n"
@@ -42,25 +40,6 @@ static ecs_err_t anthropic_thinking(api_perr_t *e, json_t *t, api_req_t *r)
     if (!json_is_integer(b) || json_integer_value(b) < 1 || json_integer_value(b) > INT32_MAX)
         return api_bad(e, ECS_ERR_INVAL, "'thinking'.budget_tokens must be a positive integer");
     r->think_budget = (int)json_integer_value(b);
-    return ECS_OK;
-}
-
-ecs_err_t api_think_budget(const api_req_t *r, const tok_t *tok, bool open, sched_think_budget_t *t)
-{
-    static const char close[] = "\n" THINK_CLOSE "\n\n"; /* as Qwen3's template writes it */
-    *t = (sched_think_budget_t){.budget = -1};
-    if (r->think_budget <= 0)
-        return ECS_OK;
-    size_t n = 0;
-    ecs_err_t e = tok_encode(tok, close, strlen(close), false, true, t->close_ids, SCHED_MAX_CLOSE,
-                             &n);
-    if (e != ECS_OK)
-        return e;
-    t->budget = r->think_budget;
-    t->opened = open;
-    t->open_tag = THINK_OPEN;
-    t->close_tag = THINK_CLOSE;
-    t->n_close = (int)n;
     return ECS_OK;
 }
 
