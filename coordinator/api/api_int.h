@@ -109,12 +109,12 @@ ecs_err_t api_think_history(api_perr_t *e, api_req_t *r);
  * block, tok_chat_think_open). */
 ecs_err_t api_think_view(const api_req_t *r, bool thinks, bool open, tok_chat_msg_t **msgs,
                          const char **prefill);
+/* Qwen3's think tags (reasoning.c splits on them; api_think_budget closes). */
+#define API_THINK_OPEN "<think>"
+#define API_THINK_CLOSE "</think>"
 /* r's reasoning budget (thinking.budget_tokens) for the scheduler: the
  * tokens of "\n</think>\n\n" written for the model once the budget runs
  * out (open: the prompt opened the think block). t->budget < 0: none. */
-/* Qwen3's think tags (reasoning.c splits on them; api_think_budget closes). */
-#define THINK_OPEN "<think>"
-#define THINK_CLOSE "</think>"
 ecs_err_t api_think_budget(const api_req_t *r, const tok_t *tok, bool open, sched_think_budget_t *t);
 /* Whether r's output is split into reasoning and answer with a template
  * that thinks or not: thinking on, a chat, and no JSON mode (a forced

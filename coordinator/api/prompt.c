@@ -211,7 +211,7 @@ ecs_err_t api_tools_template(tok_chat_kind_t k)
  * of the tokenizer (the request fuzzer links it alone). */
 ecs_err_t api_think_budget(const api_req_t *r, const tok_t *tok, bool open, sched_think_budget_t *t)
 {
-    static const char close[] = "\n" THINK_CLOSE "\n\n"; /* as Qwen3's template writes it */
+    static const char close[] = "\n" API_THINK_CLOSE "\n\n"; /* as Qwen3's template writes it */
     *t = (sched_think_budget_t){.budget = -1};
     if (r->think_budget <= 0)
         return ECS_OK;
@@ -222,8 +222,8 @@ ecs_err_t api_think_budget(const api_req_t *r, const tok_t *tok, bool open, sche
         return e;
     t->budget = r->think_budget;
     t->opened = open;
-    t->open_tag = THINK_OPEN;
-    t->close_tag = THINK_CLOSE;
+    t->open_tag = API_THINK_OPEN;
+    t->close_tag = API_THINK_CLOSE;
     t->n_close = (int)n;
     return ECS_OK;
 }

@@ -21,7 +21,7 @@
 
 /* What Qwen3's template appends to the assistant prompt with
  * enable_thinking false. */
-#define THINK_EMPTY THINK_OPEN "\n\n" THINK_CLOSE "\n\n"
+#define THINK_EMPTY API_THINK_OPEN "\n\n" API_THINK_CLOSE "\n\n"
 
 /* ------------------------------------------------------------ request */
 
@@ -185,14 +185,14 @@ static void render_turn(api_buf_t *b, const char *c, const api_msg_x_t *x, bool 
 {
     const char *rs = x->reasoning ? x->reasoning : "", *calls = c + x->text_len;
     size_t rl = strlen(rs), cl = x->text_len;
-    const char *close = x->reasoning ? NULL : memmem(c, cl, THINK_CLOSE, strlen(THINK_CLOSE));
+    const char *close = x->reasoning ? NULL : memmem(c, cl, API_THINK_CLOSE, strlen(API_THINK_CLOSE));
     if (close) {
-        const char *after = last_of(c, cl, THINK_CLOSE) + strlen(THINK_CLOSE);
+        const char *after = last_of(c, cl, API_THINK_CLOSE) + strlen(API_THINK_CLOSE);
         size_t re = (size_t)(close - c);
         while (re > 0 && c[re - 1] == '\n')
             re--;
-        const char *open = last_of(c, re, THINK_OPEN);
-        rs = open ? open + strlen(THINK_OPEN) : c;
+        const char *open = last_of(c, re, API_THINK_OPEN);
+        rs = open ? open + strlen(API_THINK_OPEN) : c;
         rl = (size_t)(c + re - rs);
         cl -= (size_t)(after - c);
         c = after;
@@ -206,9 +206,9 @@ static void render_turn(api_buf_t *b, const char *c, const api_msg_x_t *x, bool 
             rs++, rl--;
         while (rl > 0 && rs[rl - 1] == '\n')
             rl--;
-        api_buf_puts(b, THINK_OPEN "\n");
+        api_buf_puts(b, API_THINK_OPEN "\n");
         api_buf_add(b, rs, rl);
-        api_buf_puts(b, "\n" THINK_CLOSE "\n\n");
+        api_buf_puts(b, "\n" API_THINK_CLOSE "\n\n");
         const char *t = c;
         while (t < c + cl && *t == '\n')
             t++;
@@ -262,7 +262,7 @@ ecs_err_t api_think_view(const api_req_t *r, bool thinks, bool open, tok_chat_ms
     const bool forced = r->tool_mode == API_TOOLS_FORCED;
     *prefill = !forced ? NULL : r->call_open ? r->call_open : API_TOOL_CALL_OPEN;
     if (thinks && open) /* the template's own assistant prompt */
-        *prefill = THINK_OPEN "\n";
+        *prefill = API_THINK_OPEN "\n";
     /* thinking off, or a grammar from the first token: an empty think
      * block, as the template writes it for enable_thinking false */
     if (thinks && (r->think_off || r->json))
@@ -288,12 +288,12 @@ static size_t skip_nl(const char *s, size_t i, size_t n)
 
 void api_think_split(const char *t, size_t n, bool open, bool partial, api_think_span_t *s)
 {
-    const size_t ol = strlen(THINK_OPEN), cl = strlen(THINK_CLOSE);
+    const size_t ol = strlen(API_THINK_OPEN), cl = strlen(API_THINK_CLOSE);
     size_t i = skip_nl(t, 0, n);
     s->opened = true;
-    if (n - i >= ol && !memcmp(t + i, THINK_OPEN, ol)) {
+    if (n - i >= ol && !memcmp(t + i, API_THINK_OPEN, ol)) {
         i = skip_nl(t, i + ol, n);
-    } else if (partial && n - i < ol && !memcmp(t + i, THINK_OPEN, n - i)) { /* it may be arriving */
+    } else if (partial && n - i < ol && !memcmp(t + i, API_THINK_OPEN, n - i)) { /* it may be arriving */
         i = n;
         s->opened = open;
     } else if (!open) { /* no think block: all of it is the answer */
@@ -301,10 +301,10 @@ void api_think_split(const char *t, size_t n, bool open, bool partial, api_think
         return;
     }
     s->r_off = i;
-    const char *p = memmem(t + i, n - i, THINK_CLOSE, cl);
+    const char *p = memmem(t + i, n - i, API_THINK_CLOSE, cl);
     size_t end = p ? (size_t)(p - t) : n;
     if (!p && partial)
-        end -= api_tag_tail(t + i, n - i, THINK_CLOSE);
+        end -= api_tag_tail(t + i, n - i, API_THINK_CLOSE);
     if (p || partial) /* the newlines before the tag are not reasoning */
         while (end > i && t[end - 1] == '\n')
             end--;
