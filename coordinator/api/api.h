@@ -129,6 +129,9 @@ typedef struct {
     int n_prompt_ids;
     api_tool_mode_t tool_mode;
     char *tools_text;        /* the tools as the system turn describes them, NULL: none */
+    size_t sys_own;          /* the last sys_own bytes of msgs[0] (the system turn) are this
+                                server's (the tools text): control-token text there is those
+                                tokens, as llama-server's rendered template gives them */
     bool tool_parts;         /* tools, calls or results: the template needs a place for them */
     int tool_turn_end;       /* parsing: n_msgs just after a turn of tool results, else 0 */
     bool one_call;           /* parallel_tool_calls false / disable_parallel_tool_use: the first call only */

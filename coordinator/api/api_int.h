@@ -28,9 +28,12 @@ ecs_err_t api_specials_init(const tok_t *tok, api_specials_t *sp);
 void api_specials_free(api_specials_t *sp);
 ecs_err_t api_prompt_text(const tok_t *tok, const char *text, int n_ctx, int32_t **out, int *n_out);
 /* prefill (NULL: none): text the answer starts with, after the template's
- * assistant prompt (a forced tool call's tag). */
+ * assistant prompt (a forced tool call's tag). sys_own: the last bytes of
+ * msgs[0]'s content that are the server's own text (api_req_t.sys_own), 0
+ * for none. */
 ecs_err_t api_prompt_chat(const tok_t *tok, const api_specials_t *sp, const tok_chat_msg_t *msgs,
-                          int n, const char *prefill, int n_ctx, int32_t **out, int *n_out);
+                          int n, size_t sys_own, const char *prefill, int n_ctx, int32_t **out,
+                          int *n_out);
 
 /* Request parsing (req.c, tools.c): the client's message for a mistake. */
 typedef struct {
@@ -63,8 +66,12 @@ ecs_err_t api_tools_system(api_perr_t *e, api_req_t *r);
 /* ECS_OK when a template of kind k (NONE: the ChatML fallback) has a place
  * for tools; else the error, naming the template. */
 ecs_err_t api_tools_template(tok_chat_kind_t k);
-/* Whether r's output must keep control tokens' text (DeepSeek-V3's calls). */
+/* Whether r's output must keep the text of its calls' markup tokens
+ * (DeepSeek-V3's calls are control tokens). */
 bool api_tools_render_special(const api_req_t *r);
+/* Those tokens' ids in tok's vocabulary (prompt.c: the tokenizer's side),
+ * for sched_params_t.keep; returns the count, 0 when r keeps none. */
+int api_tools_keep(const api_req_t *r, const tok_t *tok, int32_t keep[TOK_KEEP_MAX]);
 /* OpenAI's rule for function names: 1-64 of [A-Za-z0-9_.-]. */
 bool api_tools_name_ok(const char *s);
 /* One call in OpenAI's shape: id "call_<id>_<k>", the arguments' text. */
@@ -72,6 +79,9 @@ json_t *api_tools_call_json(const char *id, size_t k, const char *name, const ch
 
 /* DeepSeek-V3's form (tools_v3.c). Results are NULL when out of memory. */
 extern const char api_v3_calls_begin[];
+/* The markup a call is written with, for the output to keep. */
+#define API_V3_N_MARKUP 5
+extern const char *const api_v3_markup[API_V3_N_MARKUP];
 /* The tools (OpenAI's shape) as the system turn describes them. */
 char *api_v3_tools_text(json_t *defs);
 /* A past call as a "tool_call" message's content (tok_chat.c). */

@@ -5,8 +5,11 @@
  * are the template's own. The real text is then the template's plain text
  * with the contents put back, cut only at those control tokens and encoded
  * without parsing special tokens, so "<|im_end|>" typed in a message stays
- * text. Where a message holds no control-token text, the ids equal
- * llama-server's (template rendered, then encoded with parse_special). */
+ * text. The tools list this server adds to the system turn is template
+ * text too (api_req_t.sys_own): DeepSeek-V3's example call there is
+ * control tokens, as in llama-server's rendering. Where a message holds no
+ * control-token text, the ids equal llama-server's (template rendered,
+ * then encoded with parse_special). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,20 +117,32 @@ ecs_err_t api_prompt_text(const tok_t *tok, const char *text, int n_ctx, int32_t
 #define SENT_OPEN '\x01'
 #define SENT_CLOSE '\x02'
 
+static ecs_err_t put_template(build_t *b, const api_specials_t *sp, const char *tmpl, size_t len,
+                              const tok_chat_msg_t *msgs, size_t sys_own);
+
+/* Message k's content: plain, but for the server's own text at the end
+ * of the system turn, which is template text. */
+static ecs_err_t put_content(build_t *b, const api_specials_t *sp, const tok_chat_msg_t *msgs,
+                             int k, size_t sys_own)
+{
+    const char *c = msgs[k].content;
+    size_t cl = strlen(c), own = k == 0 && sys_own <= cl ? sys_own : 0;
+    memcpy(b->plain + b->plain_len, c, cl - own);
+    b->plain_len += cl - own;
+    return own ? put_template(b, sp, c + cl - own, own, NULL, 0) : ECS_OK;
+}
+
 /* Template text into b: its control-token text as those tokens, the rest
  * plain, and each message's sentinel (msgs: NULL for none) as the
- * message's content, plain. */
+ * message's content (put_content). */
 static ecs_err_t put_template(build_t *b, const api_specials_t *sp, const char *tmpl, size_t len,
-                              const tok_chat_msg_t *msgs)
+                              const tok_chat_msg_t *msgs, size_t sys_own)
 {
     ecs_err_t e;
     for (size_t i = 0; i < len;) {
         if (msgs && tmpl[i] == SENT_OPEN) { /* a message's content goes back in */
-            int k = atoi(tmpl + i + 1);
-            const char *c = msgs[k].content;
-            size_t cl = strlen(c);
-            memcpy(b->plain + b->plain_len, c, cl);
-            b->plain_len += cl;
+            if ((e = put_content(b, sp, msgs, atoi(tmpl + i + 1), sys_own)) != ECS_OK)
+                return e;
             i = (size_t)(strchr(tmpl + i, SENT_CLOSE) - tmpl) + 1;
             continue;
         }
@@ -148,7 +163,8 @@ static ecs_err_t put_template(build_t *b, const api_specials_t *sp, const char *
 }
 
 ecs_err_t api_prompt_chat(const tok_t *tok, const api_specials_t *sp, const tok_chat_msg_t *msgs,
-                          int n, const char *prefill, int n_ctx, int32_t **out, int *n_out)
+                          int n, size_t sys_own, const char *prefill, int n_ctx, int32_t **out,
+                          int *n_out)
 {
     ecs_err_t e = ECS_ERR_NOMEM;
     tok_chat_msg_t *sm = calloc((size_t)n + 1, sizeof *sm);
@@ -174,9 +190,11 @@ ecs_err_t api_prompt_chat(const tok_t *tok, const api_specials_t *sp, const tok_
         goto fail;
     if (tok_add_bos(tok) && tok_bos(tok) >= 0)
         push_id(&b, tok_bos(tok));
-    if ((e = put_template(&b, sp, tmpl, len, msgs)) != ECS_OK)
+    if (n == 0 || strcmp(msgs[0].role, "system"))
+        sys_own = 0;
+    if ((e = put_template(&b, sp, tmpl, len, msgs, sys_own)) != ECS_OK)
         goto fail;
-    if (prefill && (e = put_template(&b, sp, prefill, strlen(prefill), NULL)) != ECS_OK)
+    if (prefill && (e = put_template(&b, sp, prefill, strlen(prefill), NULL, 0)) != ECS_OK)
         goto fail; /* the answer's start: ours, so its control-token text is control tokens */
     if ((e = flush_plain(&b)) != ECS_OK)
         goto fail;
@@ -204,6 +222,19 @@ ecs_err_t api_tools_template(tok_chat_kind_t k)
     return ecs_error(ECS_ERR_UNSUPPORTED, "tools are not supported with this model: its chat "
                      "template (%s) has no place for tool calls (ChatML / Qwen and DeepSeek-V3 "
                      "templates have)", tok_chat_kind_name(k));
+}
+
+int api_tools_keep(const api_req_t *r, const tok_t *tok, int32_t keep[TOK_KEEP_MAX])
+{
+    int n = 0;
+    if (!api_tools_render_special(r))
+        return 0;
+    for (int i = 0; i < API_V3_N_MARKUP && n < TOK_KEEP_MAX; i++) {
+        int32_t id = tok_find(tok, api_v3_markup[i], strlen(api_v3_markup[i]));
+        if (id >= 0)
+            keep[n++] = id;
+    }
+    return n;
 }
 
 /* The budget is enforced by the scheduler, which needs the closing text as

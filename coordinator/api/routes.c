@@ -89,7 +89,8 @@ static bool tokenize(api_conn_t *c, api_req_t *q, int n_ctx, int32_t **ids, int 
             e = api_think_view(q, tok_chat_thinks(srv->tok), tok_chat_think_open(srv->tok), &msgs,
                                &prefill);
         if (e == ECS_OK)
-            e = api_prompt_chat(srv->tok, &srv->specials, msgs, q->n_msgs, prefill, n_ctx, ids, n);
+            e = api_prompt_chat(srv->tok, &srv->specials, msgs, q->n_msgs, q->sys_own, prefill,
+                                n_ctx, ids, n);
         free(msgs);
     } else if (q->prompt) {
         e = api_prompt_text(srv->tok, q->prompt, n_ctx, ids, n);
@@ -191,8 +192,8 @@ static void generate(api_conn_t *c, api_route_t route)
         return;
     }
     sched_params_t p = {.top_logprobs = q->top_logprobs, .ignore_eos = q->ignore_eos, .sp = q->sp,
-                        .json = q->json, .schema = q->schema,
-                        .render_special = api_tools_render_special(q)};
+                        .json = q->json, .schema = q->schema};
+    p.n_keep = api_tools_keep(q, srv->tok, p.keep);
     if (!tokenize(c, q, sched_n_ctx(srv->sched), &p.prompt, &p.n_prompt)) {
         job_free(srv, j);
         return;

@@ -428,11 +428,13 @@ ecs_err_t api_tools_system(api_perr_t *e, api_req_t *r)
         }
         free((char *)m[0].content);
         m[0].content = b.p;
+        r->sys_own = strlen(r->tools_text);
         return ECS_OK;
     }
     char *text = strdup(r->tools_text);
     if (api_push_msg(e, r, "system", text))
         return e->code;
+    r->sys_own = strlen(r->tools_text);
     m = r->msgs; /* the push may have moved it */
     tok_chat_msg_t sys = m[r->n_msgs - 1];
     memmove(m + 1, m, (size_t)(r->n_msgs - 1) * sizeof *m);

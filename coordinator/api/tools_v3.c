@@ -24,6 +24,8 @@
 #define V3_FENCE "```"
 
 const char api_v3_calls_begin[] = V3_CALLS_BEGIN;
+const char *const api_v3_markup[API_V3_N_MARKUP] = {V3_CALLS_BEGIN, V3_CALL_BEGIN, V3_SEP,
+                                                    V3_CALL_END, V3_CALLS_END};
 
 char *api_v3_tools_text(json_t *defs)
 {

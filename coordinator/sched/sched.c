@@ -220,7 +220,8 @@ ecs_err_t sched_submit(sched_t *s, sched_params_t *p, void *user, sched_req_t **
     atomic_init(&r->refs, 2);
     atomic_init(&r->cancel, false);
     r->t_submit = sched_now();
-    tok_decoder_init(&r->dec, s->tok, r->p.render_special);
+    tok_decoder_init(&r->dec, s->tok, false);
+    tok_decoder_keep(&r->dec, r->p.keep, r->p.n_keep);
     sampler_json_init_schema(&r->json, r->p.schema);
     pthread_mutex_lock(&s->mu);
     if (s->n_waiting >= s->o.max_queue || s->quit) {

@@ -140,8 +140,10 @@ typedef struct {
                                (finish EOG); tokens that would break it are never drawn */
     sampler_schema_t *schema; /* with json: the object also follows this schema; taken
                                over by a successful sched_submit (freed by it) */
-    bool render_special;    /* control tokens' text goes into the output (a template
-                               whose tool calls are control tokens: DeepSeek-V3's) */
+    int32_t keep[TOK_KEEP_MAX]; /* control tokens whose text goes into the output (a
+                               template whose tool calls are control tokens: DeepSeek-V3's);
+                               no other control token's does */
+    int n_keep;
     sched_think_budget_t think; /* a reasoning budget (think.budget < 0: none) */
 } sched_params_t;
 

@@ -358,6 +358,22 @@ void tok_decoder_init(tok_decoder_t *d, const tok_t *t, bool render_special)
     d->tok = t;
     d->render_special = render_special;
     d->n_pending = 0;
+    d->n_keep = 0;
+}
+
+void tok_decoder_keep(tok_decoder_t *d, const int32_t *ids, int n)
+{
+    d->n_keep = n < 0 ? 0 : n > TOK_KEEP_MAX ? TOK_KEEP_MAX : n;
+    if (d->n_keep)
+        memcpy(d->keep, ids, (size_t)d->n_keep * sizeof *ids);
+}
+
+static bool decoder_keeps(const tok_decoder_t *d, int32_t id)
+{
+    for (int i = 0; i < d->n_keep; i++)
+        if (d->keep[i] == id)
+            return true;
+    return false;
 }
 
 size_t tok_decoder_max_out(const tok_t *t)
@@ -445,7 +461,8 @@ ecs_err_t tok_decoder_push(tok_decoder_t *d, int32_t id, char *out, size_t cap, 
         return ecs_error(ECS_ERR_RANGE, "tok_decoder: token id %d outside the vocabulary (%d)", id,
                          t->n_vocab);
     int ty = t->type[id];
-    if ((ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_UNKNOWN) && !d->render_special)
+    if ((ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_UNKNOWN) && !d->render_special &&
+        !decoder_keeps(d, id))
         return ECS_OK;
     return decoder_feed(d, t->piece[id], t->piece_len[id], false, out, cap, n);
 }

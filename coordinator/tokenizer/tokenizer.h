@@ -89,15 +89,25 @@ ecs_err_t tok_encode(const tok_t *t, const char *text, size_t len, bool add_spec
  * split over several tokens is held back until it is complete; bytes that can
  * never form a valid sequence are replaced by U+FFFD (one per maximal invalid
  * subpart), so the output is always valid UTF-8. CONTROL/UNKNOWN tokens emit
- * their text only with render_special, UNUSED tokens nothing. */
+ * their text only with render_special or when kept (tok_decoder_keep),
+ * UNUSED tokens nothing. */
+#define TOK_KEEP_MAX 8
 typedef struct {
     const tok_t *tok;
     bool render_special;
     uint8_t n_pending;
     uint8_t pending[3];
+    int n_keep;
+    int32_t keep[TOK_KEEP_MAX];
 } tok_decoder_t;
 
 void tok_decoder_init(tok_decoder_t *d, const tok_t *t, bool render_special);
+/* Control tokens whose text d emits even without render_special
+ * (llama-server's "preserved tokens": a template's tool-call markup, which
+ * the reply's parser reads back, while any other control token the model
+ * writes stays out of the text). Up to TOK_KEEP_MAX ids (the first of a
+ * longer list). */
+void tok_decoder_keep(tok_decoder_t *d, const int32_t *ids, int n);
 /* Output bytes one push or flush can produce at most; an out buffer of this
  * size never gets ECS_ERR_RANGE. */
 size_t tok_decoder_max_out(const tok_t *t);

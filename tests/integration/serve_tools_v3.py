@@ -129,6 +129,37 @@ def auto_text():
     assert st == 200, r
     c = r["choices"][0]
     assert c["message"]["content"] == MARKUP[0] * 3 and "tool_calls" not in c["message"], c
+    # only the calls' markup does (llama-server's preserved tokens): another
+    # control token the model writes stays out of the text
+    st, r = post_json(srv.port, "/tokenize", {"content": MARKUP[5], "parse_special": True})
+    (oid,) = r["tokens"]
+    st, r = post_json(srv.port, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER], "max_tokens": 3,
+        "temperature": 0, "logit_bias": {str(oid): 100}})
+    assert st == 200 and r["usage"]["completion_tokens"] == 3, r
+    assert not r["choices"][0]["message"]["content"], r["choices"][0]
+
+
+def system_tools():
+    """The tools list joins the system turn as llama-server's rendering puts
+    it, its example call's markup control tokens; markup the client typed in
+    its system message stays text."""
+    sys_text = "S " + MARKUP[4]
+    head = ("You can call any of the following tools to satisfy the user's requests: " +
+            json.dumps([WEATHER], indent=2, ensure_ascii=False) + "\n\nExample tool call syntax:\n\n")
+    example = (MARKUP[0] + MARKUP[2] + "function" + MARKUP[4] + "tool_name\n```json\n"
+               "{\"arg1\": \"some_value\"}\n```" + MARKUP[3] + MARKUP[1])
+    plain = sys_text + "\n\n" + head  # one plain run up to the example's first control token
+    want = 1 + n_tokens(plain, False) + n_tokens(example + "\n\n" + USER + "Weather?" + ASSISTANT)
+    msgs = [{"role": "system", "content": sys_text}, {"role": "user", "content": "Weather?"}]
+    st, r = post_json(srv.port, "/v1/chat/completions", {"messages": msgs, "tools": [WEATHER],
+                                                          "max_tokens": 1})
+    assert st == 200 and r["usage"]["prompt_tokens"] == want, (r.get("usage"), want)
+    assert n_tokens(example, False) > n_tokens(example) + 10, "the example is not control tokens"
+    an = {"system": sys_text, "messages": [{"role": "user", "content": "Weather?"}],
+          "tools": [{"name": "get_weather", "description": "Weather", "input_schema": UNIT}]}
+    st, r = post_json(srv.port, "/v1/messages/count_tokens", an)
+    assert st == 200 and r["input_tokens"] == want, (st, r, want)
 
 
 def choice_among_several():
@@ -160,7 +191,10 @@ with tempfile.TemporaryDirectory() as tmp:
                       history),
                      ("a forced call: the function named, arguments following its schema (both APIs, "
                       "streamed)", forced),
-                     ("tool_choice auto: text stays text", auto_text),
+                     ("tool_choice auto: text stays text, only the calls' control tokens show",
+                      auto_text),
+                     ("the tools list in the system turn: its example's markup control tokens, "
+                      "the client's text plain (both APIs)", system_tools),
                      ("a forced choice among several tools -> 400 naming the fix", choice_among_several),
                      ("clean exit", clean_exit)):
         fails += not run_check(name, fn)

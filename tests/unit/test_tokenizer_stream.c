@@ -1,6 +1,7 @@
 /* test_tokenizer_stream.c - round trips of random UTF-8, the streaming
  * decoder's UTF-8 guarantees (only complete sequences, partial ones held
- * back), long inputs, and concurrent encoding agreeing with serial. */
+ * back; only the kept control tokens' text without render_special), long
+ * inputs, and concurrent encoding agreeing with serial. */
 #include "tests/unit/tokenizer_fixture.h"
 
 /* ---- round trips and the streaming decoder ---- */
@@ -109,6 +110,46 @@ Test(tokenizer, decoder_holds_back_partial_sequences)
     cr_assert_eq(tok_decoder_push(&d, hello, out, sizeof out, &k), ECS_OK);
     cr_assert(k == 5 && memcmp(out, "Hello", 5) == 0);
     cr_assert_eq(tok_decoder_push(&d, tok_n_vocab(t), out, sizeof out, &k), ECS_ERR_RANGE);
+    tok_free(t);
+}
+
+Test(tokenizer, decoder_keeps_only_the_kept_control_tokens)
+{
+    tok_t *t = load_vocab(LLM_VOCAB);
+    const int32_t bos = tok_bos(t), eos = tok_eos(t), a = id_of(t, "A");
+    cr_assert(bos >= 0 && eos >= 0 && bos != eos);
+    cr_assert_eq(tok_token_type(t, bos), TOK_TYPE_CONTROL);
+    cr_assert_eq(tok_token_type(t, eos), TOK_TYPE_CONTROL);
+    const int32_t seq[] = {a, bos, eos, a};
+    char out[256], all[256];
+    size_t k, piece_len;
+    const char *piece = tok_token_piece(t, bos, &piece_len);
+    for (int mode = 0; mode < 3; mode++) { /* nothing kept, BOS kept, all rendered */
+        tok_decoder_t d;
+        size_t total = 0;
+        tok_decoder_init(&d, t, mode == 2);
+        if (mode == 1)
+            tok_decoder_keep(&d, &bos, 1);
+        for (int j = 0; j < 4; j++) {
+            cr_assert_eq(tok_decoder_push(&d, seq[j], out, sizeof out, &k), ECS_OK);
+            memcpy(all + total, out, k);
+            total += k;
+        }
+        all[total] = '\0';
+        char want[256];
+        snprintf(want, sizeof want, "A%s%sA", mode ? piece : "", mode == 2 ? DS_EOS : "");
+        cr_assert_str_eq(all, want, "mode %d", mode);
+    }
+    /* a longer list keeps its first TOK_KEEP_MAX */
+    int32_t many[TOK_KEEP_MAX + 2];
+    for (int i = 0; i < TOK_KEEP_MAX + 2; i++)
+        many[i] = i == TOK_KEEP_MAX ? bos : a;
+    tok_decoder_t d;
+    tok_decoder_init(&d, t, false);
+    tok_decoder_keep(&d, many, TOK_KEEP_MAX + 2);
+    cr_assert_eq(d.n_keep, TOK_KEEP_MAX);
+    cr_assert_eq(tok_decoder_push(&d, bos, out, sizeof out, &k), ECS_OK);
+    cr_assert_eq(k, 0, "BOS came past the kept list: not kept");
     tok_free(t);
 }
 
