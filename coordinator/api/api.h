@@ -46,6 +46,8 @@
 #include "coordinator/sched/sched.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
+#define API_THINK_BUDGET_DEFAULT (-2) /* api_req_t.think_budget: the server's applies */
+
 typedef struct {
     const char *host;        /* address to bind (default 127.0.0.1) */
     int port;
@@ -64,6 +66,10 @@ typedef struct {
      * grace_s 0: stop at once. *shutting_down (if given) is set then. */
     double grace_s;
     atomic_bool *shutting_down;
+    /* Reasoning budget of a request to a thinking template that names none
+     * (llama-server's --reasoning-budget): -1 none (default), 0 the think
+     * block ends at once, N after N tokens. */
+    int reasoning_budget;
     /* GET /console/state: the console's JSON (malloc'd), NULL: 404 */
     char *(*state_json)(void *arg);
     void *state_arg;
@@ -137,7 +143,9 @@ typedef struct {
     bool one_call;           /* parallel_tool_calls false / disable_parallel_tool_use: the first call only */
     api_msg_x_t *mx;         /* per message (n_msgs of them), for a thinking template */
     bool think_off;          /* enable_thinking false / thinking disabled */
-    int think_budget;        /* Anthropic thinking.budget_tokens (0: none) */
+    int think_budget;        /* reasoning budget in tokens: Anthropic thinking.budget_tokens,
+                                OpenAI thinking_budget_tokens (-1: none, 0: the think block
+                                ends at once); API_THINK_BUDGET_DEFAULT: not given */
     tok_chat_kind_t chat;    /* the template's kind: which form tool calls take */
     int cap_msgs;            /* room in msgs and mx */
     char *call_open;         /* a forced call's answer starts with this (NULL: API_TOOL_CALL_OPEN) */

@@ -122,10 +122,12 @@ ecs_err_t api_think_view(const api_req_t *r, bool thinks, bool open, tok_chat_ms
 /* Qwen3's think tags (reasoning.c splits on them; api_think_budget closes). */
 #define API_THINK_OPEN "<think>"
 #define API_THINK_CLOSE "</think>"
-/* r's reasoning budget (thinking.budget_tokens) for the scheduler: the
- * tokens of "\n</think>\n\n" written for the model once the budget runs
- * out (open: the prompt opened the think block). t->budget < 0: none. */
-ecs_err_t api_think_budget(const api_req_t *r, const tok_t *tok, bool open, sched_think_budget_t *t);
+/* r's reasoning budget (its own, or dflt, the server's, where it gives
+ * none) for the scheduler: the tokens of "\n</think>\n\n" written for the
+ * model once the budget runs out (open: the prompt opened the think
+ * block). t->budget < 0: none. */
+ecs_err_t api_think_budget(const api_req_t *r, const tok_t *tok, bool open, int dflt,
+                           sched_think_budget_t *t);
 /* Whether r's output is split into reasoning and answer with a template
  * that thinks or not: thinking on, a chat, and no JSON mode (a forced
  * call's or response_format's grammar starts at the first token). */

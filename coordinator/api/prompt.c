@@ -240,18 +240,20 @@ int api_tools_keep(const api_req_t *r, const tok_t *tok, int32_t keep[TOK_KEEP_M
 /* The budget is enforced by the scheduler, which needs the closing text as
  * this model's ids; here, not in reasoning.c, because that file stays free
  * of the tokenizer (the request fuzzer links it alone). */
-ecs_err_t api_think_budget(const api_req_t *r, const tok_t *tok, bool open, sched_think_budget_t *t)
+ecs_err_t api_think_budget(const api_req_t *r, const tok_t *tok, bool open, int dflt,
+                           sched_think_budget_t *t)
 {
     static const char close[] = "\n" API_THINK_CLOSE "\n\n"; /* as Qwen3's template writes it */
+    const int budget = r->think_budget == API_THINK_BUDGET_DEFAULT ? dflt : r->think_budget;
     *t = (sched_think_budget_t){.budget = -1};
-    if (r->think_budget <= 0)
+    if (budget < 0)
         return ECS_OK;
     size_t n = 0;
     ecs_err_t e = tok_encode(tok, close, strlen(close), false, true, t->close_ids, SCHED_MAX_CLOSE,
                              &n);
     if (e != ECS_OK)
         return e;
-    t->budget = r->think_budget;
+    t->budget = budget;
     t->opened = open;
     t->open_tag = API_THINK_OPEN;
     t->close_tag = API_THINK_CLOSE;

@@ -49,7 +49,15 @@ ecs_err_t api_think_get(api_perr_t *e, json_t *o, api_req_t *r)
         json_t *t = api_field(o, "thinking");
         return t ? anthropic_thinking(e, t, r) : ECS_OK;
     }
-    json_t *k = r->route == API_ROUTE_CHAT ? api_field(o, "chat_template_kwargs") : NULL;
+    if (r->route != API_ROUTE_CHAT)
+        return ECS_OK;
+    json_t *b = api_field(o, "thinking_budget_tokens"); /* llama-server's field */
+    if (b && (!json_is_integer(b) || json_integer_value(b) < -1 || json_integer_value(b) > INT32_MAX))
+        return api_bad(e, ECS_ERR_INVAL, "'thinking_budget_tokens' must be an integer: -1 (no "
+                       "budget), 0 (the reasoning ends at once) or the reasoning's tokens");
+    if (b)
+        r->think_budget = (int)json_integer_value(b);
+    json_t *k = api_field(o, "chat_template_kwargs");
     if (!k)
         return ECS_OK;
     if (!json_is_object(k))

@@ -500,6 +500,7 @@ ecs_err_t api_req_parse(api_route_t route, tok_chat_kind_t chat, const char *bod
     r->chat = chat;
     r->max_tokens = -1;
     r->top_logprobs = -1;
+    r->think_budget = API_THINK_BUDGET_DEFAULT;
     r->sp = sampler_params_default();
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);

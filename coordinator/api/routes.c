@@ -206,7 +206,8 @@ static void generate(api_conn_t *c, api_route_t route)
     p.n_stops = q->n_stops;
     j->think = api_think_splits(q, tok_chat_thinks(srv->tok));
     j->think_open = j->think && tok_chat_think_open(srv->tok);
-    if (j->think && api_think_budget(q, srv->tok, j->think_open, &p.think) != ECS_OK) {
+    if (j->think && api_think_budget(q, srv->tok, j->think_open, srv->o.reasoning_budget,
+                                   &p.think) != ECS_OK) {
         free(p.prompt);
         job_free(srv, j);
         fail(c, route, 500, ecs_errmsg());

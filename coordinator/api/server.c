@@ -24,7 +24,8 @@ api_opts_t api_opts_default(void)
 {
     return (api_opts_t){.host = "127.0.0.1", .port = 8080, .model_id = "model",
                         .max_body = 8u << 20, .max_header = 16u << 10, .read_timeout_s = 30,
-                        .idle_timeout_s = 60, .max_conns = 1024, .handle_signals = true};
+                        .idle_timeout_s = 60, .max_conns = 1024, .handle_signals = true,
+                        .reasoning_budget = -1};
 }
 
 /* ---- connections ---- */

@@ -7,8 +7,10 @@ thinking off appends the empty think block to the prompt (usage against
 /tokenize); thinking on puts the answer, the raw completion of the same
 prompt, in reasoning_content / an Anthropic thinking block, whole and
 streamed alike; a thinking budget ends the reasoning there (the server
-writes "</think>" for the model) and the model answers; thinking off
-leaves it in content; mistakes get a 400.
+writes "</think>" for the model) and the model answers (Anthropic's
+thinking.budget_tokens, OpenAI's thinking_budget_tokens, a server's
+--reasoning-budget for requests naming none); thinking off leaves it in
+content; mistakes get a 400.
 The server is started here and stopped by pid.
 usage: serve_reasoning.py ROOT BUILD"""
 import json
@@ -126,6 +128,44 @@ def budget():
     assert r["content"][0]["thinking"] == raw(PROMPT + OPEN, 8).lstrip("\n"), r
 
 
+def chat_split(n, stream=False, **kw):
+    """An OpenAI chat answer's reasoning_content and content, whole or streamed."""
+    if not stream:
+        m = chat(n, **kw)["choices"][0]["message"]
+        return m.get("reasoning_content") or "", m["content"] or ""
+    deltas = [d["choices"][0]["delta"] for _, d in chat(n, True, **kw)
+              if isinstance(d, dict) and d.get("choices")]
+    return ("".join(d.get("reasoning_content") or "" for d in deltas),
+            "".join(d.get("content") or "" for d in deltas))
+
+
+def openai_budget():
+    """thinking_budget_tokens (llama-server's field) on the OpenAI route: N
+    tokens of reasoning then the model answers, 0 ends the reasoning at
+    once, -1 is no budget; whole and streamed alike."""
+    want = raw(PROMPT + OPEN, 4).strip("\n")
+    for stream in (False, True):
+        thought, text = chat_split(16, stream, thinking_budget_tokens=4)
+        assert thought == want and text and "</think>" not in text, (stream, thought, want, text)
+        thought, text = chat_split(24, stream, thinking_budget_tokens=0)
+        assert thought == "" and text and "</think>" not in text, (stream, thought, text)
+    assert chat_split(8, thinking_budget_tokens=-1) == (raw(PROMPT + OPEN, 8).lstrip("\n"), "")
+
+
+def server_budget():
+    """--reasoning-budget 4: a request that names no budget stops reasoning
+    after 4 tokens (both APIs); one that names its own keeps it."""
+    want = raw(PROMPT + OPEN, 4).strip("\n")
+    thought, text = chat_split(16)
+    assert thought == want and text and "</think>" not in text, (thought, want, text)
+    r = anthropic(16)
+    assert r["content"][0]["thinking"] == want and r["content"][1]["text"], r["content"]
+    full = raw(PROMPT + OPEN, 8).lstrip("\n")
+    assert chat_split(8, thinking_budget_tokens=-1) == (full, "")
+    r = anthropic(8, thinking={"type": "enabled", "budget_tokens": 100})
+    assert r["content"][0]["thinking"] == full, r["content"]
+
+
 def thinking_off_is_content():
     want = raw(PROMPT + EMPTY, 8)
     m = chat(8, chat_template_kwargs={"enable_thinking": False})["choices"][0]["message"]
@@ -164,13 +204,25 @@ def mistakes():
             ("/v1/chat/completions", {"messages": MSGS, "chat_template_kwargs": {"enable_thinking": "no"}},
              "enable_thinking must be a boolean"),
             ("/v1/messages", {"messages": MSGS, "max_tokens": 4, "thinking": {"type": "enabled"}},
-             "budget_tokens must be a positive integer")):
+             "budget_tokens must be a positive integer"),
+            ("/v1/chat/completions", {"messages": MSGS, "thinking_budget_tokens": -2},
+             "'thinking_budget_tokens' must be an integer"),
+            ("/v1/chat/completions", {"messages": MSGS, "thinking_budget_tokens": "4"},
+             "'thinking_budget_tokens' must be an integer")):
         st, r = post_json(srv.port, path, body)
         msg = r["error"]["message"]
         assert st == 400 and needle in msg, (st, r)
 
 
-def serve(tmp, name, template):
+def bad_flag():
+    """--reasoning-budget below -1 or not a number: a clear error, exit 2 (usage)."""
+    for v in ("-2", "four", ""):
+        p = subprocess.run([binary, "-m", "unused.gguf", "--reasoning-budget", v],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and "--reasoning-budget: bad value '%s'" % v in p.stderr, (v, p)
+
+
+def serve(tmp, name, template, *args):
     """A tiny qwen3moe with this chat template, served."""
     tmpl, model = os.path.join(tmp, name + ".jinja"), os.path.join(tmp, name + ".gguf")
     with open(tmpl, "w") as f:
@@ -178,7 +230,7 @@ def serve(tmp, name, template):
     subprocess.check_call([os.path.join(root, build, "bin", "ecs-mkmodel"), "--arch", "qwen3moe",
                            "--preset", "tiny", "--types", "q8_0", "--seed", "1", "--threads", "1",
                            "--chat-template", tmpl, "-o", model], cwd=root)
-    return Server(binary, model, "--ctx", "512", "--no-prefix-cache")
+    return Server(binary, model, "--ctx", "512", "--no-prefix-cache", *args)
 
 
 def clean_exit():
@@ -186,21 +238,30 @@ def clean_exit():
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    for template, checks in (
-            (TEMPLATE, [("thinking off ends the prompt with the empty think block (both APIs)", prompt_ends),
-                        ("thinking on: the answer is reasoning_content / a thinking block, whole and "
-                         "streamed", reasoning_out),
-                        ("thinking.budget_tokens: the think block ends there, the model answers "
-                         "(whole and streamed)", budget),
-                        ("thinking off: the answer is content", thinking_off_is_content),
-                        ("bad thinking fields -> 400 naming them", mistakes),
-                        ("clean exit", clean_exit)]),
-            (HYBRID, [("hybrid template: an answer without a think block is content",
-                       hybrid_no_think_is_content),
-                      ("hybrid server: clean exit", clean_exit)])):
-        srv = serve(tmp, "hybrid" if template is HYBRID else "think", template)
-        for name, fn in checks:  # each one reported, the server stopped by the last
-            fails += not run_check(name, fn)
+    for name, template, args, checks in (
+            ("think", TEMPLATE, [],
+             [("thinking off ends the prompt with the empty think block (both APIs)", prompt_ends),
+              ("thinking on: the answer is reasoning_content / a thinking block, whole and "
+               "streamed", reasoning_out),
+              ("thinking.budget_tokens: the think block ends there, the model answers "
+               "(whole and streamed)", budget),
+              ("thinking_budget_tokens on the OpenAI route: N, 0 and -1 (whole and "
+               "streamed)", openai_budget),
+              ("thinking off: the answer is content", thinking_off_is_content),
+              ("bad thinking fields -> 400 naming them", mistakes),
+              ("clean exit", clean_exit)]),
+            ("hybrid", HYBRID, [],
+             [("hybrid template: an answer without a think block is content",
+               hybrid_no_think_is_content),
+              ("hybrid server: clean exit", clean_exit)]),
+            ("budget", TEMPLATE, ["--reasoning-budget", "4"],
+             [("--reasoning-budget 4: requests naming no budget stop reasoning there, those "
+               "naming one keep theirs (both APIs)", server_budget),
+              ("--reasoning-budget with a bad value -> exit 2 naming it", bad_flag),
+              ("budget server: clean exit", clean_exit)])):
+        srv = serve(tmp, name, template, *args)
+        for check, fn in checks:  # each one reported, the server stopped by the last
+            fails += not run_check(check, fn)
         if srv.proc.poll() is None:
             srv.stop()
 print("%d failed" % fails if fails else "all passed")

@@ -29,6 +29,7 @@ typedef struct {
     const char *model, *http, *key_file, *model_id, *cache_dir, *admin,
                *admin_key, *admin_clients;
     double grace;
+    int reasoning_budget;
     int threads, ctx, max_running, max_queue, chunk, slice_units, slice_chunk;
     double slice_budget;
     model_cli_t mcli; /* --kv-type, --kv-f32, --repack, --no-repack, --no-amx */
@@ -68,6 +69,9 @@ static void usage(FILE *f)
             "  --chat-template NAME render chats with a built-in template instead of the\n"
             "                       model's: deepseek2, deepseek3 or chatml (default: the\n"
             "                       model's, recognised; chatml when it has none)\n"
+            "  --reasoning-budget N a thinking template's reasoning ends after N tokens when\n"
+            "                       the request names no budget (-1: none, the default;\n"
+            "                       0: at once)\n"
             "  --max-body SIZE      request body limit (default 8M)\n"
             "  --max-header SIZE    request line + headers limit (default 16K)\n"
             "  --read-timeout S     seconds to receive a whole request (default 30)\n"
@@ -124,7 +128,7 @@ static int parse_args(int argc, char **argv, args_t *a)
     *a = (args_t){.http = "127.0.0.1:8080", .max_running = 8, .max_queue = 256, .chunk = 256,
                   .slice_budget = 2.5, .slice_chunk = 128,
                   .max_body = 8u << 20, .max_header = 16u << 10, .read_timeout = 30,
-                  .idle_timeout = 60, .grace = 30};
+                  .idle_timeout = 60, .grace = 30, .reasoning_budget = -1};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -163,6 +167,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--admin-clients")) a->admin_clients = v;
         else if (!strcmp(o, "--grace-period") && !strcmp(v, "0")) a->grace = 0;
         else if (!strcmp(o, "--grace-period")) ok = parse_secs(v, &a->grace);
+        else if (!strcmp(o, "--reasoning-budget"))
+            ok = ecs_parse_int(v, -1, INT32_MAX, &a->reasoning_budget);
         else if (!strcmp(o, "--threads")) ok = ecs_parse_int(v, 1, 1024, &a->threads);
         else if (!strcmp(o, "--ctx")) ok = ecs_parse_int(v, 2, MODEL_MAX_CTX, &a->ctx);
         else if (!strcmp(o, "--max-running")) ok = ecs_parse_int(v, 1, MODEL_MAX_BATCH / 2, &a->max_running);
@@ -294,6 +300,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
     ao.port = port;
     ao.model_id = a->model_id ? a->model_id : id;
     ao.max_body = a->max_body;
+    ao.reasoning_budget = a->reasoning_budget;
     ao.max_header = a->max_header;
     ao.read_timeout_s = a->read_timeout;
     ao.idle_timeout_s = a->idle_timeout;
