@@ -415,6 +415,7 @@ ecs_err_t api_tools_system(api_perr_t *e, api_req_t *r)
 {
     if (!r->tools_text)
         return ECS_OK;
+    r->sys_own = strlen(r->tools_text); /* it ends the system turn, either way */
     tok_chat_msg_t *m = r->msgs;
     if (r->n_msgs > 0 && !strcmp(m[0].role, "system")) {
         api_buf_t b = {0};
@@ -428,13 +429,11 @@ ecs_err_t api_tools_system(api_perr_t *e, api_req_t *r)
         }
         free((char *)m[0].content);
         m[0].content = b.p;
-        r->sys_own = strlen(r->tools_text);
         return ECS_OK;
     }
     char *text = strdup(r->tools_text);
     if (api_push_msg(e, r, "system", text))
         return e->code;
-    r->sys_own = strlen(r->tools_text);
     m = r->msgs; /* the push may have moved it */
     tok_chat_msg_t sys = m[r->n_msgs - 1];
     memmove(m + 1, m, (size_t)(r->n_msgs - 1) * sizeof *m);
