@@ -22,6 +22,11 @@ echo "== bench_rtt: ExpertCall round trip through proto/mux vs raw libzmq =="
 # experts on 1 and 2 workers against one process, on the model bench_model.sh made
 if [ ${#quick[@]} -eq 0 ]; then
     "$(dirname "$0")/bench_workers.sh" "$build" "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 3
+    # the same as short runs in rotated order (the host's speed moves within minutes)
+    "$(dirname "$0")/bench_rotate.sh" "$build" "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 6 \
+        tg64 -- --pp 0 --tg 64 --threads 2
+    TARGET=0.75 "$(dirname "$0")/bench_rotate.sh" "$build" \
+        "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 6 pp512 -- --pp 512 --tg 0 --threads 2
 fi
 # JSON mode's token mask, a decoded token's extra time (the tiny model: the
 # mask depends on the vocabulary, not on the model's size)
