@@ -13,6 +13,9 @@
 #   LLAMA_BENCH     llama.cpp's llama-bench; c392e509 has no depth option, only
 #                   -pg D,N, which times prompt and generation together:
 #                   printed as such, not comparable to tgN @ D
+#   LLAMA_BATCHED_BENCH  llama.cpp's llama-batched-bench: -npp D -ntg N -npl 1
+#                   times the N tokens after the D-token prompt apart (S_TG):
+#                   llama.cpp's tgN @ D, beside its llama-bench tgN
 #   ECS_BENCH_TG    N (default 32)   ECS_BENCH_THREADS (default 2)
 #   ECS_BENCH_ARGS  more ecs-run options (e.g. "--kv-type bf16": the cache the
 #                   AMX tile unit takes)
@@ -64,6 +67,13 @@ for r in $(seq "$rounds"); do
                 >"$tmp/lc" 2>"$tmp/err" || { tail -5 "$tmp/err" >&2; exit 1; }
             printf "round %d  depth %5d  llama.cpp    tg%d %7s tok/s  pp%d+tg%d (prompt and generation timed together) %s tok/s\n" \
                 "$r" "$d" "$tg" "$(peer_rate " tg$tg |" "$tmp/lc")" "$d" "$tg" "$(peer_rate "pp$d+tg$tg" "$tmp/lc")"
+        fi
+        if [ -n "${LLAMA_BATCHED_BENCH:-}" ]; then
+            lock "$LLAMA_BATCHED_BENCH" -m "$model" -t "$threads" -c "$ctx" -b 2048 -ub 512 \
+                -npp "$d" -ntg "$tg" -npl 1 >"$tmp/lb" 2>"$tmp/err" || { tail -5 "$tmp/err" >&2; exit 1; }
+            lb=$(awk -F'|' -v d="$d" '$2 + 0 == d && $4 + 0 == 1 {gsub(/ /, "", $9); print $9; exit}' "$tmp/lb")
+            printf "round %d  depth %5d  llama.cpp    llama-batched-bench tg%d @depth %7s tok/s   ECS/llama.cpp @depth %s\n" \
+                "$r" "$d" "$tg" "$lb" "$(awk -v a="$ed" -v b="$lb" 'BEGIN {printf "%.2f", a / b}')"
         fi
     done
 done
