@@ -19,6 +19,25 @@ echo "== bench_rtt: ExpertCall round trip through proto/mux vs raw libzmq =="
 "$build/bench/bench_rtt" "${quick[@]}"
 "$(dirname "$0")/bench_model.sh" "$build" "${quick[@]}"
 "$(dirname "$0")/bench_plan.sh" "$build" "${quick[@]}"
+# decode at depth (issue 16): ECS alone from 512 to 8192 tokens, then tg64 at
+# 4096 side by side with the llama-bench builds beside the project, if any
+if [ ${#quick[@]} -eq 0 ]; then
+    depth_model=${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}
+    ECS_BENCH_TG=32 "$(dirname "$0")/bench_depth.sh" "$build" "$depth_model" 512,2048,4096,8192 1
+    peers=${ECS_PEERS:-../peers}
+    peer_env=()
+    [ -x "$peers/ik_llama.cpp/build/bin/llama-bench" ] &&
+        peer_env+=("IK_LLAMA_BENCH=$peers/ik_llama.cpp/build/bin/llama-bench")
+    [ -x "$peers/llama.cpp/build/bin/llama-bench" ] &&
+        peer_env+=("LLAMA_BENCH=$peers/llama.cpp/build/bin/llama-bench")
+    [ -x "$peers/llama.cpp/build/bin/llama-batched-bench" ] &&
+        peer_env+=("LLAMA_BATCHED_BENCH=$peers/llama.cpp/build/bin/llama-batched-bench")
+    if [ ${#peer_env[@]} -gt 0 ]; then
+        env ECS_BENCH_TG=64 "${peer_env[@]}" "$(dirname "$0")/bench_depth.sh" "$build" "$depth_model" 4096 1
+    else
+        echo "bench_depth: no llama-bench under $peers/{llama.cpp,ik_llama.cpp}/build/bin: peers skipped"
+    fi
+fi
 # experts on 1 and 2 workers against one process, on the model bench_model.sh made
 if [ ${#quick[@]} -eq 0 ]; then
     "$(dirname "$0")/bench_workers.sh" "$build" "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 3
