@@ -17,6 +17,8 @@ echo "== bench_attn_depth: one layer's decode attention core at depth 4096, two-
 if [ ${#quick[@]} -eq 0 ]; then "$build/bench/bench_attn_depth"; else "$build/bench/bench_attn_depth" 1024 bf16 4 3; fi
 echo "== bench_rtt: ExpertCall round trip through proto/mux vs raw libzmq =="
 "$build/bench/bench_rtt" "${quick[@]}"
+echo "== bench_wake: one futex wake-up, the sleeper on the waker's CPU and on another =="
+if [ ${#quick[@]} -eq 0 ]; then "$build/bench/bench_wake"; else "$build/bench/bench_wake" 50; fi
 "$(dirname "$0")/bench_model.sh" "$build" "${quick[@]}"
 "$(dirname "$0")/bench_plan.sh" "$build" "${quick[@]}"
 # decode at depth (issue 16): ECS alone from 512 to 8192 tokens, then tg64 at
