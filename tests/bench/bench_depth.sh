@@ -33,12 +33,8 @@ run="$build/bin/ecs-run"
 [ -f "$model" ] || { echo "bench_depth: no model $model" >&2; exit 1; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ecs-bench-depth.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-lock() {
-    if command -v flock >/dev/null; then flock /tmp/ecs-bench.lock "$@"; else "$@"; fi
-}
-# the number before "tok/s" (ECS) or the mean of "mean ± sd" (llama-bench)
-ecs_rate() { awk -v k="$1" '$1 == k && $2 != "@" {for (f = 2; f < NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$2"; }
-peer_rate() { awk -F'|' -v k="$1" 'index($0, k) {split($(NF - 1), a, " "); print a[1]; exit}' "$2"; }
+# shellcheck source=tests/bench/rates.sh
+. "$(dirname "$0")/rates.sh"
 
 echo "== bench_depth: $(basename "$model"), tg$tg at depths $depths, $threads threads, ECS ${ECS_BENCH_ARGS:-(defaults)}, $(date -u '+%Y-%m-%d %H:%M UTC') =="
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -65,9 +65,8 @@ else
     fi
 fi
 
-lock() {
-    if command -v flock >/dev/null; then flock /tmp/ecs-bench.lock "$@"; else "$@"; fi
-}
+# shellcheck source=tests/bench/rates.sh
+. "$(dirname "$0")/rates.sh"
 echo "load before: $(uptime)"
 profile=()
 [ "${ECS_BENCH_PROFILE:-0}" = 1 ] && profile=(--profile)

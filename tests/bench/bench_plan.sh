@@ -58,9 +58,8 @@ if [ -z "$model" ]; then
         exit 1
     fi
 fi
-lock() {
-    if command -v flock >/dev/null; then flock /tmp/ecs-bench.lock "$@"; else "$@"; fi
-}
+# shellcheck source=tests/bench/rates.sh
+. "$(dirname "$0")/rates.sh"
 
 echo "== bench_plan: ecs-plan's predictions against ecs-run --bench (model $model) =="
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')  cores: $(nproc)  load before: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -27,6 +27,8 @@ run="$build/bin/ecs-run"
 IFS=';' read -r -a more <<<"${LAYOUTS:---spawn-workers 1;--spawn-workers 2}"
 layouts=("" "${more[@]}")
 n=${#layouts[@]}
+# shellcheck source=tests/bench/rates.sh
+. "$(dirname "$0")/rates.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "== bench_rotate: $(basename "$model") $figure, ${args[*]}, $rounds rounds, $(date -u '+%Y-%m-%d %H:%M UTC') =="
@@ -36,7 +38,7 @@ for r in $(seq "$rounds"); do
         # shellcheck disable=SC2086
         "$run" -m "$model" --bench "${args[@]}" ${layouts[$i]} >"$tmp/out" 2>"$tmp/err" ||
             { cat "$tmp/err" >&2; exit 1; }
-        v=$(awk -v k="$figure" '$1 == k && $2 != "@" {for (f = 2; f < NF; f++) if ($(f + 1) == "tok/s") {print $f; exit}}' "$tmp/out")
+        v=$(ecs_rate "$figure" "$tmp/out")
         [ -n "$v" ] || { echo "bench_rotate: no $figure line in ecs-run's output" >&2; exit 1; }
         echo "$r $i $v" >>"$tmp/all"
         printf "round %2d  %-32s %s %8s tok/s  (load %s)\n" "$r" "${layouts[$i]:-one process}" \

@@ -8,6 +8,16 @@ build=${1:?usage: tests/bench/run.sh BUILD_DIR [--quick]}
 shift
 quick=()
 if [ "${1:-}" = "--quick" ]; then quick=(--quick); fi
+# the peers, built beside the project by whoever runs this (never by it):
+# their llama-bench binaries as the variables bench_depth.sh and bench_pp.sh take
+peers=${ECS_PEERS:-../peers}
+peer_env=()
+[ -x "$peers/ik_llama.cpp/build/bin/llama-bench" ] &&
+    peer_env+=("IK_LLAMA_BENCH=$peers/ik_llama.cpp/build/bin/llama-bench")
+[ -x "$peers/llama.cpp/build/bin/llama-bench" ] &&
+    peer_env+=("LLAMA_BENCH=$peers/llama.cpp/build/bin/llama-bench")
+[ -x "$peers/llama.cpp/build/bin/llama-batched-bench" ] &&
+    peer_env+=("LLAMA_BATCHED_BENCH=$peers/llama.cpp/build/bin/llama-batched-bench")
 
 echo "== bench_matvec: memory bandwidth, matrix-vector and batched products =="
 "$build/bench/bench_matvec" "${quick[@]}"
@@ -22,20 +32,13 @@ if [ ${#quick[@]} -eq 0 ]; then "$build/bench/bench_wake"; else "$build/bench/be
 "$(dirname "$0")/bench_model.sh" "$build" "${quick[@]}"
 "$(dirname "$0")/bench_plan.sh" "$build" "${quick[@]}"
 # decode at depth (issue 16): ECS alone from 512 to 8192 tokens, then tg64 at
-# 4096 side by side with the llama-bench builds beside the project, if any
+# 4096 and pp512 side by side with the llama-bench builds beside the project, if any
 if [ ${#quick[@]} -eq 0 ]; then
     depth_model=${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}
     ECS_BENCH_TG=32 "$(dirname "$0")/bench_depth.sh" "$build" "$depth_model" 512,2048,4096,8192 1
-    peers=${ECS_PEERS:-../peers}
-    peer_env=()
-    [ -x "$peers/ik_llama.cpp/build/bin/llama-bench" ] &&
-        peer_env+=("IK_LLAMA_BENCH=$peers/ik_llama.cpp/build/bin/llama-bench")
-    [ -x "$peers/llama.cpp/build/bin/llama-bench" ] &&
-        peer_env+=("LLAMA_BENCH=$peers/llama.cpp/build/bin/llama-bench")
-    [ -x "$peers/llama.cpp/build/bin/llama-batched-bench" ] &&
-        peer_env+=("LLAMA_BATCHED_BENCH=$peers/llama.cpp/build/bin/llama-batched-bench")
     if [ ${#peer_env[@]} -gt 0 ]; then
         env ECS_BENCH_TG=64 "${peer_env[@]}" "$(dirname "$0")/bench_depth.sh" "$build" "$depth_model" 4096 1
+        env "${peer_env[@]}" "$(dirname "$0")/bench_pp.sh" "$build" "$depth_model" 512 2
     else
         echo "bench_depth: no llama-bench under $peers/{llama.cpp,ik_llama.cpp}/build/bin: peers skipped"
     fi
@@ -65,7 +68,7 @@ if [ ${#quick[@]} -eq 0 ] && [ -f "$serve_model" ]; then
         --http 127.0.0.1:{port} --threads $threads --ctx 9216 --max-running 8 --prefix-cache-dir $pc"
     rm -rf "$pc"
     for peer in llama.cpp ik_llama.cpp; do
-        ls="${ECS_PEERS:-../peers}/$peer/build/bin/llama-server"
+        ls="$peers/$peer/build/bin/llama-server"
         [ -x "$ls" ] || { echo "bench_serve: $ls not built, skipped"; continue; }
         # llama-server splits -c evenly over its slots: 8 short ones for the
         # streams, 2 of 9216 tokens for the conversation and the gap
