@@ -32,6 +32,7 @@ n=${#layouts[@]}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "== bench_rotate: $(basename "$model") $figure, ${args[*]}, $rounds rounds, $(date -u '+%Y-%m-%d %H:%M UTC') =="
+resident_report "$model"
 for r in $(seq "$rounds"); do
     for k in $(seq 0 $((n - 1))); do
         i=$(( (k + r) % n ))
@@ -45,6 +46,7 @@ for r in $(seq "$rounds"); do
             "$figure" "$v" "$(cut -d' ' -f1 /proc/loadavg)"
     done
 done
+resident_report "$model"
 awk -v n="$n" -v target="${TARGET:-0.90}" -v names="${LAYOUTS:---spawn-workers 1;--spawn-workers 2}" '
     { v[$1, $2] = $3; if ($1 > R) R = $1 }
     END {

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # rates.sh - sourced by the benchmark scripts here: the lock that keeps
 # timed runs of different people apart, and the figures read off each
 # engine's output.
@@ -14,3 +15,24 @@ ecs_rate() { awk -v k="$1" '$1 == k && $2 != "@" {for (f = 2; f < NF; f++) if ($
 # peer_rate KEY FILE: the mean of "mean ± sd" on llama-bench's first table
 # row containing KEY
 peer_rate() { awk -F'|' -v k="$1" 'index($0, k) {split($(NF - 1), a, " "); print a[1]; exit}' "$2"; }
+
+# resident_report MODEL: how much of each of the model's decode copies
+# (in $ECS_CACHE_DIR, else $XDG_CACHE_HOME/ecs, else ~/.cache/ecs) the
+# page cache holds. Layouts compare fairly only with all of them resident:
+# the kernel evicts the copies read least (a worker's shard copy before
+# the one-process copy), and a layout whose copy is out decodes partly
+# from disk (docs/benchmarks.md, "AMD EPYC VM, session 24").
+resident_report() {
+    local dir=${ECS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ecs} f
+    if ! command -v fincore >/dev/null; then
+        echo "resident: fincore not installed (util-linux-extra): the page cache not checked"
+        return 0
+    fi
+    for f in "$dir/$(basename "$1")".*; do
+        [ -f "$f" ] || continue
+        fincore -b -n -o RES,SIZE "$f" | awk -v f="$(basename "$f")" '{
+            p = $2 ? 100 * $1 / $2 : 100
+            printf "resident: %5.1f %% of %s (%.2f GB)%s\n", p, f, $2 / 1e9,
+                   p < 99 ? "  [not all in the page cache: a layout reading it decodes partly from disk]" : ""}'
+    done
+}
