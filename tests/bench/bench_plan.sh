@@ -87,6 +87,10 @@ for r in $(seq 1 "$rounds"); do
         lock "$run" -m "$model" --bench --pp $pp --tg $tg --reps $reps --ctx $((pp + tg + 16)) "${sp[@]}" \
             >"$tmp/run_${r}_$n.txt" 2>"$tmp/run_${r}_$n.err" ||
             { cat "$tmp/run_${r}_$n.err" >&2; exit 1; }
+        # a copy the run's own prefault could not keep in the page cache
+        # (ecs-plan's timings evict them): the run decoded partly from disk
+        resident_report "$model" "$([ "$n" -gt 0 ] && echo workers || echo one)" |
+            grep -q "not all" && echo "$n" >>"$tmp/spilled"
     done
     do_plan "$r"
 done
@@ -119,6 +123,11 @@ for n in ${workers//,/ }; do
         if [ "$cold" -gt 0 ]; then
             printf '%-8s %-12s %s of %s plans: cold (the phase read copies not resident: no prediction)\n' \
                 "$name" "$label" "$cold" "$((rounds + 1))"
+        fi
+        spilled=$(grep -cx "$n" "$tmp/spilled" 2>/dev/null || true)
+        if [ "$fig" = decode ] && [ "${spilled:-0}" -gt 0 ]; then
+            printf '%-8s %-12s %s of %s runs ended with a decode copy not all resident (fincore)\n' \
+                "$name" "" "$spilled" "$rounds"
         fi
         awk -v name="$name" -v lab="$label" -v p="$pred" -v m="$meas" 'BEGIN {
             split(p, P, " "); split(m, M, " ")
