@@ -149,6 +149,8 @@ DEB_PKGS = gcc make libcriterion-dev libpcre2-dev clang libclang-rt-14-dev pytho
 # the RDMA data plane (proto/dplane/rdma.c) compiles its verbs code where the
 # header is, and loads libibverbs with dlopen: nothing links it
 DEB_PKGS += libibverbs-dev
+# fincore: the benchmarks check the decode copies are in the page cache
+DEB_PKGS += util-linux-extra
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
