@@ -32,7 +32,7 @@ n=${#layouts[@]}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "== bench_rotate: $(basename "$model") $figure, ${args[*]}, $rounds rounds, $(date -u '+%Y-%m-%d %H:%M UTC') =="
-resident_report "$model"
+resident_report "$model" || true
 for r in $(seq "$rounds"); do
     for k in $(seq 0 $((n - 1))); do
         i=$(( (k + r) % n ))
@@ -46,7 +46,7 @@ for r in $(seq "$rounds"); do
             "$figure" "$v" "$(cut -d' ' -f1 /proc/loadavg)"
     done
 done
-resident_report "$model"
+resident_report "$model" || true
 awk -v n="$n" -v target="${TARGET:-0.90}" -v names="${LAYOUTS:---spawn-workers 1;--spawn-workers 2}" '
     { v[$1, $2] = $3; if ($1 > R) R = $1 }
     END {
