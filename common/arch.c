@@ -246,21 +246,41 @@ const char *arch_exps_name(char *buf, size_t n, int layer, arch_exps_t which)
     return buf;
 }
 
+/* name's tensor, of shape [ff or n_embd (down), n_embd or ff (down), stack]. */
+static ecs_err_t ffn_tensor(const gguf_file_t *f, const arch_hparams_t *hp, const char *name,
+                            arch_exps_t which, int64_t ff, int64_t stack,
+                            const gguf_tensor_t **out)
+{
+    const gguf_tensor_t *t = gguf_find_tensor(f, name);
+    if (!t)
+        return ecs_error(ECS_ERR_NOTFOUND, "%s: missing tensor %s", gguf_path(f), name);
+    const int64_t cols = which == ARCH_EXPS_DOWN ? ff : hp->n_embd;
+    const int64_t rows = which == ARCH_EXPS_DOWN ? hp->n_embd : ff;
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != stack || t->ne[3] != 1)
+        return ecs_error(ECS_ERR_FORMAT,
+                         "%s: tensor %s has shape [%lld, %lld, %lld], expected [%lld, %lld, %lld]",
+                         gguf_path(f), name, (long long)t->ne[0], (long long)t->ne[1],
+                         (long long)t->ne[2], (long long)cols, (long long)rows, (long long)stack);
+    *out = t;
+    return ECS_OK;
+}
+
 ecs_err_t arch_exps_tensor(const gguf_file_t *f, const arch_hparams_t *hp, int layer,
                            arch_exps_t which, const gguf_tensor_t **out)
 {
     char name[96];
     arch_exps_name(name, sizeof name, layer, which);
-    const gguf_tensor_t *t = gguf_find_tensor(f, name);
-    if (!t)
-        return ecs_error(ECS_ERR_NOTFOUND, "%s: missing tensor %s", gguf_path(f), name);
-    const int64_t cols = which == ARCH_EXPS_DOWN ? hp->n_ff_exp : hp->n_embd;
-    const int64_t rows = which == ARCH_EXPS_DOWN ? hp->n_embd : hp->n_ff_exp;
-    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != hp->n_expert || t->ne[3] != 1)
-        return ecs_error(ECS_ERR_FORMAT,
-                         "%s: tensor %s has shape [%lld, %lld, %lld], expected [%lld, %lld, %d]",
-                         gguf_path(f), name, (long long)t->ne[0], (long long)t->ne[1],
-                         (long long)t->ne[2], (long long)cols, (long long)rows, hp->n_expert);
-    *out = t;
-    return ECS_OK;
+    return ffn_tensor(f, hp, name, which, hp->n_ff_exp, hp->n_expert, out);
+}
+
+ecs_err_t arch_shexp_tensor(const gguf_file_t *f, const arch_hparams_t *hp, int layer,
+                            arch_exps_t which, const gguf_tensor_t **out)
+{
+    static const char *const what[] = {"gate", "up", "down"};
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.ffn_%s_shexp.weight", layer, what[which]);
+    if (hp->n_ff_shexp <= 0)
+        return ecs_error(ECS_ERR_NOTFOUND, "%s: the model has no shared experts (%s)",
+                         gguf_path(f), name);
+    return ffn_tensor(f, hp, name, which, hp->n_ff_shexp, 1, out);
 }

@@ -114,5 +114,10 @@ const char *arch_exps_name(char *buf, size_t n, int layer, arch_exps_t which);
  * length); ECS_ERR_NOTFOUND / ECS_ERR_FORMAT naming it otherwise. */
 ecs_err_t arch_exps_tensor(const gguf_file_t *f, const arch_hparams_t *hp, int layer,
                            arch_exps_t which, const gguf_tensor_t **out);
+/* The same for a MoE layer's shared experts (one SwiGLU FFN of n_ff_shexp:
+ * blk.N.ffn_{gate,up,down}_shexp.weight, [n_embd, n_ff_shexp] and
+ * [n_ff_shexp, n_embd]); ECS_ERR_NOTFOUND also when the model has none. */
+ecs_err_t arch_shexp_tensor(const gguf_file_t *f, const arch_hparams_t *hp, int layer,
+                            arch_exps_t which, const gguf_tensor_t **out);
 
 #endif

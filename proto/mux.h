@@ -105,7 +105,7 @@
  * Usage (worker):
  *
  *   static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r) {
- *       compute(c, r->rows);             // r->rows: c->n_entries result rows
+ *       compute(c, r->rows);             // r->rows: wire_call_result_rows(c) rows
  *   }
  *   mux_server_t *s;
  *   mux_server_new(&(mux_server_opts_t){.data_bind = "tcp://0.0.0.0:5555"},
@@ -304,8 +304,8 @@ uint64_t mux_ctrl_bad(mux_t *m);
 typedef struct mux_server mux_server_t;
 
 /* What on_call fills. Preset: status OK, rows pointing at room for
- * n_entries result rows (of the call's n_embd and result_dtype) inside the
- * reply's frame, compute_ns 0 (then the server measures on_call). On an
+ * wire_call_result_rows(call) rows (of the call's n_embd and result_dtype)
+ * inside the reply's frame, compute_ns 0 (then the server measures on_call). On an
  * error status set message; the rows are not sent. */
 typedef struct {
     wire_status_t status;

@@ -246,7 +246,7 @@ ecs_err_t mux_call_prepare(mux_t *m, int peer, wire_call_t *wc, void **payload,
     c->id = wc->request_id;
     c->peer = peer;
     c->n_rows = wc->n_rows;
-    c->n_entries = (uint32_t)wc->n_entries;
+    c->n_entries = (uint32_t)wire_call_result_rows(wc);
     c->n_embd = wc->n_embd;
     c->result_dtype = wc->result_dtype;
     c->cmd.kind = CMD_CALL;

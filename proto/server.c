@@ -150,7 +150,7 @@ static wire_msg_t result_msg(const wire_call_t *c, const mux_reply_t *r, const v
     return (wire_msg_t){.kind = WIRE_RESULT,
                         .result = {.request_id = c->request_id, .status = r->status,
                                    .compute_ns = ok ? r->compute_ns : 0,
-                                   .n_entries = ok ? (uint32_t)c->n_entries : 0,
+                                   .n_entries = ok ? (uint32_t)wire_call_result_rows(c) : 0,
                                    .n_embd = ok ? c->n_embd : 0, .dtype = ok ? c->result_dtype : 0,
                                    .message = ok ? NULL : r->message,
                                    .payload = ok && bytes ? rows : NULL,
@@ -159,7 +159,7 @@ static wire_msg_t result_msg(const wire_call_t *c, const mux_reply_t *r, const v
 
 static void serve_call(mux_server_t *s, const mux_route_t *route, const wire_call_t *c)
 {
-    const size_t bytes = c->n_entries * wire_row_bytes(c->result_dtype, c->n_embd);
+    const size_t bytes = wire_call_result_rows(c) * wire_row_bytes(c->result_dtype, c->n_embd);
     zmq_msg_t out;
     if (zmq_msg_init_size(&out, bytes)) {
         reply_status(s, route, c->request_id, WIRE_ST_INTERNAL, "worker out of memory");
@@ -369,7 +369,7 @@ static void plane_call(plane_t *pl, const dplane_entry_t *ce)
         return;
     }
     const wire_call_t *c = &w.call;
-    const size_t bytes = c->n_entries * wire_row_bytes(c->result_dtype, c->n_embd);
+    const size_t bytes = wire_call_result_rows(c) * wire_row_bytes(c->result_dtype, c->n_embd);
     dplane_entry_t re;
     const ecs_err_t rc = plane_room(pl, bytes, &re);
     if (rc == ECS_ERR_RANGE)

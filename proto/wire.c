@@ -61,6 +61,11 @@ uint32_t wire_act_type(uint32_t gate_type, uint32_t up_type, uint32_t n_embd)
     return t;
 }
 
+size_t wire_call_result_rows(const wire_call_t *c)
+{
+    return c->n_entries + (c->shared ? c->n_rows : 0);
+}
+
 size_t wire_row_bytes(uint32_t dtype, uint32_t n)
 {
     switch (dtype) {
@@ -386,6 +391,7 @@ static void to_pb(const wire_msg_t *m, pb_any_t *pb)
         pb->assign.n_layers = pb->assign.n_experts = m->assign.n;
         pb->assign.layers = (uint32_t *)m->assign.layers;
         pb->assign.experts = (uint32_t *)m->assign.experts;
+        pb->assign.shared = m->assign.shared;
         break;
     case WIRE_READY:
         ecs__ready__init(&pb->ready);
@@ -451,6 +457,7 @@ static void to_pb(const wire_msg_t *m, pb_any_t *pb)
         p->payload_bytes = c->payload_bytes;
         p->result_dtype = c->result_dtype;
         p->threads = c->threads;
+        p->shared = c->shared;
         p->prefetch_layer = c->prefetch_layer;
         p->n_prefetch_experts = c->n_prefetch;
         p->prefetch_experts = (uint32_t *)c->prefetch;
@@ -506,7 +513,8 @@ static ecs_err_t from_pb(wire_msg_t *m, const ProtobufCMessage *any)
         if (p->n_layers != p->n_experts)
             return ecs_error(ECS_ERR_FORMAT, "Assign: %zu layers but %zu experts", p->n_layers,
                              p->n_experts);
-        m->assign = (wire_assign_t){p->generation, p->n_layers, p->layers, p->experts};
+        m->assign = (wire_assign_t){p->generation, p->n_layers, p->layers, p->experts,
+                                    p->shared};
         break;
     }
     case WIRE_READY: {
@@ -565,6 +573,7 @@ static ecs_err_t from_pb(wire_msg_t *m, const ProtobufCMessage *any)
         c->weight = p->n_weight ? p->weight : NULL;
         c->result_dtype = p->result_dtype;
         c->threads = p->threads;
+        c->shared = p->shared;
         c->prefetch_layer = p->prefetch_layer;
         c->n_prefetch = p->n_prefetch_experts;
         c->prefetch = p->prefetch_experts;

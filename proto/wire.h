@@ -112,6 +112,9 @@ typedef enum {
 /* Hello.capabilities bits (== 1 << ecs.Capability). */
 #define WIRE_CAP_RESULT_BF16 (1u << 1)
 #define WIRE_CAP_INPUT_Q8 (1u << 2)
+/* Holds the shared experts on Assign.shared and computes them with the
+ * routed ones (ExpertCall.shared). */
+#define WIRE_CAP_SHARED (1u << 3)
 /* Data planes (GPU work): payloads beside ZeroMQ (proto/dplane). */
 #define WIRE_CAP_NCCL (1ull << 16)
 #define WIRE_CAP_RDMA (1ull << 17)
@@ -171,6 +174,7 @@ typedef struct {
     size_t n;
     const uint32_t *layers;     /* < WIRE_MAX_LAYERS */
     const uint32_t *experts;    /* < WIRE_MAX_EXPERTS */
+    bool shared;                /* also every MoE layer's shared experts (WIRE_CAP_SHARED) */
 } wire_assign_t;
 
 typedef struct {
@@ -213,7 +217,9 @@ typedef struct {
  * * k, row_index[j] < n_rows and strictly increasing within an expert,
  * slot[j] < k, weight NULL or finite, result_dtype F32 or BF16, and
  * payload_bytes == n_rows * wire_row_bytes(dtype, n_embd) == the payload
- * frame's size. The result has one row per entry, in entry order. */
+ * frame's size. The result has one row per entry, in entry order, then
+ * with `shared` one row per activation row, in row order: the layer's
+ * shared experts on it (wire_call_result_rows counts them all). */
 typedef struct {
     uint64_t request_id;
     uint32_t layer, n_rows, n_embd, dtype, k;
@@ -226,6 +232,7 @@ typedef struct {
     /* threads to compute with: 0 the worker's own, else 1..WIRE_MAX_THREADS
      * (the worker refuses more than its --threads: UNSUPPORTED) */
     uint32_t threads;
+    bool shared;                /* the shared experts too (WIRE_CAP_SHARED) */
     const void *payload;
     size_t payload_bytes;
     /* Prefetch hint (optional): experts predicted for prefetch_layer
@@ -235,6 +242,9 @@ typedef struct {
     size_t n_prefetch;
     const uint32_t *prefetch;
 } wire_call_t;
+
+/* Rows a call's result holds: n_entries, + n_rows with shared. */
+size_t wire_call_result_rows(const wire_call_t *c);
 
 /* status OK: n_entries rows of n_embd values of dtype (F32 or BF16),
  * payload_bytes == n_entries * wire_row_bytes(dtype, n_embd) == the frame's

@@ -52,10 +52,11 @@ ecs_err_t shard_open(shard_t *s, const gguf_file_t *f, const arch_hparams_t *hp)
     s->layers = calloc((size_t)hp->n_layer, sizeof *s->layers);
     s->row = malloc((size_t)KCPU_MAX_BATCH * (size_t)hp->n_expert_used * sizeof *s->row);
     s->expert = malloc((size_t)KCPU_MAX_BATCH * (size_t)hp->n_expert_used * sizeof *s->expert);
-    s->jobs = calloc((size_t)hp->n_expert, sizeof *s->jobs);
+    s->jobs = calloc((size_t)hp->n_expert + 1, sizeof *s->jobs);
+    s->shexp = calloc((size_t)hp->n_layer, sizeof *s->shexp);
     s->plan.cap = KCPU_PLAN_CHUNKS(SHARD_REGION_JOBS);
     s->plan.chunks = calloc((size_t)s->plan.cap, sizeof *s->plan.chunks);
-    if (!s->all || !s->held || !s->layers || !s->row || !s->expert || !s->jobs ||
+    if (!s->all || !s->held || !s->layers || !s->row || !s->expert || !s->jobs || !s->shexp ||
         !s->plan.chunks) {
         shard_close(s);
         return ecs_error(ECS_ERR_NOMEM, "worker: out of memory for the expert table");
@@ -81,12 +82,15 @@ void shard_close(shard_t *s)
 {
     kmoe_free(s->moe);
     krepack_close(s->copy);
+    krepack_close(s->sh_copy);
     free(s->all);
     free(s->held);
     free(s->layers);
     free(s->row);
     free(s->expert);
     free(s->jobs);
+    free(s->shexp);
+    kmoe_ffn_free(s->ffn);
     free(s->plan.chunks);
     memset(s, 0, sizeof *s);
 }
@@ -104,46 +108,105 @@ static void prefault(const void *p, size_t n)
     (void)sink;
 }
 
-/* The interleaved copy of the held experts' matrices that have one, in a
- * file named after the GGUF and a hash of the assignment (another
- * assignment, another file). Without it the products read the GGUF's
- * rows: the same bits, slower decode. */
+/* The interleaved copy of mats[0, n) in dir/name into *out (none: a
+ * warning, and the products read the GGUF's rows: the same bits, slower
+ * decode). */
+static void copy_open(const shard_t *s, const char *dir, ecs_threadpool_t *tp,
+                      kcpu_mat_t *const *mats, int n, const char *name, krepack_t **out)
+{
+    krepack_opts_t o = {.dir = dir, .name = name, .src = s->f, .tp = tp};
+    if (krepack_open(&o, mats, n, out) != ECS_OK)
+        fprintf(stderr, "ecs-worker: warning: no interleaved copy (%s); running from the GGUF "
+                "alone\n", ecs_errmsg());
+    else if (krepack_made_why(*out))
+        fprintf(stderr, "ecs-worker: made %s (%.1f MiB): %s\n", krepack_path(*out),
+                krepack_bytes(*out) / 1048576.0, krepack_made_why(*out));
+}
+
+/* Appends x's matrices that have an interleaved layout to mats. */
+static int add_mats(kmoe_expert_t *x, kcpu_mat_t **mats, int n)
+{
+    kcpu_mat_t *m3[3] = {&x->gate, &x->up, &x->down};
+    for (int i = 0; i < 3; i++)
+        if (krepack_fits(m3[i]))
+            mats[n++] = m3[i];
+    return n;
+}
+
+/* The interleaved copies: of the held experts, in a file named after the
+ * GGUF and a hash of the assignment (another assignment, another file),
+ * and of the shared experts when held, in one file of their own (the same
+ * for every worker, and the experts' copy the same with or without them). */
 static void open_copy(shard_t *s, const char *dir, ecs_threadpool_t *tp)
 {
     const size_t cells = (size_t)s->hp.n_layer * (size_t)s->hp.n_expert;
-    kcpu_mat_t **mats = malloc(3 * s->n_held * sizeof *mats);
+    const size_t n_mats = s->n_held > (size_t)s->hp.n_layer ? s->n_held : (size_t)s->hp.n_layer;
+    kcpu_mat_t **mats = malloc(3 * n_mats * sizeof *mats);
     int32_t *ids = malloc((s->n_held + 1) * sizeof *ids);
     if (!mats || !ids)
         goto done;
-    int n = 0, n_ids = 0;
-    for (size_t c = 0; c < cells; c++) {
-        if (!s->held[c].gate.nrows)
-            continue;
-        ids[n_ids++] = (int32_t)c;
-        kcpu_mat_t *m3[3] = {&s->held[c].gate, &s->held[c].up, &s->held[c].down};
-        for (int i = 0; i < 3; i++)
-            if (krepack_fits(m3[i]))
-                mats[n++] = m3[i];
-    }
-    if (!n)
-        goto done;
-    uint8_t h[32];
-    char hex[17], name[256];
-    ecs_sha256(ids, (size_t)n_ids * sizeof *ids, h);
-    ecs_hex(h, 8, hex);
     const char *base = strrchr(gguf_path(s->f), '/');
     base = base ? base + 1 : gguf_path(s->f);
-    snprintf(name, sizeof name, "%.200s.%s.r16", base, hex);
-    krepack_opts_t o = {.dir = dir, .name = name, .src = s->f, .tp = tp};
-    if (krepack_open(&o, mats, n, &s->copy) != ECS_OK)
-        fprintf(stderr, "ecs-worker: warning: no interleaved copy (%s); running from the GGUF "
-                "alone\n", ecs_errmsg());
-    else if (krepack_made_why(s->copy))
-        fprintf(stderr, "ecs-worker: made %s (%.1f MiB): %s\n", krepack_path(s->copy),
-                krepack_bytes(s->copy) / 1048576.0, krepack_made_why(s->copy));
+    char name[256];
+    int n = 0, n_ids = 0;
+    for (size_t c = 0; c < cells; c++)
+        if (s->held[c].gate.nrows) {
+            ids[n_ids++] = (int32_t)c;
+            n = add_mats(&s->held[c], mats, n);
+        }
+    if (n) {
+        uint8_t h[32];
+        char hex[17];
+        ecs_sha256(ids, (size_t)n_ids * sizeof *ids, h);
+        ecs_hex(h, 8, hex);
+        snprintf(name, sizeof name, "%.200s.%s.r16", base, hex);
+        copy_open(s, dir, tp, mats, n, name, &s->copy);
+    }
+    n = 0;
+    for (int il = 0; il < s->hp.n_layer; il++)
+        if (s->shexp[il].gate.nrows)
+            n = add_mats(&s->shexp[il], mats, n);
+    if (n) {
+        snprintf(name, sizeof name, "%.200s.shexp.r16", base);
+        copy_open(s, dir, tp, mats, n, name, &s->sh_copy);
+    }
 done:
     free(mats);
     free(ids);
+}
+
+/* Every MoE layer's shared experts into shexp (views of the GGUF; NULL:
+ * only counted), their bytes to *bytes. A model without any: none. */
+static ecs_err_t load_shexp(const shard_t *s, kmoe_expert_t *shexp, uint64_t *bytes)
+{
+    const arch_hparams_t *hp = &s->hp;
+    *bytes = 0;
+    for (int il = 0; il < hp->n_layer && hp->n_ff_shexp > 0; il++) {
+        if (!arch_layer_moe(hp, il))
+            continue;
+        const gguf_tensor_t *t[3];
+        for (int which = 0; which < 3; which++) {
+            const ecs_err_t rc = arch_shexp_tensor(s->f, hp, il, (arch_exps_t)which, &t[which]);
+            if (rc != ECS_OK)
+                return rc;
+        }
+        const kmoe_expert_t x = {stack_mat(t[0]), stack_mat(t[1]), stack_mat(t[2])};
+        *bytes += shard_expert_bytes(&x);
+        if (shexp)
+            shexp[il] = x;
+    }
+    return ECS_OK;
+}
+
+/* Drops the shared experts (and their scratch). */
+static void drop_shexp(shard_t *s)
+{
+    krepack_close(s->sh_copy);
+    s->sh_copy = NULL;
+    memset(s->shexp, 0, (size_t)s->hp.n_layer * sizeof *s->shexp);
+    kmoe_ffn_free(s->ffn);
+    s->ffn = NULL;
+    s->shared = false;
 }
 
 ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_threadpool_t *tp,
@@ -161,20 +224,41 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
                              l, e, hp->n_layer, hp->n_layer_dense, hp->n_expert);
         need += shard_expert_bytes(&s->all[(size_t)l * (size_t)hp->n_expert + (size_t)e]);
     }
-    if (budget && need > budget)
+    uint64_t shared = 0;
+    if (a->shared) {
+        const ecs_err_t rc = load_shexp(s, NULL, &shared);
+        if (rc != ECS_OK)
+            return rc;
+    }
+    if (budget && need + shared > budget)
         return ecs_error(ECS_ERR_NOMEM,
-                         "assignment of %zu experts needs %.1f MiB, over the memory budget of "
-                         "%.1f MiB (--mem-budget)",
-                         a->n, need / 1048576.0, budget / 1048576.0);
+                         "assignment of %zu experts%s needs %.1f MiB, over the memory budget of "
+                         "%.1f MiB (--mem-budget)", a->n,
+                         shared ? " and the shared experts" : "", (need + shared) / 1048576.0,
+                         budget / 1048576.0);
+    need += shared;
     kmoe_free(s->moe);
     s->moe = NULL;
     s->tp = tp;
     krepack_close(s->copy);
-    s->copy = NULL;
+    krepack_close(s->sh_copy);
+    s->copy = s->sh_copy = NULL;
+    drop_shexp(s);
     const size_t cells = (size_t)hp->n_layer * (size_t)hp->n_expert;
     memset(s->held, 0, cells * sizeof *s->held);
     for (int il = 0; il < hp->n_layer; il++)
         s->layers[il] = NULL;
+    if (shared) {
+        ecs_err_t rc = load_shexp(s, s->shexp, &shared);
+        if (rc == ECS_OK)
+            rc = kmoe_ffn_new(hp->n_embd, hp->n_ff_shexp, KCPU_MAX_BATCH, tp, &s->ffn);
+        if (rc != ECS_OK) {
+            drop_shexp(s);
+            s->n_held = 0;
+            return rc;
+        }
+    }
+    s->shared = a->shared;
     for (size_t i = 0; i < a->n; i++) {
         const size_t c = (size_t)a->layers[i] * (size_t)hp->n_expert + a->experts[i];
         s->held[c] = s->all[c];
@@ -189,6 +273,7 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
     ecs_err_t rc = kmoe_new(&shape, (const kmoe_expert_t *const *)s->layers, hp->n_layer, tp,
                             &s->moe);
     if (rc != ECS_OK) {
+        drop_shexp(s);
         s->n_held = 0;
         return rc;
     }
@@ -197,15 +282,19 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
      * (written, then dropped from the page cache so that it comes back in
      * large folios: repack.c); a copy found on the disk was read whole by
      * its checksums when it was opened */
-    for (size_t c = 0; c < cells; c++)
-        if (s->held[c].gate.nrows) {
-            const kcpu_mat_t *m3[3] = {&s->held[c].gate, &s->held[c].up, &s->held[c].down};
+    for (size_t c = 0; c < cells + (size_t)hp->n_layer; c++) {
+        const kmoe_expert_t *x = c < cells ? &s->held[c] : &s->shexp[c - cells];
+        if (x->gate.nrows) {
+            const kcpu_mat_t *m3[3] = {&x->gate, &x->up, &x->down};
             for (int i = 0; i < 3; i++)
                 if (kcpu_mat_reads_rows(m3[i]))
                     prefault(m3[i]->data, mat_bytes(m3[i]));
         }
-    if (s->copy && krepack_made_why(s->copy))
-        prefault(krepack_map(s->copy), krepack_bytes(s->copy));
+    }
+    krepack_t *copies[2] = {s->copy, s->sh_copy};
+    for (int i = 0; i < 2; i++)
+        if (copies[i] && krepack_made_why(copies[i]))
+            prefault(krepack_map(copies[i]), krepack_bytes(copies[i]));
     s->n_held = a->n;
     s->bytes = need;
     *bytes = need;
@@ -216,7 +305,7 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
 bool shard_holds_exactly(const shard_t *s, const wire_assign_t *a)
 {
     const arch_hparams_t *hp = &s->hp;
-    if (!s->moe || a->n != s->n_held)
+    if (!s->moe || a->n != s->n_held || a->shared != s->shared)
         return false;
     for (size_t i = 0; i < a->n; i++) {
         const uint32_t l = a->layers[i], e = a->experts[i];
@@ -251,14 +340,20 @@ static void run_regions(shard_t *s, const kcpu_jobs_t *j)
     }
 }
 
-static void compute(shard_t *s)
+/* The call's experts, with the shared ones first when it asks for them
+ * (as the coordinator's one-process step orders them). */
+static void compute(shard_t *s, bool shared)
 {
     kcpu_jobs_t j = {s->jobs, 0};
+    if (shared)
+        kmoe_ffn_gate_up(s->ffn, &j);
     kmoe_gate_up(s->moe, &j);
     run_regions(s, &j);
     if (s->tick)
         s->tick(s->tick_ctx);
     j.n = 0;
+    if (shared)
+        kmoe_ffn_down(s->ffn, &j);
     kmoe_down(s->moe, &j);
     run_regions(s, &j);
 }
@@ -304,6 +399,12 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
             s->row[p] = (int32_t)c->row_index[p];
         }
     }
+    if (c->shared && (!s->shared || !s->shexp[l].gate.nrows))
+        REFUSE(WIRE_ST_NOT_ASSIGNED, "layer %d: the shared experts are not held here (%s)", l,
+               s->shared ? "the model has none" : "the assignment did not ask for them");
+    if (c->shared && c->result_dtype != ECS_TYPE_F32)
+        REFUSE(WIRE_ST_UNSUPPORTED, "shared experts with %s results: they come back in f32 only",
+               ecs_type_name((ecs_type_t)c->result_dtype));
     if (s->dev) {
         shard_dev_call(s->dev, c, r);
         if (r->status == WIRE_ST_OK) {
@@ -319,10 +420,17 @@ void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r)
                              s->expert);
     if (rc != ECS_OK)
         REFUSE(WIRE_ST_BAD_MESSAGE, "%s", ecs_errmsg());
-    compute(s);
+    const size_t E = (size_t)hp->n_embd, row = E * sizeof(float);
+    if (c->shared) {
+        const bool f32 = c->dtype == ECS_TYPE_F32;
+        if (kmoe_ffn_prepare(s->ffn, &s->shexp[l], (int)c->n_rows, f32 ? c->payload : NULL,
+                             f32 ? NULL : c->payload, (ecs_type_t)c->dtype,
+                             (float *)((char *)r->rows + p * row)) != ECS_OK)
+            REFUSE(WIRE_ST_UNSUPPORTED, "layer %d: %s", l, ecs_errmsg());
+    }
+    compute(s, c->shared);
     const float *outs = kmoe_outs(s->moe);
     const int32_t *where = kmoe_where(s->moe);
-    const size_t E = (size_t)hp->n_embd, row = E * sizeof(float);
     ecs_bf16_t *b = r->rows;
     if (c->result_dtype == ECS_TYPE_BF16) /* the inexact option: half the bytes */
         for (size_t q = 0; q < p; q++)

@@ -120,7 +120,8 @@ static void send_hello(worker_t *w, worker_coord_t *c)
                               .device = w->device,
                               /* the device path takes f32 rows and returns f32 */
                               .capabilities = WIRE_CAP_SHM |
-                                  (w->dev ? 0 : WIRE_CAP_INPUT_Q8 | WIRE_CAP_RESULT_BF16),
+                                  (w->dev ? 0 : WIRE_CAP_INPUT_Q8 | WIRE_CAP_RESULT_BF16 |
+                                                    WIRE_CAP_SHARED),
                               .data_endpoint = w->listen,
                               .vram_budget = w->dev ? shard_dev_budget(w->dev) : 0,
                               .curve_public = w->keys.on ? w->keys.key.pub : ""}};
@@ -236,8 +237,8 @@ static void on_assign(worker_t *w, int ci, const wire_assign_t *a)
         }
         for (int i = 0; i < w->n_co; i++) /* the old shard is gone */
             w->co[i].uses_shard = false;
-        logf_(w, false, "holds %zu experts (%.1f MiB), loaded in %.0f ms", a->n,
-              bytes / 1048576.0, load_ns / 1e6);
+        logf_(w, false, "holds %zu experts%s (%.1f MiB), loaded in %.0f ms", a->n,
+              w->shard.shared ? " and the shared experts" : "", bytes / 1048576.0, load_ns / 1e6);
     }
     wire_msg_t m = {.kind = WIRE_READY,
                     .ready = {.generation = a->generation, .bytes_mapped = bytes,

@@ -30,6 +30,7 @@ typedef struct {
     kmoe_expert_t **layers;        /* [n_layer] held + layer offset, NULL: none held */
     kmoe_t *moe;                   /* NULL until an assignment is loaded */
     krepack_t *copy;               /* interleaved copy of the held experts, or NULL */
+    krepack_t *sh_copy;            /* of the shared experts held, or NULL */
     const gguf_file_t *f;
     int32_t *row, *expert;         /* [KCPU_MAX_BATCH * k] a call's pairs */
     size_t n_held;
@@ -40,7 +41,12 @@ typedef struct {
      * tick(tick_ctx) between them (the worker's heartbeat: a long call
      * must not look like a hung worker) */
     ecs_threadpool_t *tp;
-    kcpu_job_t *jobs;              /* [n_expert] */
+    kcpu_job_t *jobs;              /* [n_expert + 1] */
+    /* Assign.shared: every MoE layer's shared experts (gate.nrows 0: not
+     * held), computed for calls with ExpertCall.shared */
+    kmoe_expert_t *shexp;          /* [n_layer], views of the GGUF (and of the copy) */
+    bool shared;
+    kmoe_ffn_t *ffn;               /* their scratch while held */
     kcpu_plan_t plan;
     void (*tick)(void *ctx);
     void *tick_ctx;
@@ -53,8 +59,9 @@ size_t shard_expert_bytes(const kmoe_expert_t *e);
  * changed), then holds exactly them and prefaults their bytes. */
 ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_threadpool_t *tp,
                        const char *repack_dir, uint64_t *bytes, uint64_t *load_ns);
-/* Whether the shard holds the pairs of a and no others (an Assign that
- * changes nothing: answered Ready without loading). */
+/* Whether the shard holds the pairs of a and no others, and the shared
+ * experts if and only if a asks (an Assign that changes nothing: answered
+ * Ready without loading). */
 bool shard_holds_exactly(const shard_t *s, const wire_assign_t *a);
 void shard_call(shard_t *s, const wire_call_t *c, mux_reply_t *r);
 /* The quantized activation type layer l's calls may carry (F32: none). */

@@ -505,8 +505,11 @@ ecs_err_t dispatch_send_assign(dispatch_t *d, int wi)
         ls[i] = (uint32_t)pairs[2 * i];
         es[i] = (uint32_t)pairs[2 * i + 1];
     }
+    const bool shared = dispatch_shared_wanted(d, wi);
+    atomic_store(&d->w[wi].sh_held, shared);
     wire_msg_t m = {.kind = WIRE_ASSIGN,
-                    .assign = {.generation = d->w[wi].assign_gen, .n = (size_t)n, .layers = ls, .experts = es}};
+                    .assign = {.generation = d->w[wi].assign_gen, .n = (size_t)n, .layers = ls,
+                               .experts = es, .shared = shared}};
     if ((rc = mux_ctrl_send(d->mux, &d->w[wi].route, &m)) != ECS_OK)
         rc = ecs_error(rc, "dispatch: assigning worker %s: %s", d->w[wi].id, ecs_errmsg());
 done:
@@ -693,7 +696,9 @@ ecs_err_t dispatch_start(model_t *m, const dispatch_opts_t *o, dispatch_t **out)
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->cond, NULL);
     gguf_fingerprint(model_gguf(m), d->fp);
-    ecs_err_t rc = dispatch_cluster_start(d);
+    ecs_err_t rc = dispatch_layers_new(d);
+    if (rc == ECS_OK)
+        rc = dispatch_cluster_start(d);
     if (rc == ECS_OK)
         rc = dispatch_buffers_new(d);
     if (rc != ECS_OK) {

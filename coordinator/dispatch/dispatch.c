@@ -115,6 +115,12 @@ static ecs_err_t batch_new(dispatch_t *d, dispatch_batch_t *b, size_t xq_row)
     return ECS_OK;
 }
 
+ecs_err_t dispatch_layers_new(dispatch_t *d)
+{
+    ecs_err_t rc = act_types_new(d, &d->xq_row);
+    return rc != ECS_OK ? rc : dispatch_shared_new(d);
+}
+
 ecs_err_t dispatch_buffers_new(dispatch_t *d)
 {
     const size_t nb = MODEL_MAX_BATCH, k = (size_t)d->hp.n_expert_used;
@@ -133,10 +139,9 @@ ecs_err_t dispatch_buffers_new(dispatch_t *d)
         return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory for the call buffers");
     for (size_t i = 0; i < nb * k; i++)
         d->ident[i] = (int32_t)i;
-    size_t xq_row;
-    ecs_err_t rc = act_types_new(d, &xq_row);
+    ecs_err_t rc = ECS_OK;
     for (int t = 0; t < MODEL_MAX_MICRO && rc == ECS_OK; t++)
-        rc = batch_new(d, &d->bt[t], xq_row);
+        rc = batch_new(d, &d->bt[t], d->xq_row);
     d->share_threads = dispatch_share_threads(d);
     if (rc != ECS_OK)
         return rc;
@@ -147,7 +152,8 @@ ecs_err_t dispatch_buffers_new(dispatch_t *d)
 void dispatch_buffers_free(dispatch_t *d)
 {
     void *bufs[] = {d->pairs_tmp, d->choice, d->rows_now, d->local,   d->c_experts,
-                    d->c_counts,  d->c_rows, d->c_slots,  d->ident,   d->act_type};
+                    d->c_counts,  d->c_rows, d->c_slots,  d->ident,   d->act_type,
+                    d->sh_layer};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     for (int t = 0; t < MODEL_MAX_MICRO; t++) {
@@ -206,10 +212,11 @@ static int free_slot(const dispatch_t *d)
 }
 
 /* Builds and sends worker wi's call from the experts to send that were
- * chosen for it: the rows are gathered straight into the transport's
- * message. Those experts are no longer to send, unless the worker died
- * under us (then they stay to send, and this is no error). */
-static ecs_err_t send_worker(dispatch_t *d, int wi)
+ * chosen for it (shared: with the layer's shared experts on every row):
+ * the rows are gathered straight into the transport's message. Those
+ * experts are no longer to send, unless the worker died under us (then
+ * they stay to send, and this is no error). */
+static ecs_err_t send_worker(dispatch_t *d, int wi, bool shared)
 {
     const int X = d->hp.n_expert, k = d->b->k;
     const size_t E = (size_t)d->hp.n_embd;
@@ -217,7 +224,7 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
     size_t row;
     const char *x = act_rows(d, wi, &dtype, &row);
     for (int t = 0; t < d->b->n_tok; t++)
-        d->local[t] = -1;
+        d->local[t] = shared ? 0 : -1;
     for (int e = 0; e < X; e++)
         if (d->b->todo[e] && d->choice[e] == wi)
             for (int q = d->b->start[e]; q < d->b->start[e + 1]; q++)
@@ -250,7 +257,7 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
                                                         WIRE_CAP_RESULT_BF16)
                                          ? ECS_TYPE_BF16
                                          : ECS_TYPE_F32,
-                     .threads = dispatch_call_threads(d, wi),
+                     .threads = dispatch_call_threads(d, wi), .shared = shared,
                      .payload_bytes = n_rows * row};
     mux_call_t *call;
     void *payload;
@@ -275,6 +282,8 @@ static ecs_err_t send_worker(dispatch_t *d, int wi)
     d->b->call_t0[slot] = dispatch_now_ms();
     d->b->call_worker[slot] = wi;
     d->b->call_nent[slot] = (int)n_ent;
+    if (shared)
+        dispatch_shared_sent(d, slot);
     for (size_t q = 0; q < n_ent; q++) {
         d->b->pair_call[d->pairs_tmp[q]] = slot;
         d->b->pair_pos[d->pairs_tmp[q]] = (int32_t)q;
@@ -337,12 +346,13 @@ static ecs_err_t send_todo(dispatch_t *d, int *busiest, int *sent)
         d->rows_now[wi] += d->b->start[e + 1] - d->b->start[e];
     }
     dispatch_note_whole(d, one);
+    const int carrier = dispatch_shared_carrier(d);
     *busiest = 0;
     for (int wi = 0; wi < d->n_workers; wi++) {
         if (!d->rows_now[wi])
             continue;
         *busiest = d->rows_now[wi] > *busiest ? d->rows_now[wi] : *busiest;
-        ecs_err_t rc = send_worker(d, wi);
+        ecs_err_t rc = send_worker(d, wi, wi == carrier);
         if (rc != ECS_OK)
             return rc;
         (*sent)++;
@@ -386,6 +396,7 @@ static ecs_err_t dispatch_submit(void *ctx, int tag, int layer, int n_tok, const
     }
     for (int p = 0; p < n_tok * k; p++)
         d->b->pair_call[p] = -1;
+    dispatch_shared_begin(d);
     int busiest, sent;
     ecs_err_t rc = send_todo(d, &busiest, &sent);
     if (rc != ECS_OK) {
@@ -422,6 +433,7 @@ static ecs_err_t collect(dispatch_t *d, int *resend, uint64_t *rtt_max, uint64_t
             *compute = r->compute_ns;
         }
         if (r->err == ECS_ERR_IO) {
+            dispatch_shared_failed(d, s);
             for (int e = 0; e < d->hp.n_expert; e++)
                 if (d->b->exp_slot[e] == s) {
                     d->b->todo[e] = true;
@@ -433,7 +445,8 @@ static ecs_err_t collect(dispatch_t *d, int *resend, uint64_t *rtt_max, uint64_t
                            "dispatch: layer %d: worker %s: %s%s%s", d->b->layer, wk->id,
                            r->err != ECS_OK ? ecs_errname(r->err) : wire_status_name(r->status),
                            r->message[0] ? ": " : "", r->message);
-        } else if ((int)r->n_entries != d->b->call_nent[s] || r->n_embd != E ||
+        } else if ((int)r->n_entries != d->b->call_nent[s] + (s == d->b->sh_slot ? d->b->n_tok : 0) ||
+                   r->n_embd != E ||
                    (r->dtype != ECS_TYPE_F32 && !d->o.wire_bf16)) {
             rc = ecs_error(ECS_ERR_FORMAT, "dispatch: layer %d: worker %s sent %u rows of %u "
                            "%s, want %d of %zu", d->b->layer, wk->id, r->n_entries, r->n_embd,
@@ -453,6 +466,8 @@ static ecs_err_t collect(dispatch_t *d, int *resend, uint64_t *rtt_max, uint64_t
                 if (d->b->pair_call[p] == s)
                     memcpy(d->b->d + (size_t)p * E,
                            (const char *)r->payload + (size_t)d->b->pair_pos[p] * row, row);
+            dispatch_shared_collect(d, s,
+                                    (const char *)r->payload + (size_t)d->b->call_nent[s] * row);
             for (int e = 0; e < d->hp.n_expert; e++)
                 if (d->b->exp_slot[e] == s)
                     d->b->exp_slot[e] = -1;
@@ -634,6 +649,7 @@ static ecs_err_t dispatch_wait(void *ctx, int tag, int layer, float *out)
     d->ns_blocked += now_ns() - w0;
     d->ns_rtt_max += rtt_max;
     d->ns_compute_of_max += compute;
+    dispatch_shared_finish(d);
     if (resent || held)
         dispatch_log(d, "layer %d: %d experts sent again after a worker died or a message was "
                      "lost (%d calls retried)%s; the layer took %llu ms", layer, resent, retried,
@@ -644,7 +660,8 @@ static ecs_err_t dispatch_wait(void *ctx, int tag, int layer, float *out)
     return ECS_OK;
 }
 
-const model_experts_ops dispatch_experts_ops = {dispatch_submit, dispatch_wait, MODEL_MAX_MICRO};
+const model_experts_ops dispatch_experts_ops = {dispatch_submit, dispatch_wait, MODEL_MAX_MICRO,
+                                                dispatch_took_shared};
 
 const placement_t *dispatch_placement(const dispatch_t *d) { return d->pl; }
 
@@ -735,6 +752,10 @@ void dispatch_print_stats(const dispatch_t *d, FILE *f)
     if (tokens > 0)
         fprintf(f, "  per token: %.1f KB to the workers, %.1f KB back\n", out / tokens / 1e3,
                 in / tokens / 1e3);
+    if (d->sh_calls)
+        fprintf(f, "  shared experts computed by the workers in %llu of the layer calls (%llu "
+                "here after all: their call failed)\n", (unsigned long long)d->sh_calls,
+                (unsigned long long)d->sh_here);
     if (st.layer_calls)
         fprintf(f, "  per layer call: %.0f us overlapped work (shared experts) after submit, "
                 "%.0f us blocked in wait; slowest call %.0f us round trip, %.0f us of it its "

@@ -148,6 +148,12 @@ typedef struct {
     size_t shm_ring_bytes;      /* each ring of a shared-memory plane; 0: DISPATCH_SHM_RING */
     int micro_batches;          /* --micro-batches: steps cut into this many, attention of
                                  * one while another's experts are out; 0: 1 */
+    int shared_experts;         /* --shared-experts (dispatch_shared_mode): 1 coordinator
+                                 * (computed here while the calls are out), 2 worker (a
+                                 * decode-sized call's worker computes them with its routed
+                                 * experts, where it can), 0 auto: worker when the workers
+                                 * are spawned here without a budget (they share these
+                                 * cores: nothing to overlap), else coordinator */
 } dispatch_opts_t;
 
 typedef struct dispatch dispatch_t;
@@ -263,8 +269,14 @@ void dispatch_op_status(dispatch_t *d, char *buf, size_t cap);
     "                     decode calls through shared memory, others ZeroMQ; shm: the\n"    \
     "                     same, saying when a worker cannot; zmq: every call on ZeroMQ\n"   \
     "  --micro-batches N  cut each step of several rows into N (1-4, default 1): one's\n" \
-    "                     attention runs while another's experts are out (same logits)\n"
+    "                     attention runs while another's experts are out (same logits)\n" \
+    "  --shared-experts auto|worker|coordinator  where a decode step's shared experts\n" \
+    "                     run: worker (with its routed ones, one product pass), or here\n" \
+    "                     while the calls are out; auto (default): worker when the\n"     \
+    "                     workers are spawned here without a budget (same logits)\n"
 
+/* "auto" 0, "coordinator" 1, "worker" 2; -1 for anything else. */
+int dispatch_shared_mode(const char *v);
 /* Whether opt is one of the options above that takes a value. */
 bool dispatch_opt_takes_value(const char *opt);
 /* "zmq" 1, "auto" 2, "shm" 3, NULL or "" 0; -1 for anything else. */

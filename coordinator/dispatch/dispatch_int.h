@@ -82,6 +82,7 @@ typedef struct {
     int deaths;
     char why[256];              /* why it died (under lock) */
     _Atomic uint64_t caps;      /* Hello.capabilities (WIRE_CAP_*); control thread writes */
+    atomic_bool sh_held;        /* its Assign asked it to hold the shared experts (shared.c) */
     struct dplane_shm *shm;     /* the segment its last Welcome named, until its data peer
                                  * connects (control thread) */
     uint64_t assign_gen, ready_gen; /* last Assign sent, last Ready heard: reloading if != */
@@ -104,6 +105,11 @@ typedef struct {
     float *d;                   /* [MODEL_MAX_BATCH * k * n_embd] results, pair order */
     void *xq;                   /* [MODEL_MAX_BATCH] rows of this layer in act_type */
     bool xq_done;               /* xq holds this submit's rows */
+    /* the layer's shared experts on a worker (shared.c) */
+    bool sh_todo;               /* to send with the next call to a worker holding them */
+    int sh_slot;                /* the call slot carrying them, -1: none */
+    float *sh;                  /* the model's rows for them (took_shared), NULL: the model
+                                 * computes them itself */
 } dispatch_batch_t;
 
 /* An operator's request (drain.c), queued for the control thread. */
@@ -182,6 +188,10 @@ struct dispatch {
         ns_compute_of_max;
     /* activations as the kernels compute from them (dispatch.c: act_rows) */
     uint32_t *act_type;         /* [n_layer] the rows' type for a worker taking q8, F32: none */
+    size_t xq_row;              /* bytes of the widest quantized activation row, 0: none */
+    bool *sh_layer;             /* [n_layer] its shared experts may go with a call (shared.c) */
+    uint64_t sh_calls, sh_here; /* layer calls whose shared experts a worker computed; of
+                                 * those, computed here after all (their call failed) */
 };
 
 void dispatch_log(const dispatch_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -212,6 +222,25 @@ void dispatch_layer_end(dispatch_t *d);
 /* supervise.c: the control thread */
 void *dispatch_control_loop(void *arg);
 void dispatch_state_changed(dispatch_t *d);
+/* shared.c: the layers' shared experts computed by a worker with the
+ * routed ones of a decode-sized call (ExpertCall.shared), when the workers
+ * share this host's cores (--shared-experts). dispatch_shared_new sizes
+ * it at start-up; wants: whether worker wi's Assign asks it to hold them;
+ * begin: at a submit, whether this batch's call may carry them; carrier:
+ * in send_todo, which of the workers given rows (rows_now) takes them, -1:
+ * none; sent: the call in slot s took them; collect: an answered call's
+ * shared rows (ECS_ERR_FORMAT: missing), or its failure (they are to send
+ * again); finish: at the end of wait, computes them here when no call
+ * could carry them again. */
+ecs_err_t dispatch_shared_new(dispatch_t *d);
+bool dispatch_shared_wanted(dispatch_t *d, int wi);
+void dispatch_shared_begin(dispatch_t *d);
+int dispatch_shared_carrier(dispatch_t *d);
+void dispatch_shared_sent(dispatch_t *d, int slot);
+void dispatch_shared_failed(dispatch_t *d, int slot);
+void dispatch_shared_collect(dispatch_t *d, int slot, const void *rows);
+void dispatch_shared_finish(dispatch_t *d);
+bool dispatch_took_shared(void *ctx, int tag, float *sh);
 /* whole.c: the current batch's call whole to one replica. Whether wi is
  * a live spawned worker whose threads this coordinator sized; the replica
  * that takes the whole call (-1: deal it per expert); the thread count of
@@ -220,7 +249,9 @@ bool dispatch_shares_cores(dispatch_t *d, int wi);
 int dispatch_choose_whole(dispatch_t *d);
 uint32_t dispatch_call_threads(dispatch_t *d, int wi);
 void dispatch_note_whole(dispatch_t *d, int one);
-/* dispatch.c */
+/* dispatch.c: per-layer facts the Assigns need (before any worker
+ * registers), then the call buffers (once the workers are known) */
+ecs_err_t dispatch_layers_new(dispatch_t *d);
 ecs_err_t dispatch_buffers_new(dispatch_t *d);
 void dispatch_buffers_free(dispatch_t *d);
 

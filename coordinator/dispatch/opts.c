@@ -13,7 +13,7 @@ static const char *const with_value[] = {"--control",    "--spawn-workers",  "--
                                          "--worker-mem-budget", "--worker-bin", "--call-timeout",
                                          "--call-retry", "--curve-key", "--curve-clients",
                                          "--wire-act", "--wire-result", "--micro-batches",
-                                         "--data-plane"};
+                                         "--data-plane", "--shared-experts"};
 
 int dispatch_plane_mode(const char *v)
 {
@@ -31,6 +31,11 @@ int dispatch_plane_of(const dispatch_opts_t *o)
      * 2 workers 0.93x/0.72x against 0.78x/0.52x (docs/benchmarks.md,
      * "Quiet run of 2026-12-02") */
     return env > 0 ? env : 2;
+}
+
+int dispatch_shared_mode(const char *v)
+{
+    return !strcmp(v, "auto") ? 0 : !strcmp(v, "coordinator") ? 1 : !strcmp(v, "worker") ? 2 : -1;
 }
 
 bool dispatch_opt_takes_value(const char *opt)
@@ -75,6 +80,12 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
     } else if (!strcmp(opt, "--data-plane")) {
         if ((o->data_plane = dispatch_plane_mode(v)) < 0)
             goto bad;
+    } else if (!strcmp(opt, "--shared-experts")) {
+        if ((o->shared_experts = dispatch_shared_mode(v)) < 0) {
+            ecs_error(ECS_ERR_RANGE, "--shared-experts: bad value '%s' (auto, worker or "
+                      "coordinator)", v);
+            return -1;
+        }
     } else if (!strcmp(opt, "--worker-bin")) {
         o->worker_bin = v;
     } else if (!strcmp(opt, "--call-timeout")) {

@@ -110,4 +110,4 @@ static ecs_err_t local_wait(void *ctx, int tag, int layer, float *out)
     return ECS_OK;
 }
 
-const model_experts_ops model_experts_local_ops = {local_submit, local_wait, 1};
+const model_experts_ops model_experts_local_ops = {local_submit, local_wait, 1, NULL};

@@ -114,7 +114,7 @@ static ecs_err_t diag_wait(void *ctx, int tag, int layer, float *out)
 }
 
 /* one slot: the rerun is not cut into micro-batches (n_tok is the step's) */
-static const model_experts_ops diag_ops = {diag_submit, diag_wait, 1};
+static const model_experts_ops diag_ops = {diag_submit, diag_wait, 1, NULL};
 
 ecs_err_t model_diagnose_step(model_t *m, const model_step_row_t *rows, int n,
                               const int *out_rows, int n_out, float *logits, ecs_err_t e)

@@ -290,10 +290,17 @@ static ecs_err_t ffn_moe_start(model_t *m, const model_layer_t *ly, int n, int l
         return moe_local(m, ly, n, layer, shared, pm);
     const int k = hp->n_expert_used;
     MODEL_TRY(m->ex_ops->submit(m->ex_ctx, tag, layer, n, ws->xn, k, ws->ids, ws->w));
-    if (shared)
+    if (shared && !(m->ex_ops->took_shared && m->ex_ops->took_shared(m->ex_ctx, tag, ws->sh)))
         ffn_swiglu(m, &ly->gate_shexp, &ly->up_shexp, &ly->down_shexp, ws->xn, n, ws->sh);
     prof_end(m, MODEL_PH_FFN_DOWN, pm);
     return ECS_OK;
+}
+
+void model_shared_ffn(model_t *m, int layer, int n, const float *x, float *out)
+{
+    const model_layer_t *ly = &m->w.layers[layer];
+    if (ly->gate_shexp.nrows > 0)
+        ffn_swiglu(m, &ly->gate_shexp, &ly->up_shexp, &ly->down_shexp, x, n, out);
 }
 
 static ecs_err_t ffn_moe_finish(model_t *m, const model_layer_t *ly, int n, int layer, int tag)

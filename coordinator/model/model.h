@@ -204,7 +204,11 @@ size_t model_decode_bytes(const model_t *m);
  * weights w (n_tok x k); wait() returns in out (n_tok x n_embd) the per-row
  * weighted sum of the routed experts' outputs, summed in slot order
  * (slot 0 first). x, ids and w stay valid until wait() returns. The model
- * computes the shared experts between the two calls.
+ * computes the shared experts between the two calls, unless the backend
+ * took them: took_shared (optional, NULL: never), asked right after a
+ * submit of a layer with shared experts, says whether that call computes
+ * them too; then its wait() also writes their n_tok rows into sh, the
+ * bits model_shared_ffn would give.
  *
  * A backend with slots > 1 takes that many submits outstanding at once,
  * each with its own tag (0 .. slots - 1) that its wait() names: the model
@@ -216,7 +220,14 @@ typedef struct model_experts_ops {
                         const int32_t *ids, const float *w);
     ecs_err_t (*wait)(void *ctx, int tag, int layer, float *out);
     int slots;
+    bool (*took_shared)(void *ctx, int tag, float *sh);
 } model_experts_ops;
+
+/* Layer's shared experts on n rows of x (n_tok x n_embd) into out: what
+ * the model adds beside the routed experts (nothing to do in a layer
+ * without them). For a backend that took them and then cannot compute
+ * them elsewhere; on the model's thread, between submit and wait. */
+void model_shared_ffn(model_t *m, int layer, int n, const float *x, float *out);
 
 /* Micro-batches a step may be cut into (--micro-batches). */
 #define MODEL_MAX_MICRO 4

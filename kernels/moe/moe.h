@@ -133,4 +133,32 @@ const int32_t *kmoe_where(const kmoe_t *m);
 void kmoe_sum(ecs_threadpool_t *tp, int n_rows, int k, int n_embd, const float *d,
               const int32_t *where, const float *w, float *out);
 
+/* ---- a layer's shared experts (ffn.c) ----
+ *
+ * One dense SwiGLU FFN of n_ff on every row of a call (its matrices in a
+ * kmoe_expert_t: gate, up n_ff x n_embd, down n_embd x n_ff), its two
+ * products appended to the caller's regions beside kmoe's: what a worker
+ * computes for ExpertCall.shared, with the coordinator model's products
+ * (the same bits). Scratch for max_rows (<= KCPU_MAX_BATCH) rows.
+ *
+ *     kmoe_ffn_prepare(f, &shexp[layer], n, x_or_NULL, xq, xq_type, out);
+ *     kmoe_ffn_gate_up(f, &jobs);  ... kmoe_gate_up(moe, &jobs); run region
+ *     kmoe_ffn_down(f, &jobs);     ... kmoe_down(moe, &jobs);    run region
+ *     // out: n rows of n_embd floats
+ */
+typedef struct kmoe_ffn kmoe_ffn_t;
+ecs_err_t kmoe_ffn_new(int n_embd, int n_ff, int max_rows, ecs_threadpool_t *tp,
+                       kmoe_ffn_t **out);
+void kmoe_ffn_free(kmoe_ffn_t *f);
+/* A call of n rows through e: x the f32 rows (NULL: none), xq the same rows
+ * quantized as kcpu_quantize_rows makes them for a weight whose vec_dot
+ * type is xq_type (NULL: none), used by each matrix taking that type; x
+ * quantized for any other (ECS_ERR_UNSUPPORTED without x). out receives n
+ * rows of n_embd after the down region. x, xq and out are read / written
+ * until then. ECS_ERR_INVAL for matrices of another shape. */
+ecs_err_t kmoe_ffn_prepare(kmoe_ffn_t *f, const kmoe_expert_t *e, int n, const float *x,
+                           const void *xq, ecs_type_t xq_type, float *out);
+void kmoe_ffn_gate_up(kmoe_ffn_t *f, kcpu_jobs_t *j); /* appends 1 job */
+void kmoe_ffn_down(kmoe_ffn_t *f, kcpu_jobs_t *j);    /* after gate/up's region: 1 job */
+
 #endif

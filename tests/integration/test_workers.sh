@@ -73,7 +73,8 @@ EOF
              "--spawn-workers 1 --data-plane zmq" "--spawn-workers 3 --replication 1 --data-plane zmq"
              "--spawn-workers 3 --replication 2 --data-plane zmq"
              "--spawn-workers 2 --micro-batches 2 --replication 1 --data-plane zmq"
-             "--spawn-workers 2 --data-plane shm --wire-act f32")
+             "--spawn-workers 2 --data-plane shm --wire-act f32"
+             "--spawn-workers 2 --shared-experts coordinator")
     for lay in "${layouts[@]}"; do
         out="$tmp/$name-w.json"
         if ! dump "$model" "$out" $lay; then
@@ -162,6 +163,29 @@ if [ -s "$tmp/step1-local.json" ] && cmp -s "$tmp/step1-local.json" "$tmp/step1-
 else
     bad "2 replicated workers, one token per step: logits differ: $(tail -2 "$tmp/step1-w.json.err")"
 fi
+#     split decode calls (3 uniform workers): one of them takes the shared
+#     experts with its share, every row of the step in its call
+dump "$ds2" "$tmp/step1-s.json" --step 1 --spawn-workers 3 --replication 1 --shared-experts worker
+if [ -s "$tmp/step1-local.json" ] && cmp -s "$tmp/step1-local.json" "$tmp/step1-s.json" &&
+    [ "$(grep -c 'and the shared experts' "$tmp/step1-s.json.err")" = 3 ]; then
+    ok "3 uniform workers, one token per step, shared experts with one worker's share: logits identical"
+else
+    bad "3 uniform workers with the shared experts, one token per step: $(grep -E 'holds' "$tmp/step1-s.json.err" | head -1) $(tail -2 "$tmp/step1-s.json.err")"
+fi
+#     the shared experts went with the decode calls (--shared-experts auto:
+#     spawned workers without a budget hold them), fused on the worker;
+#     told otherwise, the coordinator computes them (logits: section 2)
+whole=$(sed -n 's/.*overlapped, \([0-9]*\) whole to one replica.*/\1/p' "$tmp/alone.err")
+sh=$(sed -n 's/.*shared experts computed by the workers in \([0-9]*\) of the layer calls.*/\1/p' "$tmp/alone.err")
+timeout 60 "$run" -m "$ds2" --threads 2 --no-repack --bench --pp 32 --tg 8 --spawn-workers 2 \
+    --shared-experts coordinator >/dev/null 2>"$tmp/shc.err"
+if [ -n "$sh" ] && [ "$sh" = "$whole" ] && grep -q "holds .* and the shared experts" "$tmp/alone.err" &&
+    grep -q "layer calls" "$tmp/shc.err" && ! grep -q "shared experts computed by the workers" "$tmp/shc.err" &&
+    ! grep -q "and the shared experts" "$tmp/shc.err"; then
+    ok "shared experts on the workers in the $sh decode calls (auto); --shared-experts coordinator: none"
+else
+    bad "shared experts on the workers: '$sh' of '$whole' decode calls: $(grep -E 'holds|shared' "$tmp/alone.err" "$tmp/shc.err" | head -3)"
+fi
 timeout 60 "$run" -m "$ds2" --threads 2 --no-repack --bench --pp 32 --tg 8 --spawn-workers 2 \
     --worker-threads 1 >/dev/null 2>"$tmp/alone1.err"
 whole=$(sed -n 's/.*overlapped, \([0-9]*\) whole to one replica.*/\1/p' "$tmp/alone1.err")
@@ -190,19 +214,21 @@ q4="$tmp/ds2-q4.gguf"
 export ECS_CACHE_DIR="$tmp/cache"
 if "$build/bin/ecs-mkmodel" --arch deepseek2 --preset tiny --types q4_k_m --seed 3 -o "$q4" >/dev/null 2>&1; then
     timeout 120 "$run" -m "$q4" --threads 2 --tokens "$toks" --dump-logits "$tmp/q4a.json" 2>/dev/null
-    ncopies() { ls "$tmp/cache"/ds2-q4.gguf.*.r16 2>/dev/null | grep -vc '\.coord\.r16$'; }
+    ncopies() { ls "$tmp/cache"/ds2-q4.gguf.*.r16 2>/dev/null | grep -Evc '\.(coord|shexp)\.r16$'; }
     # the default (replicated): both workers hold every expert, so they map
     # one copy, which one of them made while the other waited (a lock on
     # the cache directory), and the coordinator has its own without the
     # routed experts
     timeout 120 "$run" -m "$q4" --threads 2 --tokens "$toks" --dump-logits "$tmp/q4r.json" \
         --spawn-workers 2 2>"$tmp/q4r.err"
-    copies=$(ncopies) made=$(grep -c "ecs-worker: made " "$tmp/q4r.err")
+    copies=$(ncopies) made=$(grep -Ec "ecs-worker: made .*\.[0-9a-f]{16}\.r16 " "$tmp/q4r.err")
+    shmade=$(grep -c "ecs-worker: made .*\.shexp\.r16 " "$tmp/q4r.err")
     if [ -s "$tmp/q4a.json" ] && cmp -s "$tmp/q4a.json" "$tmp/q4r.json" && [ "$copies" -eq 1 ] &&
-        [ "$made" -eq 1 ] && [ -s "$tmp/cache/ds2-q4.gguf.coord.r16" ]; then
-        ok "q4_k_m, 2 replicated workers: one shared copy made once (+ the coordinator's): logits identical"
+        [ "$made" -eq 1 ] && [ -s "$tmp/cache/ds2-q4.gguf.coord.r16" ] && [ "$shmade" -eq 1 ] &&
+        [ -s "$tmp/cache/ds2-q4.gguf.shexp.r16" ]; then
+        ok "q4_k_m, 2 replicated workers: one shared copy made once (+ the coordinator's, + the shared experts'): logits identical"
     else
-        bad "q4_k_m replicated: copies=$copies made=$made, $(tail -2 "$tmp/q4r.err")"
+        bad "q4_k_m replicated: copies=$copies made=$made shared experts' copy made $shmade times, $(tail -2 "$tmp/q4r.err")"
     fi
     # uniform: one copy per worker (named by a hash of its matrices)
     timeout 120 "$run" -m "$q4" --threads 2 --tokens "$toks" --dump-logits "$tmp/q4b.json" \

@@ -2,7 +2,8 @@
  * --wire-act (q8 default, f32) and --wire-result (f32 default, bf16) are
  * taken with their values and a bad value is refused naming the option;
  * --replication takes auto or 1..8;
- * --micro-batches needs workers; --data-plane defaults to auto. */
+ * --micro-batches needs workers; --data-plane defaults to auto;
+ * --shared-experts takes auto (the default), worker or coordinator. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,23 @@ Test(dispatch_opts, wire_result)
     cr_assert(strstr(ecs_errmsg(), "--wire-result"), "%s", ecs_errmsg());
     /* not a dispatcher option: left to the program */
     cr_assert_eq(dispatch_parse_opt(&o, "--wire", "x"), 0);
+}
+
+Test(dispatch_opts, shared_experts)
+{
+    dispatch_opts_t o = {0};
+    cr_assert_eq(o.shared_experts, 0, "auto by default");
+    cr_assert(dispatch_opt_takes_value("--shared-experts"));
+    cr_assert_eq(dispatch_parse_opt(&o, "--shared-experts", "worker"), 1);
+    cr_assert_eq(o.shared_experts, 2);
+    cr_assert_eq(dispatch_parse_opt(&o, "--shared-experts", "coordinator"), 1);
+    cr_assert_eq(o.shared_experts, 1);
+    cr_assert_eq(dispatch_parse_opt(&o, "--shared-experts", "auto"), 1);
+    cr_assert_eq(o.shared_experts, 0);
+    cr_assert_eq(dispatch_parse_opt(&o, "--shared-experts", "gpu"), -1);
+    cr_assert(strstr(ecs_errmsg(), "--shared-experts") && strstr(ecs_errmsg(), "gpu"), "%s",
+              ecs_errmsg());
+    cr_assert_eq(dispatch_parse_opt(&o, "--shared-experts", NULL), -1);
 }
 
 /* --micro-batches 1..MODEL_MAX_MICRO, and only with workers: the local

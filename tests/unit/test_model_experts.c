@@ -279,7 +279,7 @@ Test(experts, custom_backend_is_used)
     float *ref = eval_all(m, 0, PROMPT, 10);
     spy_t spy = {0};
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &spy.l), ECS_OK);
-    static const model_experts_ops ops = {spy_submit, spy_wait, 1};
+    static const model_experts_ops ops = {spy_submit, spy_wait, 1, NULL};
     model_set_experts(m, &ops, &spy);
     float *got = eval_all(m, 0, PROMPT, 10);
     const arch_hparams_t *hp = model_hparams(m);
@@ -364,7 +364,7 @@ static void check_micro(const char *path)
     const size_t n = (size_t)93 * model_n_vocab(m) * sizeof(float);
     slots_t s = {0};
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &s.l), ECS_OK);
-    static const model_experts_ops ops = {slots_submit, slots_wait, 2};
+    static const model_experts_ops ops = {slots_submit, slots_wait, 2, NULL};
     for (int il = 0; il < 2; il++) {
         float *ref = micro_step(m, il);
         model_set_experts(m, &ops, &s);
@@ -404,7 +404,7 @@ Test(experts, backend_error_is_reported)
     model_t *m = load(DS2_Q8, 64);
     model_ctx_t *c;
     cr_assert_eq(model_ctx_new(m, 64, 0, &c), ECS_OK);
-    static const model_experts_ops ops = {failing_submit, spy_wait, 1};
+    static const model_experts_ops ops = {failing_submit, spy_wait, 1, NULL};
     model_set_experts(m, &ops, NULL);
     cr_assert_eq(model_eval(c, PROMPT, 4, NULL, false), ECS_ERR_IO);
     cr_assert(strstr(ecs_errmsg(), "is gone"));
@@ -450,7 +450,7 @@ static void check_nan_named(int only_row)
     cr_assert_eq(model_ctx_new(m, 64, 0, &c), ECS_OK);
     nan_backend_t b = {NULL, 0, model_hparams(m)->n_embd, only_row};
     cr_assert_eq(model_experts_local_new(m, model_threadpool(m), &b.l), ECS_OK);
-    static const model_experts_ops ops = {nan_submit, nan_wait, 1};
+    static const model_experts_ops ops = {nan_submit, nan_wait, 1, NULL};
     model_set_experts(m, &ops, &b);
     float *logits = malloc((size_t)model_n_vocab(m) * sizeof *logits);
     cr_assert_not_null(logits);

@@ -286,6 +286,106 @@ Test(moe, bad_calls_are_refused)
     free_weights(&w);
 }
 
+/* The shared experts (kmoe_ffn: one SwiGLU FFN on every row) in the
+ * regions of a routed call: each row equals the FFN applied to that row
+ * on its own, from f32 rows or from the rows quantized by the caller (a
+ * worker's payload), whatever the thread count, and the routed pairs
+ * beside them are unchanged. */
+static void check_shared(ecs_type_t tg, ecs_type_t td, bool copy, int nth, int n)
+{
+    weights_t w;
+    make_weights(&w, tg, td, copy);
+    const kmoe_expert_t *sh = &w.ex[1][X - 1]; /* an FFN of F: the test's shared experts */
+    ecs_threadpool_t *tp;
+    cr_assert_eq(ecs_threadpool_create(nth, &tp), ECS_OK);
+    const kmoe_shape_t s = {.n_embd = E, .n_ff_exp = F, .n_expert = X, .k = K, .max_rows = 64};
+    kmoe_t *moe;
+    kmoe_ffn_t *f;
+    cr_assert_eq(kmoe_new(&s, w.layers, NL + 1, tp, &moe), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(kmoe_ffn_new(E, F, 64, tp, &f), ECS_OK, "%s", ecs_errmsg());
+    float *x = rand_rows(n), wt[64 * K], ref[E];
+    float *out = malloc((size_t)n * E * sizeof *out);
+    void *xq = malloc(kcpu_act_bytes(tg, E, n));
+    int32_t ids[64 * K];
+    cr_assert(out && xq);
+    route(n, ids, wt);
+    kcpu_quantize_rows(tp, tg, x, E, n, E, xq);
+    const ecs_type_t vdt = ecs_type_traits(tg)->vec_dot_type;
+    for (int quantized = 0; quantized < 2; quantized++) {
+        memset(out, 0, (size_t)n * E * sizeof *out);
+        cr_assert_eq(kmoe_prepare(moe, 0, n, x, n * K, NULL, ids), ECS_OK, "%s", ecs_errmsg());
+        cr_assert_eq(kmoe_ffn_prepare(f, sh, n, quantized ? NULL : x, quantized ? xq : NULL, vdt,
+                                      out), ECS_OK, "%s", ecs_errmsg());
+        kcpu_job_t jobs[X + 1];
+        kcpu_chunk_t chunks[KCPU_PLAN_CHUNKS(X + 1)];
+        kcpu_plan_t plan = {chunks, KCPU_PLAN_CHUNKS(X + 1)};
+        kcpu_jobs_t j = {jobs, 0};
+        kmoe_ffn_gate_up(f, &j);
+        kmoe_gate_up(moe, &j);
+        cr_assert_eq(j.jobs[0].kind, KCPU_JOB_SWIGLU, "the shared experts' job comes first");
+        kcpu_run_jobs(tp, &plan, jobs, j.n);
+        j.n = 0;
+        kmoe_ffn_down(f, &j);
+        kmoe_down(moe, &j);
+        kcpu_run_jobs(tp, &plan, jobs, j.n);
+        for (int t = 0; t < n; t++) {
+            one_pair(sh, x + (size_t)t * E, ref);
+            cr_assert_eq(memcmp(out + (size_t)t * E, ref, sizeof ref), 0,
+                         "%s/%s copy %d nth %d n %d quantized %d: shared row %d differs",
+                         ecs_type_name(tg), ecs_type_name(td), copy, nth, n, quantized, t);
+            for (int k = 0; k < K; k++) {
+                const int p = t * K + k;
+                one_pair(&w.ex[0][ids[p]], x + (size_t)t * E, ref);
+                cr_assert_eq(memcmp(kmoe_outs(moe) + (size_t)kmoe_where(moe)[p] * E, ref,
+                                    sizeof ref), 0, "routed pair %d beside the shared", p);
+            }
+        }
+    }
+    kmoe_ffn_free(f);
+    kmoe_free(moe);
+    ecs_threadpool_destroy(tp);
+    free(x), free(out), free(xq);
+    free_weights(&w);
+}
+
+Test(moe, shared_experts_equal_single_row_products)
+{
+    check_shared(ECS_TYPE_Q4_K, ECS_TYPE_Q6_K, true, 2, 1);
+    check_shared(ECS_TYPE_Q4_K, ECS_TYPE_Q6_K, false, 2, 13);
+    check_shared(ECS_TYPE_Q8_0, ECS_TYPE_Q8_0, false, 1, 16);
+    check_shared(ECS_TYPE_Q4_K, ECS_TYPE_Q5_0, true, 3, 37);
+    check_shared(ECS_TYPE_F16, ECS_TYPE_F32, false, 2, 5);
+}
+
+Test(moe, shared_experts_bad_calls_are_refused)
+{
+    weights_t w;
+    make_weights(&w, ECS_TYPE_Q8_0, ECS_TYPE_Q8_0, false);
+    kmoe_ffn_t *f = NULL;
+    cr_assert_eq(kmoe_ffn_new(E, F, KCPU_MAX_BATCH + 1, NULL, &f), ECS_ERR_INVAL);
+    cr_assert_null(f);
+    cr_assert_eq(kmoe_ffn_new(E, F, 4, NULL, &f), ECS_OK);
+    float *x = rand_rows(5), out[5 * E];
+    void *q = malloc(kcpu_act_bytes(ECS_TYPE_Q4_K, E, 4));
+    cr_assert(q);
+    cr_assert_eq(kmoe_ffn_prepare(f, &w.ex[0][0], 5, x, NULL, ECS_TYPE_F32, out), ECS_ERR_RANGE,
+                 "over max_rows");
+    cr_assert_eq(kmoe_ffn_prepare(f, &w.ex[0][0], 0, x, NULL, ECS_TYPE_F32, out), ECS_ERR_RANGE);
+    kmoe_expert_t other = w.ex[0][0];
+    other.gate.nrows = F / 2;
+    cr_assert_eq(kmoe_ffn_prepare(f, &other, 4, x, NULL, ECS_TYPE_F32, out), ECS_ERR_INVAL,
+                 "another shape");
+    cr_assert_eq(kmoe_ffn_prepare(f, &w.ex[0][0], 4, NULL, q, ECS_TYPE_Q8_K, out),
+                 ECS_ERR_UNSUPPORTED, "rows quantized for another type, no f32 rows");
+    cr_assert(strstr(ecs_errmsg(), "q8_K") || strstr(ecs_errmsg(), "Q8_K"), "%s", ecs_errmsg());
+    cr_assert_eq(kmoe_ffn_prepare(f, &w.ex[0][0], 4, x, q, ECS_TYPE_Q8_K, out), ECS_OK,
+                 "the f32 rows serve another type");
+    kmoe_ffn_free(f);
+    kmoe_ffn_free(NULL);
+    free(x), free(q);
+    free_weights(&w);
+}
+
 Test(mem, keep_large_keeps_big_blocks_in_the_heap)
 {
     /* glibc's defaults would map a 16 MB block (and unmap it on free):

@@ -106,7 +106,19 @@ Test(wire, call_round_trip)
     cr_assert_eq(c->payload, s.x, "payload must point into the frame, not a copy");
     cr_assert_eq(c->payload_bytes, sizeof s.x);
     cr_assert_eq(c->threads, 3, "the call's thread count travels");
+    cr_assert_not(c->shared);
+    cr_assert_eq(wire_call_result_rows(c), 8, "one result row per entry");
     wire_msg_clear(&d);
+
+    /* with the shared experts: the flag travels, and the result holds a
+     * row per activation row after the entries' */
+    m.call.shared = true;
+    n = enc(&m);
+    cr_assert_eq(wire_decode(frame, n, s.x, sizeof s.x, true, &d), ECS_OK, "%s", ecs_errmsg());
+    cr_assert(d.call.shared);
+    cr_assert_eq(wire_call_result_rows(&d.call), 8 + 4);
+    wire_msg_clear(&d);
+    m.call.shared = false;
 
     /* no weights, quantized rows */
     uint8_t q[4 * 34 * 2];
@@ -135,7 +147,7 @@ Test(wire, control_round_trips)
                                        .capabilities = WIRE_CAP_RESULT_BF16,
                                        .data_endpoint = "ipc:///tmp/x"}},
         {.kind = WIRE_WELCOME, .welcome = {1, "coord", 500}},
-        {.kind = WIRE_ASSIGN, .assign = {9, 4, layers, experts}},
+        {.kind = WIRE_ASSIGN, .assign = {9, 4, layers, experts, true}},
         {.kind = WIRE_READY, .ready = {9, 1ull << 33, 123456}},
         {.kind = WIRE_HEARTBEAT, .heartbeat = {77, 1ull << 40, 3}},
         {.kind = WIRE_DRAIN, .drain = {"maintenance", 2500}},
@@ -170,6 +182,7 @@ Test(wire, control_round_trips)
             cr_assert_eq(d.assign.n, 4);
             cr_assert_arr_eq(d.assign.layers, layers, sizeof layers);
             cr_assert_arr_eq(d.assign.experts, experts, sizeof experts);
+            cr_assert(d.assign.shared, "Assign.shared travels");
             break;
         case WIRE_READY:
             cr_assert_eq(d.ready.bytes_mapped, 1ull << 33);

@@ -231,7 +231,7 @@ static ecs_err_t null_wait(void *ctx, int tag, int layer, float *out)
     return ECS_OK;
 }
 
-static const model_experts_ops null_ops = {null_submit, null_wait, 1};
+static const model_experts_ops null_ops = {null_submit, null_wait, 1, NULL};
 
 /* Shared experts of the steps since the last reset: in the non-local path
  * the FFN_DOWN phase is submit + shared experts + wait, and a null backend

@@ -43,7 +43,7 @@ static ecs_err_t rec_wait(void *ctx, int tag, int layer, float *out)
     return model_experts_local_ops.wait(((rec_ctx_t *)ctx)->loc, tag, layer, out);
 }
 
-static const model_experts_ops rec_ops = {rec_submit, rec_wait, 1};
+static const model_experts_ops rec_ops = {rec_submit, rec_wait, 1, NULL};
 
 void meas_trace_free(meas_trace_t *t)
 {
@@ -176,9 +176,16 @@ static ecs_err_t ph_wait(void *ctx, int tag, int layer, float *out)
     return rc;
 }
 
+/* the shared experts go where the layout's runs put them (on the worker
+ * that takes a decode call, --shared-experts auto): inside the phase */
+static bool ph_took_shared(void *ctx, int tag, float *sh)
+{
+    return dispatch_experts_ops.took_shared(((phase_ctx_t *)ctx)->d, tag, sh);
+}
+
 /* one submit out at a time (the planner runs no micro-batches): the
  * timestamps above belong to that one */
-static const model_experts_ops ph_ops = {ph_submit, ph_wait, 1};
+static const model_experts_ops ph_ops = {ph_submit, ph_wait, 1, ph_took_shared};
 
 int meas_phase(model_t *m, model_t *coord, int n_workers, int threads, int replication,
                const char *worker_repack, int pp, int tg, bool quick, meas_pages_t *pg,
