@@ -505,7 +505,8 @@ ecs_err_t dispatch_send_assign(dispatch_t *d, int wi)
         ls[i] = (uint32_t)pairs[2 * i];
         es[i] = (uint32_t)pairs[2 * i + 1];
     }
-    const bool shared = dispatch_shared_wanted(d, wi);
+    /* a worker left with no expert (drained) holds nothing at all */
+    const bool shared = n > 0 && dispatch_shared_wanted(d, wi);
     atomic_store(&d->w[wi].sh_held, shared);
     wire_msg_t m = {.kind = WIRE_ASSIGN,
                     .assign = {.generation = d->w[wi].assign_gen, .n = (size_t)n, .layers = ls,

@@ -66,9 +66,10 @@ done
 # holds the one-process copy, the coordinator's (the worker layouts'
 # coordinator is loaded as ecs-run --spawn-workers loads it) and the
 # workers' copies: two with --replication 1, then (the default, auto:
-# both workers hold every expert) one more, which both map
+# both workers hold every expert) one more, which both map; and the
+# shared experts' copy, which every worker holding them maps
 model=../shared/models/tiny-ds2-q8_0.gguf
-for case in "1:2:4" "auto:1:5"; do
+for case in "1:3:5" "auto:2:6"; do
     IFS=: read -r repl ncop nfiles <<<"$case"
     if timeout 300 "$plan" -m "$model" --quick --repack "$tmp/cache" --pp 32 --tg 4 --workers 0,2 \
         --replication "$repl" >"$tmp/out" 2>"$tmp/err"; then
