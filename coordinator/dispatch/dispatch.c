@@ -649,11 +649,13 @@ static ecs_err_t dispatch_wait(void *ctx, int tag, int layer, float *out)
     d->ns_blocked += now_ns() - w0;
     d->ns_rtt_max += rtt_max;
     d->ns_compute_of_max += compute;
-    dispatch_shared_finish(d);
+    const bool sh_here = dispatch_shared_finish(d);
     if (resent || held)
         dispatch_log(d, "layer %d: %d experts sent again after a worker died or a message was "
-                     "lost (%d calls retried)%s; the layer took %llu ms", layer, resent, retried,
+                     "lost (%d calls retried)%s%s; the layer took %llu ms", layer, resent, retried,
                      held ? ", held until a holder was back" : "",
+                     sh_here ? ", the shared experts computed here (no holder of them left to "
+                               "send them to)" : "",
                      (unsigned long long)(dispatch_now_ms() - t0));
     kmoe_sum(model_threadpool(d->m), d->b->n_tok, d->b->k, (int)d->hp.n_embd, d->b->d, d->ident,
              d->b->wts, out);

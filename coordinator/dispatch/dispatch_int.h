@@ -231,7 +231,7 @@ void dispatch_state_changed(dispatch_t *d);
  * none; sent: the call in slot s took them; collect: an answered call's
  * shared rows (ECS_ERR_FORMAT: missing), or its failure (they are to send
  * again); finish: at the end of wait, computes them here when no call
- * could carry them again. */
+ * could carry them again (true: it did). */
 ecs_err_t dispatch_shared_new(dispatch_t *d);
 bool dispatch_shared_wanted(dispatch_t *d, int wi);
 void dispatch_shared_begin(dispatch_t *d);
@@ -239,7 +239,7 @@ int dispatch_shared_carrier(dispatch_t *d);
 void dispatch_shared_sent(dispatch_t *d, int slot);
 void dispatch_shared_failed(dispatch_t *d, int slot);
 void dispatch_shared_collect(dispatch_t *d, int slot, const void *rows);
-void dispatch_shared_finish(dispatch_t *d);
+bool dispatch_shared_finish(dispatch_t *d);
 bool dispatch_took_shared(void *ctx, int tag, float *sh);
 /* whole.c: the current batch's call whole to one replica. Whether wi is
  * a live spawned worker whose threads this coordinator sized; the replica

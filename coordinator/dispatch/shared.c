@@ -125,14 +125,15 @@ void dispatch_shared_collect(dispatch_t *d, int slot, const void *rows)
     d->b->sh_slot = -1;
 }
 
-void dispatch_shared_finish(dispatch_t *d)
+bool dispatch_shared_finish(dispatch_t *d)
 {
     dispatch_batch_t *b = d->b;
     if (!b->sh || !b->sh_todo)
-        return;
+        return false;
     model_shared_ffn(d->m, b->layer, b->n_tok, b->x, b->sh);
     b->sh_todo = false;
     pthread_mutex_lock(&d->lock);
     d->sh_here++;
     pthread_mutex_unlock(&d->lock);
+    return true;
 }

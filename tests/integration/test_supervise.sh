@@ -11,7 +11,9 @@
 # experts instead of hanging; ecs-coordinator streams a greedy completion
 # while a worker is killed and the text is the fault-free one. Logits must equal the local backend's bit for
 # bit; a step whose experts have no holder for --call-timeout fails naming
-# them. Prints the failover figures (detection, re-send, restart + load).
+# them; the shared experts a dead worker's call carried are computed by
+# the coordinator when no replica holds them. Prints the failover figures
+# (detection, re-send, restart + load).
 # usage: tests/integration/test_supervise.sh BUILD_DIR   (from the repo root)
 set -u
 build=${1:?usage: test_supervise.sh BUILD_DIR}
@@ -202,6 +204,33 @@ wait "$r"; rc=$?
 # way the worker must be declared dead and its calls continued
 verdict hand $rc "$out.err" "h1 declared dead: (its data connection dropped|silent)" "$out" \
     "kill -9 of a tcp worker, restarted by hand with its id"
+
+# 6b. the shared experts' fallback: a spawned worker (which holds the
+#     shared experts: --shared-experts auto) beside a replica started by
+#     hand (which does not); SIGSTOP the spawned one: the call stuck on it
+#     carried the layer's shared experts, its routed experts go to the
+#     replica, which cannot take those, so the coordinator computes them
+port=$(/usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+ctl="tcp://127.0.0.1:$port"
+out="$tmp/shmix.json"
+timeout 120 "$run" "${common[@]}" --dump-logits "$out" --spawn-workers 1 --worker-threads 1 \
+    --control "$ctl" --min-workers 2 --replication 2 2>"$out.err" &
+r=$!; pids+=("$r")
+"$build/bin/ecs-worker" -m "$model" --coordinator "$ctl" --id h0 --threads 1 \
+    --listen 'tcp://127.0.0.1:*' 2>"$tmp/h0mix.err" &
+hw=$!; pids+=("$hw")
+wait_started "$out.err" w0 || bad "shared-fallback: workers did not start: $(tail -3 "$out.err")"
+victim=$(worker_pid "$out.err" w0)
+kill -STOP "$victim"
+for _ in $(seq 100); do grep -q "w0 declared dead" "$out.err" && break; sleep 0.05; done
+kill -CONT "$victim" 2>/dev/null
+wait "$r"; rc=$?
+verdict shared-fallback $rc "$out.err" "the shared experts computed here" "$out" \
+    "SIGSTOP of the worker holding the shared experts, its replica without them"
+grep -q "w0: holds .* and the shared experts" "$out.err" && ! grep -q "shared experts" "$tmp/h0mix.err" &&
+    ok "shared-fallback: the spawned worker held the shared experts, the hand-started one not" ||
+    bad "shared-fallback: who held the shared experts: $(grep holds "$out.err" "$tmp/h0mix.err" | head -2)"
+kill -TERM "$hw" 2>/dev/null; wait "$hw" 2>/dev/null
 
 # 7. the serving path: a streamed greedy completion while a worker is killed
 (cd tests/integration && PYTHONDONTWRITEBYTECODE=1 timeout 150 /usr/bin/python3 serve_failover.py \
