@@ -11,55 +11,31 @@
 #include <string.h>
 
 #include "coordinator/model/model.h"
-#include "worker/worker_int.h"
+#include "tests/unit/shard_fixture.h"
 
-#define DS2 "../shared/models/tiny-ds2-q8_0.gguf"
 enum { ROWS = 3 };
 
 typedef struct {
-    gguf_file_t *f;
-    arch_hparams_t hp;
-    ecs_threadpool_t *tp;
+    shard_model_t m; /* every routed pair in m.a */
     shard_t s;
-    uint32_t *layers, *experts;
-    wire_assign_t a;
-    int l0; /* the first layer with routed experts */
 } fx_t;
 
 /* A shard of every routed expert (shared: and the shared experts). */
 static ecs_err_t fx_open(fx_t *x, bool shared, uint64_t budget)
 {
     memset(x, 0, sizeof *x);
-    cr_assert_eq(gguf_open(DS2, &x->f), ECS_OK, "%s", ecs_errmsg());
-    cr_assert_eq(arch_read_hparams(x->f, &x->hp), ECS_OK);
-    cr_assert(x->hp.n_ff_shexp > 0, "the test model has shared experts");
-    cr_assert_eq(ecs_threadpool_create(2, &x->tp), ECS_OK);
-    const size_t cells = (size_t)x->hp.n_layer * (size_t)x->hp.n_expert;
-    x->layers = calloc(cells, sizeof *x->layers);
-    x->experts = calloc(cells, sizeof *x->experts);
-    cr_assert(x->layers && x->experts);
-    size_t n = 0;
-    x->l0 = -1;
-    for (int l = 0; l < x->hp.n_layer; l++)
-        for (int e = 0; arch_layer_moe(&x->hp, l) && e < x->hp.n_expert; e++, n++) {
-            x->l0 = x->l0 < 0 ? l : x->l0;
-            x->layers[n] = (uint32_t)l;
-            x->experts[n] = (uint32_t)e;
-        }
-    x->a = (wire_assign_t){.generation = 1, .n = n, .layers = x->layers, .experts = x->experts,
-                           .shared = shared};
-    cr_assert_eq(shard_open(&x->s, x->f, &x->hp), ECS_OK);
+    shard_model_open(&x->m);
+    cr_assert(x->m.hp.n_ff_shexp > 0, "the test model has shared experts");
+    x->m.a.shared = shared;
+    cr_assert_eq(shard_open(&x->s, x->m.f, &x->m.hp), ECS_OK);
     uint64_t bytes, ns;
-    return shard_assign(&x->s, &x->a, budget, x->tp, NULL, &bytes, &ns);
+    return shard_assign(&x->s, &x->m.a, budget, x->m.tp, NULL, &bytes, &ns);
 }
 
 static void fx_close(fx_t *x)
 {
     shard_close(&x->s);
-    ecs_threadpool_destroy(x->tp);
-    gguf_close(x->f);
-    free(x->layers);
-    free(x->experts);
+    shard_model_close(&x->m);
 }
 
 typedef struct {
@@ -129,19 +105,19 @@ Test(shard, shared_rows_are_the_models_bit_for_bit)
 {
     fx_t x;
     cr_assert_eq(fx_open(&x, true, 0), ECS_OK, "%s", ecs_errmsg());
-    const size_t E = (size_t)x.hp.n_embd;
+    const size_t E = (size_t)x.m.hp.n_embd;
     model_opts_t mo = {.n_ctx = 64, .n_threads = 2};
     model_t *m;
     cr_assert_eq(model_load(DS2, &mo, &m), ECS_OK, "%s", ecs_errmsg());
     const gguf_tensor_t *g;
-    cr_assert_eq(arch_exps_tensor(x.f, &x.hp, x.l0, ARCH_EXPS_GATE, &g), ECS_OK);
+    cr_assert_eq(arch_exps_tensor(x.m.f, &x.m.hp, x.m.l0, ARCH_EXPS_GATE, &g), ECS_OK);
     float *want = malloc(ROWS * E * sizeof *want), *plain = malloc(2 * ROWS * E * sizeof *plain);
     float *got = malloc(3 * ROWS * E * sizeof *got);
     cr_assert(want && plain && got);
-    for (int l = x.l0; l < x.hp.n_layer; l++)
+    for (int l = x.m.l0; l < x.m.hp.n_layer; l++)
         for (int quantized = 0; quantized < 2; quantized++) {
             call_t k;
-            make_call(&k, &x.hp, l, quantized ? g : NULL, false);
+            make_call(&k, &x.m.hp, l, quantized ? g : NULL, false);
             cr_assert_eq(run(&x.s, &k.c, plain, NULL), WIRE_ST_OK);
             k.c.shared = true;
             cr_assert_eq(wire_call_result_rows(&k.c), 3 * ROWS);
@@ -165,19 +141,19 @@ Test(shard, shared_calls_refused_without_them_or_in_bf16)
     fx_t x;
     cr_assert_eq(fx_open(&x, false, 0), ECS_OK, "%s", ecs_errmsg());
     call_t k;
-    make_call(&k, &x.hp, x.l0, NULL, true);
-    float *out = malloc(3 * ROWS * (size_t)x.hp.n_embd * sizeof *out);
+    make_call(&k, &x.m.hp, x.m.l0, NULL, true);
+    float *out = malloc(3 * ROWS * (size_t)x.m.hp.n_embd * sizeof *out);
     char msg[256];
     cr_assert(out);
     cr_assert_eq(run(&x.s, &k.c, out, msg), WIRE_ST_NOT_ASSIGNED);
     cr_assert(strstr(msg, "shared experts are not held"), "%s", msg);
     /* the same pairs with the shared experts: a change, loaded */
-    wire_assign_t a = x.a;
+    wire_assign_t a = x.m.a;
     a.shared = true;
     cr_assert_not(shard_holds_exactly(&x.s, &a));
-    cr_assert(shard_holds_exactly(&x.s, &x.a));
+    cr_assert(shard_holds_exactly(&x.s, &x.m.a));
     uint64_t bytes_plain = x.s.bytes, bytes, ns;
-    cr_assert_eq(shard_assign(&x.s, &a, 0, x.tp, NULL, &bytes, &ns), ECS_OK);
+    cr_assert_eq(shard_assign(&x.s, &a, 0, x.m.tp, NULL, &bytes, &ns), ECS_OK);
     cr_assert_gt(bytes, bytes_plain, "the shared experts count in the bytes held");
     cr_assert(shard_holds_exactly(&x.s, &a));
     cr_assert_eq(run(&x.s, &k.c, out, msg), WIRE_ST_OK, "%s", msg);
@@ -185,7 +161,7 @@ Test(shard, shared_calls_refused_without_them_or_in_bf16)
     cr_assert_eq(run(&x.s, &k.c, out, msg), WIRE_ST_UNSUPPORTED);
     cr_assert(strstr(msg, "f32 only"), "%s", msg);
     /* over a budget that holds the routed experts alone: refused, still held */
-    cr_assert_eq(shard_assign(&x.s, &a, bytes_plain, x.tp, NULL, &bytes, &ns), ECS_ERR_NOMEM);
+    cr_assert_eq(shard_assign(&x.s, &a, bytes_plain, x.m.tp, NULL, &bytes, &ns), ECS_ERR_NOMEM);
     cr_assert(strstr(ecs_errmsg(), "shared experts"), "%s", ecs_errmsg());
     cr_assert(shard_holds_exactly(&x.s, &a), "a refused assignment changes nothing");
     free(out);

@@ -10,20 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/worker_int.h"
-
-#define DS2 "../shared/models/tiny-ds2-q8_0.gguf"
+#include "tests/unit/shard_fixture.h"
 
 typedef struct {
-    gguf_file_t *f;
-    arch_hparams_t hp;
-    ecs_threadpool_t *tp;
+    shard_model_t m; /* the model, every routed pair in m.a */
     shard_t cpu, dev;
     shard_dev_t *d;
-    uint32_t *layers, *experts;
-    wire_assign_t a;
     size_t fixed, per;
-    int l0, l1; /* the first two layers with routed experts */
 } fx_t;
 
 /* Both shards hold every routed expert; the device one with `budget`
@@ -31,39 +24,18 @@ typedef struct {
 static void fx_open(fx_t *x, uint64_t budget)
 {
     memset(x, 0, sizeof *x);
-    cr_assert_eq(gguf_open(DS2, &x->f), ECS_OK, "%s", ecs_errmsg());
-    cr_assert_eq(arch_read_hparams(x->f, &x->hp), ECS_OK);
-    cr_assert_eq(ecs_threadpool_create(2, &x->tp), ECS_OK);
-    const size_t cells = (size_t)x->hp.n_layer * (size_t)x->hp.n_expert;
-    x->layers = calloc(cells, sizeof *x->layers);
-    x->experts = calloc(cells, sizeof *x->experts);
-    cr_assert(x->layers && x->experts);
-    size_t n = 0;
-    x->l0 = x->l1 = -1;
-    for (int l = 0; l < x->hp.n_layer; l++) {
-        if (!arch_layer_moe(&x->hp, l))
-            continue;
-        if (x->l0 < 0)
-            x->l0 = l;
-        else if (x->l1 < 0)
-            x->l1 = l;
-        for (int e = 0; e < x->hp.n_expert; e++, n++) {
-            x->layers[n] = (uint32_t)l;
-            x->experts[n] = (uint32_t)e;
-        }
-    }
-    cr_assert(x->l1 > 0, "the model needs two routed layers");
-    x->a = (wire_assign_t){.generation = 1, .n = n, .layers = x->layers, .experts = x->experts};
+    shard_model_open(&x->m);
+    cr_assert(x->m.l1 > 0, "the model needs two routed layers");
     uint64_t bytes, ns;
-    cr_assert_eq(shard_open(&x->cpu, x->f, &x->hp), ECS_OK);
-    cr_assert_eq(shard_assign(&x->cpu, &x->a, 0, x->tp, NULL, &bytes, &ns), ECS_OK);
+    cr_assert_eq(shard_open(&x->cpu, x->m.f, &x->m.hp), ECS_OK);
+    cr_assert_eq(shard_assign(&x->cpu, &x->m.a, 0, x->m.tp, NULL, &bytes, &ns), ECS_OK);
     char info[512];
     if (!budget) { /* a probe: everything fits 1 GiB of emulated VRAM */
-        cr_assert_eq(shard_dev_open("emu", 1u << 30, x->hp.n_expert, &x->d), ECS_OK, "%s",
+        cr_assert_eq(shard_dev_open("emu", 1u << 30, x->m.hp.n_expert, &x->d), ECS_OK, "%s",
                      ecs_errmsg());
-        cr_assert_eq(shard_open(&x->dev, x->f, &x->hp), ECS_OK);
+        cr_assert_eq(shard_open(&x->dev, x->m.f, &x->m.hp), ECS_OK);
         x->dev.dev = x->d;
-        cr_assert_eq(shard_assign(&x->dev, &x->a, 0, x->tp, NULL, &bytes, &ns), ECS_OK);
+        cr_assert_eq(shard_assign(&x->dev, &x->m.a, 0, x->m.tp, NULL, &bytes, &ns), ECS_OK);
         cr_assert_eq(shard_dev_assign(x->d, &x->dev, info, sizeof info), ECS_OK, "%s",
                      ecs_errmsg());
         const char *p = strstr(info, "buffers ");
@@ -71,11 +43,11 @@ static void fx_open(fx_t *x, uint64_t budget)
                   "%s", info);
         return;
     }
-    cr_assert_eq(shard_dev_open("emu", budget, x->hp.n_expert, &x->d), ECS_OK, "%s",
+    cr_assert_eq(shard_dev_open("emu", budget, x->m.hp.n_expert, &x->d), ECS_OK, "%s",
                  ecs_errmsg());
-    cr_assert_eq(shard_open(&x->dev, x->f, &x->hp), ECS_OK);
+    cr_assert_eq(shard_open(&x->dev, x->m.f, &x->m.hp), ECS_OK);
     x->dev.dev = x->d;
-    cr_assert_eq(shard_assign(&x->dev, &x->a, 0, x->tp, NULL, &bytes, &ns), ECS_OK);
+    cr_assert_eq(shard_assign(&x->dev, &x->m.a, 0, x->m.tp, NULL, &bytes, &ns), ECS_OK);
 }
 
 static void fx_close(fx_t *x)
@@ -83,10 +55,7 @@ static void fx_close(fx_t *x)
     shard_dev_close(x->d);
     shard_close(&x->dev);
     shard_close(&x->cpu);
-    ecs_threadpool_destroy(x->tp);
-    gguf_close(x->f);
-    free(x->layers);
-    free(x->experts);
+    shard_model_close(&x->m);
 }
 
 /* The sizes of this model's buffers and experts on the device. */
@@ -163,8 +132,8 @@ Test(worker_dev, buffers_only_is_the_cpu_shard_bit_for_bit)
     cr_assert(strstr(info, " 0 of "), "%s", info);
     const int ex[3] = {1, 5, 9};
     call_t k;
-    make_call(&k, &x.hp, x.l1, 3, ex);
-    const size_t n = k.c.n_entries * (size_t)x.hp.n_embd;
+    make_call(&k, &x.m.hp, x.m.l1, 3, ex);
+    const size_t n = k.c.n_entries * (size_t)x.m.hp.n_embd;
     float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
     cr_assert(a && b);
     run(&x.cpu, &k.c, a);
@@ -202,14 +171,14 @@ Test(worker_dev, prefetch_hint_budget_and_no_allocation)
      * the first four experts of l0 are) */
     const int e0[2] = {0, 2}, e1[2] = {6, 7};
     call_t k0, k1;
-    make_call(&k0, &x.hp, x.l0, 2, e0);
-    make_call(&k1, &x.hp, x.l1, 2, e1);
+    make_call(&k0, &x.m.hp, x.m.l0, 2, e0);
+    make_call(&k1, &x.m.hp, x.m.l1, 2, e1);
     k0.pf[0] = 6;
     k0.pf[1] = 7;
-    k0.c.prefetch_layer = (uint32_t)x.l1;
+    k0.c.prefetch_layer = (uint32_t)x.m.l1;
     k0.c.n_prefetch = 2;
     k0.c.prefetch = k0.pf;
-    const size_t n = 2 * ROWS * (size_t)x.hp.n_embd;
+    const size_t n = 2 * ROWS * (size_t)x.m.hp.n_embd;
     float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
     cr_assert(a && b);
     run(&x.dev, &k0.c, b);
