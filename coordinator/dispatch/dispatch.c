@@ -445,7 +445,8 @@ static ecs_err_t collect(dispatch_t *d, int *resend, uint64_t *rtt_max, uint64_t
                            "dispatch: layer %d: worker %s: %s%s%s", d->b->layer, wk->id,
                            r->err != ECS_OK ? ecs_errname(r->err) : wire_status_name(r->status),
                            r->message[0] ? ": " : "", r->message);
-        } else if ((int)r->n_entries != d->b->call_nent[s] + (s == d->b->sh_slot ? d->b->n_tok : 0) ||
+        } else if ((int)r->n_entries !=
+                       d->b->call_nent[s] + (s == d->b->sh_slot ? d->b->n_tok : 0) ||
                    r->n_embd != E ||
                    (r->dtype != ECS_TYPE_F32 && !d->o.wire_bf16)) {
             rc = ecs_error(ECS_ERR_FORMAT, "dispatch: layer %d: worker %s sent %u rows of %u "

@@ -190,6 +190,7 @@ struct dispatch {
     uint32_t *act_type;         /* [n_layer] the rows' type for a worker taking q8, F32: none */
     size_t xq_row;              /* bytes of the widest quantized activation row, 0: none */
     bool *sh_layer;             /* [n_layer] its shared experts may go with a call (shared.c) */
+    bool sh_any;                /* some layer's may */
     uint64_t sh_calls, sh_here; /* layer calls whose shared experts a worker computed; of
                                  * those, computed here after all (their call failed) */
 };

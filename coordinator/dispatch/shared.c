@@ -46,19 +46,18 @@ ecs_err_t dispatch_shared_new(dispatch_t *d)
     d->sh_layer = calloc((size_t)d->hp.n_layer, sizeof *d->sh_layer);
     if (!d->sh_layer)
         return ecs_error(ECS_ERR_NOMEM, "dispatch: out of memory");
-    for (int il = 0; il < d->hp.n_layer; il++)
+    for (int il = 0; il < d->hp.n_layer; il++) {
         d->sh_layer[il] = d->hp.n_ff_shexp > 0 && layer_ok(d, il);
+        d->sh_any |= d->sh_layer[il];
+    }
     ecs_clear_error();
     return ECS_OK;
 }
 
 bool dispatch_shared_wanted(dispatch_t *d, int wi)
 {
-    bool any = false;
-    for (int il = 0; il < d->hp.n_layer && d->sh_layer; il++)
-        any |= d->sh_layer[il];
     /* bf16 results are the inexact option; the shared rows come back f32 */
-    if (!any || d->o.wire_bf16 || !(atomic_load(&d->w[wi].caps) & WIRE_CAP_SHARED))
+    if (!d->sh_any || d->o.wire_bf16 || !(atomic_load(&d->w[wi].caps) & WIRE_CAP_SHARED))
         return false;
     if (d->o.shared_experts != 0)
         return d->o.shared_experts == 2;

@@ -495,6 +495,10 @@ Test(wire, seeds)
     size_t n = enc(&m);
     if (dir)
         write_seed(dir, "call", frame, n, s.x, sizeof s.x, true);
+    m.call.shared = true; /* the shared experts' flag set: its own seed */
+    n = enc(&m);
+    if (dir)
+        write_seed(dir, "call_shared", frame, n, s.x, sizeof s.x, true);
     float out[2 * EMBD] = {0};
     wire_msg_t r = {.kind = WIRE_RESULT,
                     .result = {.request_id = 5, .n_entries = 2, .n_embd = EMBD,
@@ -509,7 +513,7 @@ Test(wire, seeds)
         {.kind = WIRE_HELLO, .hello = {.min_version = 1, .max_version = 1, .fingerprint = fp,
                                        .fingerprint_len = 8, .worker_id = "w", .threads = 1,
                                        .data_endpoint = "ipc:///tmp/w"}},
-        {.kind = WIRE_ASSIGN, .assign = {1, 2, l, e}},
+        {.kind = WIRE_ASSIGN, .assign = {1, 2, l, e, true}},
         {.kind = WIRE_ERROR, .error = {WIRE_ST_BAD_MESSAGE, "bad", 3, WIRE_CALL}},
         {.kind = WIRE_HEARTBEAT, .heartbeat = {1, 2, 3}},
     };
