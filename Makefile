@@ -200,6 +200,18 @@ build/fuzz/fuzz_kvblocks: tests/fuzz/fuzz_kvblocks.c $(FUZZ_KVB_SRC) $(COMMON_SR
 	@mkdir -p $(dir $@)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o $@ $< \
 	  $(FUZZ_KVB_SRC) $(COMMON_SRC) -ljansson -lm -lpthread
+# the tokenizer (user text into ids, ids into text) and its reading of a
+# model file's tokenizer.* keys
+FUZZ_TOK_SRC = $(wildcard coordinator/tokenizer/*.c)
+build/fuzz/fuzz_tokenizer build/fuzz/fuzz_tok_load: build/fuzz/%: tests/fuzz/%.c $(FUZZ_TOK_SRC) $(COMMON_SRC) coordinator/tokenizer/tokenizer.h tests/unit/utf8_check.h
+	@mkdir -p $(dir $@)
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -fsanitize=fuzzer,address,undefined -o $@ $< \
+	  $(FUZZ_TOK_SRC) $(COMMON_SRC) -lpcre2-8 -lm -lpthread
+# placement files (--placement FILE)
+build/fuzz/fuzz_placement: tests/fuzz/fuzz_placement.c coordinator/dispatch/placement.c $(COMMON_SRC) coordinator/dispatch/dispatch.h
+	@mkdir -p $(dir $@)
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -I. -Ibuild/gen -fsanitize=fuzzer,address,undefined -o $@ $< \
+	  coordinator/dispatch/placement.c $(COMMON_SRC) -lm -lpthread
 fuzz: $(FUZZ_BINS)
 	tests/run_fuzz.sh $(FUZZ_BINS)
 

@@ -145,7 +145,13 @@ static ecs_err_t read_deepseek2(const meta_t *mt, arch_hparams_t *hp, bool q_lor
 
     hp->n_head_kv = hp->n_head; /* MLA: every head has its own K/V */
     hp->rope.mode = ARCH_ROPE_NORM;
-    hp->n_ff_shexp = hp->n_ff_exp * hp->n_expert_shared;
+    /* each factor is at most 2^30: the product is taken wide and bounded */
+    const int64_t ff_shexp = (int64_t)hp->n_ff_exp * hp->n_expert_shared;
+    if (ff_shexp > (1 << 30))
+        return ecs_error(ECS_ERR_RANGE,
+                         "%s: expert_shared_count %d x expert_feed_forward_length %d is out of "
+                         "range", gguf_path(mt->f), hp->n_expert_shared, hp->n_ff_exp);
+    hp->n_ff_shexp = (int)ff_shexp;
     if (hp->rope.n_rot < 2 || hp->rope.n_rot >= hp->head_k || hp->rope.n_rot % 2 ||
         hp->kv_lora_rank < 1)
         return ecs_error(ECS_ERR_RANGE, "%s: bad MLA dims: key_length %d, rope dims %d, kv_lora %d",

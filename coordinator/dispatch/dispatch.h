@@ -71,6 +71,9 @@ ecs_err_t placement_auto_replication(const dispatch_shape_t *s, const placement_
 /* Reads a placement file naming the workers in w (see above). */
 ecs_err_t placement_load(const dispatch_shape_t *s, const char *path,
                          const placement_worker_t *w, int n_workers, placement_t **out);
+/* The same from an open stream; name is what its errors call it. */
+ecs_err_t placement_read(const dispatch_shape_t *s, FILE *f, const char *name,
+                         const placement_worker_t *w, int n_workers, placement_t **out);
 void placement_free(placement_t *p);
 /* ECS_ERR_NOTFOUND naming the pairs without a holder; sets the replication
  * (the least number of holders of any pair). */

@@ -297,7 +297,7 @@ static ecs_err_t parse_line(placement_t *p, char *line, const char *path, int li
     return ECS_OK;
 }
 
-ecs_err_t placement_load(const dispatch_shape_t *s, const char *path,
+ecs_err_t placement_read(const dispatch_shape_t *s, FILE *f, const char *name,
                          const placement_worker_t *w, int n_workers, placement_t **out)
 {
     placement_t *p;
@@ -306,44 +306,50 @@ ecs_err_t placement_load(const dispatch_shape_t *s, const char *path,
     if (rc != ECS_OK)
         return rc;
     char *line = NULL;
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        rc = ecs_error(ECS_ERR_IO, "placement: cannot open %s: %s", path, strerror(errno));
-        goto fail;
-    }
     size_t cap = 0;
     ssize_t len;
     int lineno = 0;
     while ((len = getline(&line, &cap, f)) >= 0) {
         lineno++;
         if (len > PLACEMENT_LINE_MAX) {
-            rc = ecs_error(ECS_ERR_FORMAT, "%s:%d: line longer than %d bytes", path, lineno,
+            rc = ecs_error(ECS_ERR_FORMAT, "%s:%d: line longer than %d bytes", name, lineno,
                            PLACEMENT_LINE_MAX);
             goto fail;
         }
-        if ((rc = parse_line(p, line, path, lineno)) != ECS_OK)
+        if (strlen(line) != (size_t)len) {
+            rc = ecs_error(ECS_ERR_FORMAT, "%s:%d: a NUL byte in the line", name, lineno);
+            goto fail;
+        }
+        if ((rc = parse_line(p, line, name, lineno)) != ECS_OK)
             goto fail;
     }
     if (ferror(f)) {
-        rc = ecs_error(ECS_ERR_IO, "placement: reading %s failed", path);
+        rc = ecs_error(ECS_ERR_IO, "placement: reading %s failed", name);
         goto fail;
     }
     free(line);
     line = NULL;
-    fclose(f);
-    f = NULL;
     if ((rc = placement_check(p)) != ECS_OK) {
-        rc = ecs_error(rc, "%s: %s", path, ecs_errmsg());
+        rc = ecs_error(rc, "%s: %s", name, ecs_errmsg());
         goto fail;
     }
     *out = p;
     return ECS_OK;
 fail:
     free(line);
-    if (f)
-        fclose(f);
     placement_free(p);
+    return rc;
+}
+
+ecs_err_t placement_load(const dispatch_shape_t *s, const char *path,
+                         const placement_worker_t *w, int n_workers, placement_t **out)
+{
     *out = NULL;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return ecs_error(ECS_ERR_IO, "placement: cannot open %s: %s", path, strerror(errno));
+    const ecs_err_t rc = placement_read(s, f, path, w, n_workers, out);
+    fclose(f);
     return rc;
 }
 

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -734,6 +735,27 @@ def api_keys():
 
 
 check("API keys: missing/wrong 401, right 200", api_keys)
+
+
+def key_file_errors():
+    """A key file that is empty, missing or has a line too long for a key
+    stops the server at start-up (exit 2) naming the file and the line: a
+    long line is never cut into a shorter key that would be accepted."""
+    with tempfile.TemporaryDirectory() as d:
+        cases = (("empty", "# only a comment\n\n", "no keys in it"),
+                 ("long", "short-key\n" + "k" * 5000 + "\n", "line 2 is longer than 4094 bytes"),
+                 ("missing", None, "No such file"))
+        for name, text, needle in cases:
+            path = os.path.join(d, name)
+            if text is not None:
+                with open(path, "w") as f:
+                    f.write(text)
+            p = subprocess.run([binary, "-m", "unused.gguf", "--api-key-file", path],
+                               capture_output=True, text=True, timeout=30)
+            assert p.returncode == 2 and path in p.stderr and needle in p.stderr, (name, p)
+
+
+check("API key files: empty, missing, a line too long -> exit 2 naming it", key_file_errors)
 
 
 def chat_template_flag():

@@ -143,6 +143,14 @@ Test(placement, file_rules_and_errors)
         unlink(path);
     }
     cr_assert_eq(placement_load(&ds2, "/nonexistent/p.txt", w, 2, &p), ECS_ERR_IO);
+    /* from a stream; a NUL byte would hide the rest of its line */
+    static const char nul[] = "w0 * *\0 w9 junk\n";
+    FILE *f = fmemopen((void *)nul, sizeof nul - 1, "r");
+    cr_assert(f);
+    cr_assert_eq(placement_read(&ds2, f, "mem", w, 2, &p), ECS_ERR_FORMAT);
+    cr_assert_null(p);
+    cr_assert(strstr(ecs_errmsg(), "mem:1: a NUL byte"), "%s", ecs_errmsg());
+    fclose(f);
 }
 
 Test(placement, written_file_loads_back_identical)

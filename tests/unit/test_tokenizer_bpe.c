@@ -132,3 +132,92 @@ Test(tokenizer, every_pretokenizer_round_trips)
         tok_free(t);
     }
 }
+
+/* ---- fuzz_tok_load's seeds ----
+ * Small vocabularies of each pre-tokenizer and chat template, with control,
+ * user-defined and special-id keys, that load and encode here. With
+ * ECS_WRITE_FUZZ_CORPUS=DIR set they are also written there (the checked-in
+ * seeds of tests/fuzz/corpus/fuzz_tok_load came from it). */
+
+static void write_seed_vocab(const char *path, const char *pre, const char *tmpl,
+                             const char *const *extra, const int32_t *extra_types, int n_extra)
+{
+    static char bytes[256][5];
+    const char *toks[300];
+    int32_t types[300];
+    int n = 0;
+    for (unsigned b = 0; b < 256; b++) {
+        bytes[b][put_utf8(gpt2_cp(b), bytes[b])] = '\0';
+        types[n] = TOK_TYPE_NORMAL;
+        toks[n++] = bytes[b];
+    }
+    for (int i = 0; i < n_extra; i++) {
+        types[n] = extra_types[i];
+        toks[n++] = extra[i];
+    }
+    const char *merges[] = { "h e", "l l", "he ll", "Ġ w", "o r", "Ġw or" };
+    gguf_writer_t *w;
+    cr_assert_eq(gguf_writer_new(&w), ECS_OK);
+    cr_assert_eq(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), ECS_OK);
+    cr_assert_eq(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre), ECS_OK);
+    cr_assert_eq(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, (uint64_t)n), ECS_OK);
+    cr_assert_eq(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types,
+                                     (uint64_t)n), ECS_OK);
+    cr_assert_eq(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 6), ECS_OK);
+    cr_assert_eq(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 256 + 6), ECS_OK);
+    cr_assert_eq(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 256 + 7), ECS_OK);
+    cr_assert_eq(gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true), ECS_OK);
+    if (tmpl)
+        cr_assert_eq(gguf_writer_set_str(w, "tokenizer.chat_template", tmpl), ECS_OK);
+    cr_assert_eq(gguf_writer_begin(w, path), ECS_OK, "%s", ecs_errmsg());
+    cr_assert_eq(gguf_writer_finish(w), ECS_OK, "%s", ecs_errmsg());
+    gguf_writer_free(w);
+}
+
+Test(tokenizer, fuzz_seed_vocabularies)
+{
+    const char *extra[] = { "he", "ll", "hell", "Ġw", "or", "Ġwor",
+                            "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+                            "<|im_start|>", "<|im_end|>", "<think>" };
+    const int32_t types[] = { 1, 1, 1, 1, 1, 1, TOK_TYPE_CONTROL, TOK_TYPE_CONTROL,
+                              TOK_TYPE_CONTROL, TOK_TYPE_CONTROL, TOK_TYPE_USER_DEFINED };
+    const struct {
+        const char *name, *pre, *tmpl;
+        tok_chat_kind_t kind;
+    } seeds[] = {
+        { "deepseek-llm", "deepseek-llm", "deepseek2", TOK_CHAT_DEEPSEEK2 },
+        { "deepseek-coder", "deepseek-coder", NULL, TOK_CHAT_NONE },
+        { "deepseek-v3", "deepseek-v3", "deepseek3", TOK_CHAT_DEEPSEEK3 },
+        { "qwen2", "qwen2", "chatml", TOK_CHAT_CHATML },
+        { "gpt2", "gpt2", "{{ unknown template }}", TOK_CHAT_UNKNOWN },
+    };
+    const char *dir = getenv("ECS_WRITE_FUZZ_CORPUS");
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+        char path[] = "/tmp/ecs_tok_seed_XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert(fd >= 0);
+        close(fd);
+        write_seed_vocab(path, seeds[i].pre, seeds[i].tmpl, extra, types, 11);
+        ecs_err_t err;
+        tok_t *t = load_path(path, &err);
+        cr_assert(t, "%s: %s", seeds[i].name, ecs_errmsg());
+        cr_assert_eq(tok_chat_kind(t), seeds[i].kind, "%s", seeds[i].name);
+        cr_assert_eq(tok_bos(t), id_of(t, DS_BOS));
+        expect_ids(t, "hello world", (const char *[]){ "hell", "o", "Ġwor", "l", "d" }, 5);
+        size_t n;
+        int32_t *ids = encode(t, "<|im_end|><think>", 17, true, true, &n);
+        cr_assert(n == 3 && ids[0] == tok_bos(t) && ids[1] == id_of(t, "<|im_end|>") &&
+                  ids[2] == id_of(t, "<think>"), "%s: %zu ids", seeds[i].name, n);
+        free(ids);
+        tok_free(t);
+        if (dir) {
+            size_t len;
+            char *bytes = slurp(path, &len), out[512];
+            snprintf(out, sizeof out, "%s/%s", dir, seeds[i].name);
+            FILE *f = fopen(out, "wb");
+            cr_assert(f && fwrite(bytes, 1, len, f) == len && fclose(f) == 0, "%s", out);
+            free(bytes);
+        }
+        unlink(path);
+    }
+}

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "coordinator/tokenizer/tokenizer.h"
+#include "tests/unit/utf8_check.h"
 
 #define LLM_VOCAB "../shared/reference/tokenizer/ggml-vocab-deepseek-llm.gguf"
 #define CODER_VOCAB "../shared/reference/tokenizer/ggml-vocab-deepseek-coder.gguf"
@@ -81,44 +82,6 @@ FX char *decode(const tok_t *t, const int32_t *ids, size_t n, bool render, size_
     ecs_err_t err = tok_decode(t, ids, n, render, s, cap, len);
     cr_assert_eq(err, ECS_OK, "decode: %s", ecs_errmsg());
     return s;
-}
-
-/* Strict UTF-8 check written independently of the module. */
-FX bool utf8_valid(const char *str, size_t n)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t len;
-        unsigned cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            len = 2;
-            cp = c & 0x1F;
-        } else if ((c & 0xF0) == 0xE0) {
-            len = 3;
-            cp = c & 0x0F;
-        } else if ((c & 0xF8) == 0xF0) {
-            len = 4;
-            cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (i + len > n)
-            return false;
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xC0) != 0x80)
-                return false;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        unsigned min = len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000;
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        i += len;
-    }
-    return true;
 }
 
 FX size_t put_utf8(unsigned cp, char *o)

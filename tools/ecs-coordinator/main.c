@@ -224,8 +224,15 @@ static int read_keys(const char *path, char ***out)
     if (!f)
         return fail("--api-key-file %s: %s", path, strerror(errno));
     char **keys = calloc(MAX_KEYS + 1, sizeof *keys), line[4096];
-    int n = 0, rc = 0;
+    int n = 0, rc = 0, lineno = 0;
     while (keys && fgets(line, sizeof line, f)) {
+        lineno++;
+        /* a longer line would be cut into two keys, its first part accepted */
+        if (!strchr(line, '\n') && !feof(f)) {
+            rc = fail("--api-key-file %s: line %d is longer than %zu bytes", path, lineno,
+                      sizeof line - 2);
+            break;
+        }
         size_t l = strcspn(line, "\r\n");
         line[l] = '\0';
         if (!l || line[0] == '#')
