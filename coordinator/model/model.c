@@ -271,9 +271,7 @@ ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
         return ecs_error(ECS_ERR_NOMEM, "model: out of memory");
     ecs_err_t e = gguf_open(path, &m->file);
     if (e == ECS_OK)
-        e = model_validate_meta(m->file);
-    if (e == ECS_OK)
-        e = model_read_hparams(m);
+        e = model_read_hparams(m); /* the keys' ranges first */
     if (e == ECS_OK)
         e = model_load_weights(m);
     if (e == ECS_OK)
@@ -282,7 +280,7 @@ ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
         advise_hugepages(m->file);
     if (e == ECS_OK) {
         m->opts = opts ? *opts : (model_opts_t){0};
-        if (m->opts.n_ctx <= 0) /* n_ctx_train >= 1: model_validate_meta */
+        if (m->opts.n_ctx <= 0) /* n_ctx_train >= 1: arch_read_hparams */
             m->opts.n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
         if (m->opts.n_ctx > MODEL_MAX_CTX)
             e = ecs_error(ECS_ERR_RANGE, "model: n_ctx %d exceeds %d", m->opts.n_ctx, MODEL_MAX_CTX);

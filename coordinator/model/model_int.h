@@ -374,10 +374,9 @@ ecs_err_t model_read_hparams(model_t *m);
 ecs_err_t model_load_weights(model_t *m);
 ecs_err_t model_build_ext(model_t *m);
 
-/* validate.c: numeric metadata inside sane ranges (before the
- * hyperparameters are read); no overlapping tensors, unused tensors named
- * in m->warn, misaligned tensors copied to align_copy (after the views). */
-ecs_err_t model_validate_meta(const gguf_file_t *f);
+/* validate.c: no overlapping tensors, unused tensors named in m->warn,
+ * misaligned tensors copied to align_copy (after the views; the metadata's
+ * ranges are arch_read_hparams'). */
 ecs_err_t model_validate_tensors(model_t *m);
 
 /* finite.c: after a step failed with e or its logits were not all finite,

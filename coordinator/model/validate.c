@@ -1,95 +1,18 @@
 /* validate.c - load-time checks beyond the loader's shape checks, so that a
  * plausible but inconsistent model gets an error naming the key or tensor
- * instead of running and printing garbage:
- *
- *  - before the hyperparameters are read: every numeric key the loader uses
- *    is inside a sane range (which also keeps the loader's shape arithmetic
- *    far from int overflow);
- *  - after the tensor views are made: no two tensors share bytes, every
- *    tensor in the file is used by the architecture (else a warning naming
- *    the unused ones), and tensors at addresses the kernels do not expect
- *    (GGUF allows general.alignment = 1, the kernels read blocks in place
- *    and assume GGUF_DEFAULT_ALIGNMENT) are copied to aligned memory. */
+ * instead of running and printing garbage. After the tensor views are
+ * made: no two tensors share bytes, every tensor in the file is used by the
+ * architecture (else a warning naming the unused ones), and tensors at
+ * addresses the kernels do not expect (GGUF allows general.alignment = 1,
+ * the kernels read blocks in place and assume GGUF_DEFAULT_ALIGNMENT) are
+ * copied to aligned memory. The metadata's numeric ranges are checked where
+ * the hyperparameters are read (common/arch.c), so that ecs-worker refuses
+ * the same files. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "coordinator/model/model_int.h"
-
-/* ------------------------------------------------------------ hyperparams */
-
-typedef struct {
-    const char *suffix;
-    double lo, hi;
-    bool lo_open; /* lo itself is out of range */
-} range_t;
-
-/* Widths are bounded well below 2^31 / the largest factor they are
- * multiplied by in int (n_ff_exp * expert_shared_count). */
-#define DIM_MAX (1 << 20)
-
-static const range_t INT_KEYS[] = {
-    {"block_count", 1, ARCH_MAX_LAYERS, false},
-    {"context_length", 1, 1 << 30, false},
-    {"embedding_length", 1, 1 << 16, false},
-    {"feed_forward_length", 0, DIM_MAX, false},
-    {"attention.head_count", 1, 4096, false},
-    {"attention.head_count_kv", 1, 4096, false},
-    {"attention.key_length", 1, 4096, false},
-    {"attention.value_length", 1, 4096, false},
-    {"attention.q_lora_rank", 0, 1 << 16, false},
-    {"attention.kv_lora_rank", 1, 1 << 16, false},
-    {"rope.dimension_count", 0, 4096, false},
-    {"rope.scaling.original_context_length", 1, 1 << 30, false},
-    {"expert_count", 0, ARCH_MAX_EXPERTS, false},
-    {"expert_used_count", 0, ARCH_MAX_EXPERTS, false},
-    {"expert_feed_forward_length", 1, DIM_MAX, false},
-    {"expert_shared_count", 0, 64, false},
-    {"leading_dense_block_count", 0, ARCH_MAX_LAYERS, false},
-};
-
-static const range_t FLOAT_KEYS[] = {
-    {"attention.layer_norm_rms_epsilon", 0, 1e-2, true},
-    {"rope.freq_base", 1, 1e10, false},
-    {"rope.scaling.factor", 0, 1024, false},
-    {"rope.scaling.yarn_log_multiplier", 0, 10, false},
-    {"expert_weights_scale", 0, 100, false},
-};
-
-static ecs_err_t out_of_range(const gguf_file_t *f, const char *key, double v, const range_t *r)
-{
-    return ecs_error(ECS_ERR_RANGE, "%s: metadata %s = %g is out of range %s%g, %g]",
-                     gguf_path(f), key, v, r->lo_open ? "(" : "[", r->lo, r->hi);
-}
-
-ecs_err_t model_validate_meta(const gguf_file_t *f)
-{
-    gguf_str_t arch;
-    if (gguf_get_str(f, "general.architecture", &arch) != ECS_OK || arch.len > 32)
-        return ECS_OK; /* the loader says what is wrong */
-    char key[192];
-    for (size_t i = 0; i < sizeof INT_KEYS / sizeof INT_KEYS[0]; i++) {
-        const range_t *r = &INT_KEYS[i];
-        snprintf(key, sizeof key, "%.*s.%s", (int)arch.len, arch.ptr, r->suffix);
-        const gguf_value_t *v = gguf_find(f, key);
-        uint64_t u;
-        if (!v || gguf_get_u64(f, key, &u) != ECS_OK)
-            continue; /* absent or not an unsigned integer: the loader's error */
-        if ((double)u < r->lo || (double)u > r->hi)
-            return ecs_error(ECS_ERR_RANGE, "%s: metadata %s = %llu is out of range (%.0f..%.0f)",
-                             gguf_path(f), key, (unsigned long long)u, r->lo, r->hi);
-    }
-    for (size_t i = 0; i < sizeof FLOAT_KEYS / sizeof FLOAT_KEYS[0]; i++) {
-        const range_t *r = &FLOAT_KEYS[i];
-        snprintf(key, sizeof key, "%.*s.%s", (int)arch.len, arch.ptr, r->suffix);
-        float x;
-        if (!gguf_find(f, key) || gguf_get_f32(f, key, &x) != ECS_OK)
-            continue;
-        if (!(x >= r->lo) || (r->lo_open && x == r->lo) || !(x <= r->hi))
-            return out_of_range(f, key, x, r);
-    }
-    return ECS_OK;
-}
 
 /* ---------------------------------------------------------------- tensors */
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_damaged.sh - damaged models (tests/integration/damage.py makes them
 # from small valid ones) each get their specific error or warning from
-# ecs-run built with ASan+UBSan, and no sanitizer report; special files in
-# place of a model fail at once instead of blocking.
+# ecs-run built with ASan+UBSan, and no sanitizer report (ecs-worker too,
+# for the metadata's ranges); special files in place of a model fail at
+# once instead of blocking.
 # usage: tests/integration/test_damaged.sh BUILD_DIR   (from the repo root)
 set -u
 build=${1:?usage: test_damaged.sh BUILD_DIR}
@@ -12,7 +13,7 @@ mkdir -p "$build/logs"
 # the sanitized ecs-run (make asan builds its libraries for the unit tests);
 # a make of its own, not a sub-make of the caller's jobserver
 env -u MAKEFLAGS -u MFLAGS make --no-print-directory -s -j2 BUILD=$san SAN=1 OPT=-O1 \
-    "$san/bin/ecs-run" >"$build/logs/asan-ecs-run.log" 2>&1 ||
+    "$san/bin/ecs-run" "$san/bin/ecs-worker" >"$build/logs/asan-ecs-run.log" 2>&1 ||
     { echo "FAIL: cannot build $san/bin/ecs-run"; tail -20 "$build/logs/asan-ecs-run.log"; exit 1; }
 run="$san/bin/ecs-run"
 tmp=$(mktemp -d)
@@ -21,17 +22,18 @@ fail=0
 bad() { echo "FAIL: $*"; fail=1; }
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 
-# check NAME WANT_RC REGEX ARGS...: exit status 0 or "fail" (1), REGEX on
-# stderr, no sanitizer report, no hang
+# check NAME WANT_RC REGEX ARGS...: exit status WANT_RC ("fail": 1), REGEX
+# on stderr, no sanitizer report, no hang; bin=PROGRAM check ... runs
+# another program than ecs-run
 check() {
     local name=$1 want=$2 re=$3; shift 3
-    timeout 120 "$run" "$@" >"$tmp/out" 2>"$tmp/err"
+    timeout 120 "${bin:-$run}" "$@" >"$tmp/out" 2>"$tmp/err"
     local rc=$?
     if grep -Eq 'runtime error|AddressSanitizer|LeakSanitizer' "$tmp/err"; then
         bad "$name: sanitizer report: $(grep -m3 -E 'runtime error|Sanitizer|SUMMARY' "$tmp/err")"
     elif [ "$rc" -eq 124 ]; then
-        bad "$name: ecs-run did not finish"
-    elif { [ "$want" = 0 ] && [ "$rc" -ne 0 ]; } || { [ "$want" = fail ] && [ "$rc" -ne 1 ]; }; then
+        bad "$name: $(basename "${bin:-$run}") did not finish"
+    elif [ "$rc" -ne "$([ "$want" = fail ] && echo 1 || echo "$want")" ]; then
         bad "$name: exit $rc, expected $want: $(head -c 600 "$tmp/err")"
     elif [ -n "$re" ] && ! grep -Eq -- "$re" "$tmp/err"; then
         bad "$name: stderr lacks /$re/: $(head -c 600 "$tmp/err")"
@@ -49,6 +51,13 @@ for arch in deepseek2 qwen3moe; do
     while IFS=$'\t' read -r name want re; do
         check "$arch/$name" "$want" "$re" -m "$dir/$name.gguf" -p "Hello there" -n 3 --temp 0 \
             --threads 2 --no-repack
+    done <"$dir/cases.tsv"
+    # ecs-worker reads the keys through the same checks (common/arch.c):
+    # the same refusals, before it looks for a coordinator
+    while IFS=$'\t' read -r name want re; do
+        case $re in *"out of range"*) ;; *) continue ;; esac
+        bin="$san/bin/ecs-worker" check "$arch/worker-$name" 2 "$re" -m "$dir/$name.gguf" \
+            --coordinator "ipc://$tmp/none" --threads 1
     done <"$dir/cases.tsv"
     # byte-aligned tensors are copied, not read misaligned: the same logits
     toks=1,17,300,5,42,7,99
