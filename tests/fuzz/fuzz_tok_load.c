@@ -76,15 +76,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (special[i] < -1 || special[i] >= tok_n_vocab(t))
             __builtin_trap();
     const size_t cap = tok_encode_bound(sizeof TEXT - 1);
+    const size_t text_cap = 64 + cap * tok_decoder_max_out(t);
     int32_t *ids = malloc(cap * sizeof *ids);
-    char *text = malloc(64 + cap * tok_decoder_max_out(t));
+    char *text = malloc(text_cap);
     if (ids && text) {
         for (int parse = 0; parse < 2; parse++) {
             size_t n, len;
             if (tok_encode(t, TEXT, sizeof TEXT - 1, true, parse, ids, cap, &n) != ECS_OK)
                 __builtin_trap();
             check_ids(t, ids, n);
-            if (tok_decode(t, ids, n, parse, text, 64 + cap * tok_decoder_max_out(t), &len) != ECS_OK)
+            if (tok_decode(t, ids, n, parse, text, text_cap, &len) != ECS_OK)
                 __builtin_trap();
         }
     }

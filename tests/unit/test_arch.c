@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "common/arch.h"
+#include "tests/unit/fuzz_seed.h"
 
 #define DS2_Q8 "../shared/models/tiny-ds2-q8_0.gguf"
 #define QWEN_Q8 "../shared/models/tiny-qwen3moe-q8_0.gguf"
@@ -62,6 +63,18 @@ typedef struct {
     const char *s;
 } seed_kv_t;
 
+/* Tensor k of a MoE layer's six (the routed gate, up, down stacks, then
+ * the shared experts' three): its shape into ne; 0 when the model has none. */
+static int seed_tensor_shape(int k, int64_t n_embd, int64_t ff, int64_t n_expert, int64_t ff_sh,
+                             int64_t ne[3])
+{
+    const int64_t width = k < 3 ? ff : ff_sh;
+    ne[0] = k % 3 == 2 ? width : n_embd;
+    ne[1] = k % 3 == 2 ? n_embd : width;
+    ne[2] = k < 3 ? n_expert : 1;
+    return width ? (k < 3 ? 3 : 2) : 0;
+}
+
 static void write_seed(const char *path, const seed_kv_t *kv, int n_kv, int n_layer, int dense,
                        int64_t n_embd, int64_t ff, int64_t n_expert, int64_t ff_sh)
 {
@@ -75,16 +88,16 @@ static void write_seed(const char *path, const seed_kv_t *kv, int n_kv, int n_la
         cr_assert_eq(rc, ECS_OK, "%s", kv[i].key);
     }
     static const char *const what[] = {"gate", "up", "down"};
+    int64_t ne[3];
     for (int il = dense; il < n_layer; il++)
-        for (int k = 0; k < 6; k++) { /* the routed stacks, then the shared experts */
-            const int64_t width = k < 3 ? ff : ff_sh, stack = k < 3 ? n_expert : 1;
-            if (width == 0)
-                continue;
-            const int64_t ne[3] = {k % 3 == 2 ? width : n_embd, k % 3 == 2 ? n_embd : width, stack};
+        for (int k = 0; k < 6; k++) {
+            const int dims = seed_tensor_shape(k, n_embd, ff, n_expert, ff_sh, ne);
             char name[64];
             snprintf(name, sizeof name, "blk.%d.ffn_%s_%s.weight", il, what[k % 3],
                      k < 3 ? "exps" : "shexp");
-            cr_assert_eq(gguf_writer_add_tensor(w, name, ECS_TYPE_F32, k < 3 ? 3 : 2, ne), ECS_OK);
+            if (dims)
+                cr_assert_eq(gguf_writer_add_tensor(w, name, ECS_TYPE_F32, (uint32_t)dims, ne),
+                             ECS_OK);
         }
     cr_assert_eq(gguf_writer_begin(w, path), ECS_OK, "%s", ecs_errmsg());
     /* the largest tensor: a routed stack or the shared experts' matrix */
@@ -92,13 +105,11 @@ static void write_seed(const char *path, const seed_kv_t *kv, int n_kv, int n_la
                          sizeof(float));
     cr_assert(zero);
     for (int il = dense; il < n_layer; il++)
-        for (int k = 0; k < 6; k++) {
-            const int64_t width = k < 3 ? ff : ff_sh, stack = k < 3 ? n_expert : 1;
-            if (width)
-                cr_assert_eq(gguf_writer_write_tensor(w, zero, (size_t)(n_embd * width * stack) *
+        for (int k = 0; k < 6; k++)
+            if (seed_tensor_shape(k, n_embd, ff, n_expert, ff_sh, ne))
+                cr_assert_eq(gguf_writer_write_tensor(w, zero, (size_t)(ne[0] * ne[1] * ne[2]) *
                                                                    sizeof(float)),
                              ECS_OK, "%s", ecs_errmsg());
-        }
     free(zero);
     cr_assert_eq(gguf_writer_finish(w), ECS_OK, "%s", ecs_errmsg());
     gguf_writer_free(w);
@@ -159,7 +170,6 @@ Test(arch, fuzz_seed_files)
         {"deepseek2", ds2, sizeof ds2 / sizeof ds2[0], 3, 1, 8, 4, ARCH_DEEPSEEK2},
         {"qwen3moe", qwen, sizeof qwen / sizeof qwen[0], 2, 0, 4, 0, ARCH_QWEN3MOE},
     };
-    const char *dir = getenv("ECS_WRITE_FUZZ_CORPUS");
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
         char path[] = "/tmp/ecs_arch_seed_XXXXXX";
         int fd = mkstemp(path);
@@ -203,11 +213,7 @@ Test(arch, fuzz_seed_files)
                       "%s", ecs_errmsg());
             gguf_close(f);
         }
-        if (dir) {
-            char cmd[512];
-            snprintf(cmd, sizeof cmd, "cp %s %s/%s", path, dir, seeds[i].name);
-            cr_assert_eq(system(cmd), 0, "%s", cmd);
-        }
+        fuzz_seed_copy(path, seeds[i].name);
         unlink(path);
     }
 }

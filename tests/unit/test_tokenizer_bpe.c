@@ -1,6 +1,7 @@
 /* test_tokenizer_bpe.c - BPE semantics on hand-made vocabularies: merge rank
  * order and ties, special tokens partitioning the text, wide whitespace as
  * llama.cpp splits it, load errors, and every pretokenizer round-tripping. */
+#include "tests/unit/fuzz_seed.h"
 #include "tests/unit/tokenizer_fixture.h"
 
 /* ---- BPE semantics on hand-made vocabularies ---- */
@@ -191,7 +192,6 @@ Test(tokenizer, fuzz_seed_vocabularies)
         { "qwen2", "qwen2", "chatml", TOK_CHAT_CHATML },
         { "gpt2", "gpt2", "{{ unknown template }}", TOK_CHAT_UNKNOWN },
     };
-    const char *dir = getenv("ECS_WRITE_FUZZ_CORPUS");
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
         char path[] = "/tmp/ecs_tok_seed_XXXXXX";
         int fd = mkstemp(path);
@@ -210,14 +210,7 @@ Test(tokenizer, fuzz_seed_vocabularies)
                   ids[2] == id_of(t, "<think>"), "%s: %zu ids", seeds[i].name, n);
         free(ids);
         tok_free(t);
-        if (dir) {
-            size_t len;
-            char *bytes = slurp(path, &len), out[512];
-            snprintf(out, sizeof out, "%s/%s", dir, seeds[i].name);
-            FILE *f = fopen(out, "wb");
-            cr_assert(f && fwrite(bytes, 1, len, f) == len && fclose(f) == 0, "%s", out);
-            free(bytes);
-        }
+        fuzz_seed_copy(path, seeds[i].name);
         unlink(path);
     }
 }
