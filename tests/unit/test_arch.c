@@ -192,6 +192,7 @@ Test(arch, fuzz_seed_files)
                              seeds[i].ff_sh ? ECS_OK : ECS_ERR_NOTFOUND, "%s", ecs_errmsg());
             }
         gguf_close(f);
+        fuzz_seed_copy(path, seeds[i].name); /* before the case below rewrites path */
         if (seeds[i].arch == ARCH_DEEPSEEK2) {
             /* the shared experts' width is their count times the experts'
              * width: each key is range-checked before it is read, so the
@@ -213,7 +214,6 @@ Test(arch, fuzz_seed_files)
                       "%s", ecs_errmsg());
             gguf_close(f);
         }
-        fuzz_seed_copy(path, seeds[i].name);
         unlink(path);
     }
 }
