@@ -98,20 +98,17 @@ static bool block_holds(const sched_t *s, int b, uint64_t parent, const int32_t 
            !memcmp(s->blk_toks + (size_t)b * MODEL_KV_BLOCK, toks, MODEL_KV_BLOCK * sizeof *toks);
 }
 
-/* Rows per chunk of a prompt whose uncached part has rest rows: of
- * o.slice_chunk when it is longer than one chunk and will run in slices
- * (a stream decodes, or always with o.slice_units: the scheduler slices
- * such prompts, step.c), else of o.chunk. A prompt of one chunk joins the
- * decode batch whole and keeps it. */
-static int chunk_for(const sched_t *s, int rest)
+int sched_chunk_for(const sched_t *s, int rest)
 {
-    if (s->o.slice_chunk <= 0 || rest <= s->o.chunk ||
-        (s->o.slice_budget <= 0 && s->o.slice_units <= 0))
-        return s->o.chunk;
     bool dec = s->o.slice_units > 0;
     for (const sched_req_t *q = s->running; q && !dec; q = q->next)
         dec = q->decoding;
-    return dec ? s->o.slice_chunk : s->o.chunk;
+    if (!dec)
+        return s->o.idle_chunk > 0 ? s->o.idle_chunk : s->o.chunk;
+    if (s->o.slice_chunk <= 0 || rest <= s->o.chunk ||
+        (s->o.slice_budget <= 0 && s->o.slice_units <= 0))
+        return s->o.chunk;
+    return s->o.slice_chunk;
 }
 
 bool sched_kv_admit(sched_t *s, sched_req_t *r)
@@ -133,7 +130,7 @@ bool sched_kv_admit(sched_t *s, sched_req_t *r)
         key = next;
     }
     const int start = k * MODEL_KV_BLOCK, rest = r->p.n_prompt - start;
-    const int chunk = chunk_for(s, rest);
+    const int chunk = sched_chunk_for(s, rest);
     const int n_chunks = (rest + chunk - 1) / chunk;
     const int first = rest / n_chunks + (rest % n_chunks > 0);
     if (kvc_n_available(s->kvc) < sched_blocks_for(start + first) - k) {
@@ -149,6 +146,8 @@ bool sched_kv_admit(sched_t *s, sched_req_t *r)
     r->n_fed = r->n_start = start;
     r->chunk_i = 0;
     r->n_chunks = n_chunks;
+    r->rest0 = rest;
+    r->cut = chunk;
     r->decoding = false;
     r->replay = 0;
     if (!r->admitted_once) { /* a recomputation is not a new lookup */

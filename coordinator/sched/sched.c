@@ -64,6 +64,10 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     if (o->chunk < 2 * MODEL_MLA_EXPAND_ROWS || o->chunk + o->max_running > MODEL_MAX_BATCH)
         return ecs_error(ECS_ERR_RANGE, "sched: prompt chunk %d outside %d..%d", o->chunk,
                          2 * MODEL_MLA_EXPAND_ROWS, MODEL_MAX_BATCH - o->max_running);
+    if (o->idle_chunk != 0 &&
+        (o->idle_chunk < o->chunk || o->idle_chunk + o->max_running > MODEL_MAX_BATCH))
+        return ecs_error(ECS_ERR_RANGE, "sched: idle chunk %d outside %d..%d (or 0)",
+                         o->idle_chunk, o->chunk, MODEL_MAX_BATCH - o->max_running);
     if (o->slice_chunk != 0 &&
         (o->slice_chunk < 2 * MODEL_MLA_EXPAND_ROWS || o->slice_chunk > o->chunk))
         return ecs_error(ECS_ERR_RANGE, "sched: slice chunk %d outside %d..%d (or 0)",

@@ -6,7 +6,8 @@
  *     waiting prompts, within a token budget (chunked prefill mixed with
  *     decode, so a long prompt never freezes running streams).
  *   - A prompt is cut into chunks of at most sched_opts_t.chunk rows (or
- *     slice_chunk, below), as even as possible, so a deepseek2 chunk has
+ *     slice_chunk, below; idle_chunk while no stream decodes, cut again
+ *     between chunks when that changes), as even as possible, so a deepseek2 chunk has
  *     at least MODEL_MLA_EXPAND_ROWS rows unless the whole prompt is
  *     shorter: a request's tokens never depend on the cut, so not on what
  *     else is running.
@@ -67,7 +68,16 @@ typedef struct {
                          at most half the available memory */
     int max_running;  /* requests decoding at once (>= 1) */
     int max_queue;    /* requests waiting for a slot before submit refuses */
-    int chunk;        /* prompt rows per chunk (>= 2 * MODEL_MLA_EXPAND_ROWS) */
+    int chunk;        /* prompt rows per chunk while a stream decodes, and the
+                         longest prompt that joins the decode batch whole
+                         (>= 2 * MODEL_MLA_EXPAND_ROWS) */
+    /* Prompt rows per chunk while no stream decodes: a prompt alone runs
+     * in steps as large as the batch allows, which computes each expert's
+     * rows together and expands a deepseek2 sequence's earlier keys once
+     * per chunk. The rest of a prompt is cut again between two chunks
+     * when streams start or stop decoding. chunk..MODEL_MAX_BATCH -
+     * max_running; 0: chunk. */
+    int idle_chunk;
     bool prefix_cache; /* full KV blocks stay cached for later requests' prefixes */
     /* Layer-sliced prefill: while streams decode, a prompt chunk runs
      * through a few half layers per step (model_slice_units; its residual

@@ -25,8 +25,11 @@ struct sched_req {
     uint64_t pub_key;         /* key of block n_pub - 1 (the seed when none) */
     int n_fed;                /* prompt tokens evaluated (or taken from the cache) */
     int n_cached;             /* prompt tokens taken from the prefix cache (first admission) */
-    int n_start;              /* this admission's cached prompt tokens (chunks cut the rest) */
+    int n_start;              /* where the chunks' cut starts: this admission's cached
+                                 prompt tokens, or the tokens fed before a new cut */
     int chunk_i, n_chunks;
+    int rest0, cut;           /* the prompt's uncached part at admission; rows per
+                                 chunk of the cut now (sched_chunk_for) */
     bool decoding;
     bool admitted_once;
     int replay, replay_end;   /* after a preemption: generated tokens re-fed so far, of */
@@ -139,6 +142,13 @@ int sched_blocks_for(int n);
  * the rest of its prompt into chunks; false (nothing taken) when no
  * sequence is free or the blocks of its first chunk are not available. */
 bool sched_kv_admit(sched_t *s, sched_req_t *r);
+/* Rows per chunk of a prompt whose uncached part has rest rows, for the
+ * running requests as they are: o.idle_chunk while none decodes; else
+ * o.slice_chunk when the prompt is longer than one chunk and will run in
+ * slices (a stream decodes, or always with o.slice_units: the scheduler
+ * slices such prompts, step.c), else o.chunk. A prompt of one chunk joins
+ * the decode batch whole and keeps it. */
+int sched_chunk_for(const sched_t *s, int rest);
 /* Makes r's blocks hold positions [0, upto); false when the pool cannot. */
 bool sched_kv_reserve(sched_t *s, sched_req_t *r, int upto);
 /* Every block of r comes back (cached if published), its sequence too. */

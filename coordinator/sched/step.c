@@ -320,6 +320,23 @@ static int replay_rows(const sched_t *s, const sched_req_t *r)
     return left < cap ? left : cap;
 }
 
+/* The rest of r's prompt cut again when the running requests have changed
+ * the chunk its prompt takes (sched_chunk_for: streams started or stopped
+ * decoding), between two of its chunks: any cut gives the same bits. */
+static void recut(sched_t *s, sched_req_t *r)
+{
+    const int rest = r->p.n_prompt - r->n_fed;
+    if (r->decoding || r == s->slicing || rest <= 0)
+        return;
+    const int chunk = sched_chunk_for(s, r->rest0);
+    if (chunk == r->cut)
+        return;
+    r->cut = chunk;
+    r->n_start = r->n_fed;
+    r->n_chunks = (rest + chunk - 1) / chunk;
+    r->chunk_i = 0;
+}
+
 /* Each running request's rows of this step, blocks reserved: a decoding
  * request that cannot have its block is preempted itself (the oldest
  * always can: the pool holds a whole context), a prompt chunk (or a chunk
@@ -342,6 +359,7 @@ static int plan(sched_t *s)
     for (sched_req_t *r = s->running, *next; r; r = next) {
         next = r->next;
         r->step_rows = 0;
+        recut(s, r);
         const bool chunk = !r->decoding || replaying(r);
         const int want = !r->decoding ? chunk_len(r) : chunk ? replay_rows(s, r) : 1;
         if (!r->decoding && one && sliceable(s, r) && (taken || (s->slicing && r != s->slicing)))
@@ -380,8 +398,11 @@ static sched_req_t *slice_pick(sched_t *s, bool *dec)
         if (!pick && r->step_rows > 0 && !r->decoding && sliceable(s, r))
             pick = r;
     }
+    /* a chunk cut with nothing decoding (idle_chunk) is longer than the
+     * residual buffer: recut cuts the rest again before any step could
+     * slice it, and a chunk that is longer all the same runs whole */
     if (!pick || (s->o.slice_budget <= 0 && s->o.slice_units <= 0) ||
-        (!s->slicing && !*dec && s->o.slice_units <= 0))
+        (!s->slicing && !*dec && s->o.slice_units <= 0) || pick->step_rows > s->o.chunk)
         return NULL;
     return pick;
 }
@@ -672,13 +693,14 @@ static void step(sched_t *s)
         on_pick(s, &s->picks[j]);
 }
 
-/* One prompt chunk and one decode row on a sequence of free blocks, so
- * the scheduler thread's kernel scratch is grown before the first
- * request; the blocks come back unpublished. */
+/* One prompt chunk (the largest: idle_chunk) and one decode row on a
+ * sequence of free blocks, so the scheduler thread's kernel scratch is
+ * grown before the first request; the blocks come back unpublished. */
 static ecs_err_t warm_up(sched_t *s)
 {
     sched_req_t r = {.slot = -1};
-    int n = s->o.chunk < s->o.n_ctx - 1 ? s->o.chunk : s->o.n_ctx - 1;
+    const int most = s->o.idle_chunk > s->o.chunk ? s->o.idle_chunk : s->o.chunk;
+    int n = most < s->o.n_ctx - 1 ? most : s->o.n_ctx - 1;
     r.slot = s->ctx_free[--s->n_ctx_free];
     r.ctx = s->ctxs[r.slot];
     ecs_err_t e = sched_kv_reserve(s, &r, n + 1)

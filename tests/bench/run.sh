@@ -67,6 +67,9 @@ if [ ${#quick[@]} -eq 0 ] && [ -f "$serve_model" ]; then
     $bs --restart --label ecs --server-cmd "$build/bin/ecs-coordinator -m $serve_model \
         --http 127.0.0.1:{port} --threads $threads --ctx 9216 --max-running 8 --prefix-cache-dir $pc"
     rm -rf "$pc"
+    # an agent's turn alone: 256-row prompt chunks against --idle-chunk's
+    # whole batch, alternating, the same bits checked
+    /usr/bin/python3 "$(dirname "$0")/bench_chunk.py" "$build" "$serve_model" --threads "$threads"
     for peer in llama.cpp ik_llama.cpp; do
         ls="$peers/$peer/build/bin/llama-server"
         [ -x "$ls" ] || { echo "bench_serve: $ls not built, skipped"; continue; }

@@ -737,10 +737,15 @@ def api_keys():
 check("API keys: missing/wrong 401, right 200", api_keys)
 
 
-def key_file_errors():
+def startup_errors():
     """A key file that is empty, missing or has a line too long for a key
     stops the server at start-up (exit 2) naming the file and the line: a
-    long line is never cut into a shorter key that would be accepted."""
+    long line is never cut into a shorter key that would be accepted. So
+    does an --idle-chunk outside --chunk .. 512 - --max-running."""
+    for args, needle in ((["--idle-chunk", "200"], "--idle-chunk 200 outside --chunk 256 .. 504"),
+                         (["--max-running", "16", "--idle-chunk", "500"], "500 outside --chunk 256 .. 496")):
+        p = subprocess.run([binary, "-m", "unused.gguf"] + args, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and needle in p.stderr, (args, p)
     with tempfile.TemporaryDirectory() as d:
         cases = (("empty", "# only a comment\n\n", "no keys in it"),
                  ("long", "short-key\n" + "k" * 5000 + "\n", "line 2 is longer than 4094 bytes"),
@@ -755,7 +760,8 @@ def key_file_errors():
             assert p.returncode == 2 and path in p.stderr and needle in p.stderr, (name, p)
 
 
-check("API key files: empty, missing, a line too long -> exit 2 naming it", key_file_errors)
+check("API key files (empty, missing, a line too long), --idle-chunk out of range -> exit 2",
+      startup_errors)
 
 
 def chat_template_flag():

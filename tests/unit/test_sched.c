@@ -3,7 +3,9 @@
  * prompt chunks run through every layer in one step or a slice of layers
  * per step beside another request's decode rows, on both architectures;
  * slices are counted; a request cancelled while its chunk is part way
- * through the layers gives every KV block back. */
+ * through the layers gives every KV block back. A prompt alone runs in
+ * chunks of idle_chunk rows (fewer steps, the same bits), and the rest of
+ * it is cut again for slicing when a stream starts decoding. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +60,8 @@ typedef struct {
  * 0: a deepseek2 attention unit's expansion of earlier positions ahead of
  * it in parts of that many positions); 0: by budget (the server's
  * default), 0 and budget 0: off. */
-static rig_t rig_opts(const char *path, int slice_units, int expand, double budget)
+static rig_t rig_idle(const char *path, int slice_units, int expand, double budget,
+                      int idle_chunk)
 {
     rig_t g = {0};
     model_opts_t mo = {.n_ctx = N_CTX, .n_threads = 2};
@@ -66,10 +69,16 @@ static rig_t rig_opts(const char *path, int slice_units, int expand, double budg
     cr_assert_eq(tok_load(model_gguf(g.m), &g.tok), ECS_OK, "%s", ecs_errmsg());
     sched_opts_t o = {.n_ctx = N_CTX, .max_running = 4, .max_queue = 8, .chunk = 256,
                       .prefix_cache = true, .slice_units = slice_units,
-                      .slice_budget = budget, .slice_chunk = 128, .slice_expand = expand};
+                      .slice_budget = budget, .slice_chunk = 128, .slice_expand = expand,
+                      .idle_chunk = idle_chunk};
     cr_assert_eq(sched_new(g.m, g.tok, &o, &g.s), ECS_OK, "%s", ecs_errmsg());
     cr_assert_eq(sched_start(g.s), ECS_OK, "%s", ecs_errmsg());
     return g;
+}
+
+static rig_t rig_opts(const char *path, int slice_units, int expand, double budget)
+{
+    return rig_idle(path, slice_units, expand, budget, 0);
 }
 
 static rig_t rig_budget(const char *path, int slice_units, double budget)
@@ -114,6 +123,30 @@ static void wait_all(rig_t *g, seen_set_t *set)
     }
 }
 
+/* A stream with a short prompt (out[0]) and a long prompt of n_long rows
+ * (out[1]), the stream submitted first unless long_first; the records of
+ * both, the slices counted; the rig freed. */
+static uint64_t run_pair(rig_t *g, bool long_first, int n_long, seen_t out[2])
+{
+    memset(out, 0, 2 * sizeof *out);
+    for (int k = 0; k < 2; k++) {
+        if ((k == 0) == long_first)
+            out[1].r = submit(g, n_long, 2, GEN_LONG);
+        else
+            out[0].r = submit(g, N_SHORT, 1, GEN_SHORT);
+    }
+    seen_set_t set = {out, 2};
+    wait_all(g, &set);
+    sched_stats_t st;
+    sched_stats(g->s, &st);
+    cr_assert_eq(st.kv_blocks_used, 0, "%d KV blocks still used", st.kv_blocks_used);
+    cr_assert_eq(st.prompt_tokens, (uint64_t)(N_SHORT + n_long));
+    for (int i = 0; i < 2; i++)
+        sched_release(out[i].r);
+    rig_free(g);
+    return st.prefill_slices;
+}
+
 /* A stream with a short prompt, then a long prompt while it decodes; the
  * records of both, and the slices counted (the model's units in *n_units). */
 static uint64_t workload(const char *path, int slice_units, int expand, seen_t out[2],
@@ -121,19 +154,7 @@ static uint64_t workload(const char *path, int slice_units, int expand, seen_t o
 {
     rig_t g = rig_opts(path, slice_units, expand, 0);
     *n_units = model_slice_units(g.m);
-    memset(out, 0, 2 * sizeof *out);
-    out[0].r = submit(&g, N_SHORT, 1, GEN_SHORT);
-    out[1].r = submit(&g, N_LONG, 2, GEN_LONG);
-    seen_set_t set = {out, 2};
-    wait_all(&g, &set);
-    sched_stats_t st;
-    sched_stats(g.s, &st);
-    cr_assert_eq(st.kv_blocks_used, 0, "%d KV blocks still used", st.kv_blocks_used);
-    cr_assert_eq(st.prompt_tokens, N_SHORT + N_LONG);
-    for (int i = 0; i < 2; i++)
-        sched_release(out[i].r);
-    rig_free(&g);
-    return st.prefill_slices;
+    return run_pair(&g, false, N_LONG, out);
 }
 
 /* The same tokens and log-probabilities (bits) as whole. */
@@ -268,3 +289,61 @@ Test(sched_slice, budget_slices_only_prompts_of_several_chunks)
         sched_release(q[i].r);
     rig_free(&g);
 }
+
+/* A prompt alone, in chunks of idle_chunk rows: N_IDLE rows take 3 steps
+ * of 400 (idle_chunk 400) instead of 4 of 256 (--chunk), the same bits. */
+#define N_IDLE 900
+static void idle_steps(const char *path)
+{
+    seen_t q[2][1];
+    uint64_t prompt_steps[2];
+    for (int k = 0; k < 2; k++) {
+        rig_t g = rig_idle(path, 0, 0, 0, k ? 400 : 0);
+        sched_stats_t st0, st;
+        sched_stats(g.s, &st0);
+        memset(q[k], 0, sizeof q[k]);
+        q[k][0].r = submit(&g, N_IDLE, 6, GEN_LONG);
+        seen_set_t set = {q[k], 1};
+        wait_all(&g, &set);
+        sched_stats(g.s, &st);
+        cr_assert_eq(q[k][0].n, GEN_LONG);
+        cr_assert_eq(st.kv_blocks_used, 0, "%d KV blocks still used", st.kv_blocks_used);
+        /* the first token comes with the prompt's last chunk */
+        prompt_steps[k] = st.steps - st0.steps - (GEN_LONG - 1);
+        sched_release(q[k][0].r);
+        rig_free(&g);
+    }
+    cr_assert_eq(prompt_steps[0], 4, "%llu steps for the prompt in chunks of 256",
+                 (unsigned long long)prompt_steps[0]);
+    cr_assert_eq(prompt_steps[1], 3, "%llu steps for the prompt in chunks of 400",
+                 (unsigned long long)prompt_steps[1]);
+    for (int t = 0; t < GEN_LONG; t++) {
+        const sched_token_t *a = &q[0][0].toks[t], *b = &q[1][0].toks[t];
+        cr_assert(a->id == b->id && !memcmp(&a->logprob, &b->logprob, sizeof a->logprob) &&
+                      !memcmp(a->top_lp, b->top_lp, sizeof a->top_lp),
+                  "token %d: %d (%.9g) in chunks of 256, %d (%.9g) in chunks of 400", t, a->id,
+                  a->logprob, b->id, b->logprob);
+    }
+}
+
+Test(sched_idle, ds2_fewer_steps_same_bits) { idle_steps(DS2_Q8); }
+Test(sched_idle, qwen3moe_fewer_steps_same_bits) { idle_steps(QWEN_Q8); }
+
+/* The long prompt first, alone (cut in chunks of idle_chunk 400, longer
+ * than a slice's residual buffer of --chunk rows), then a stream: once it
+ * decodes, the rest of the prompt is cut again (chunks of 128) and runs in
+ * slices beside it. The same bits as both whole with slicing off. */
+static void recut_for_stream(const char *path)
+{
+    seen_t whole[2], cut[2];
+    rig_t g = rig(path, 0);
+    const uint64_t plain = run_pair(&g, true, N_IDLE, whole);
+    g = rig_idle(path, 0, 0, 2.5, 400);
+    const uint64_t sliced = run_pair(&g, true, N_IDLE, cut);
+    cr_assert_eq(plain, 0, "slices counted with slicing off");
+    cr_assert_gt(sliced, 0, "the prompt's rest did not run in slices beside the stream");
+    same_as(whole, cut, 0, 0);
+}
+
+Test(sched_idle, ds2_recut_when_a_stream_decodes) { recut_for_stream(DS2_Q8); }
+Test(sched_idle, qwen3moe_recut_when_a_stream_decodes) { recut_for_stream(QWEN_Q8); }

@@ -30,7 +30,7 @@ typedef struct {
                *admin_key, *admin_clients;
     double grace;
     int reasoning_budget;
-    int threads, ctx, max_running, max_queue, chunk, slice_units, slice_chunk;
+    int threads, ctx, max_running, max_queue, chunk, idle_chunk, slice_units, slice_chunk;
     double slice_budget;
     model_cli_t mcli; /* --kv-type, --kv-f32, --repack, --no-repack, --no-amx */
     size_t kv_mem, max_body, max_header;
@@ -54,7 +54,11 @@ static void usage(FILE *f)
             "                       context per --max-running, at most half the free memory)\n"
             "  --max-running N      requests generating at once (default 8)\n"
             "  --max-queue N        requests waiting before 503 (default 256)\n"
-            "  --chunk N            prompt rows per scheduler chunk (default 256)\n"
+            "  --chunk N            prompt rows per chunk while streams decode; a prompt\n"
+            "                       this short joins the decode batch whole (default 256)\n"
+            "  --idle-chunk N       prompt rows per chunk while no stream decodes, --chunk\n"
+            "                       .. 512 - --max-running (default: 512 - --max-running;\n"
+            "                       larger is faster for long prompts)\n"
             "  --slice-budget X     while streams decode, a prompt chunk runs a few layers\n"
             "                       per step, so that a step takes about X decode steps\n"
             "                       (default 2.5; 0: off, a chunk runs every layer at once)\n"
@@ -174,6 +178,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (!strcmp(o, "--max-running")) ok = ecs_parse_int(v, 1, MODEL_MAX_BATCH / 2, &a->max_running);
         else if (!strcmp(o, "--max-queue")) ok = ecs_parse_int(v, 1, 1 << 20, &a->max_queue);
         else if (!strcmp(o, "--chunk")) ok = ecs_parse_int(v, 2 * MODEL_MLA_EXPAND_ROWS, MODEL_MAX_BATCH, &a->chunk);
+        else if (!strcmp(o, "--idle-chunk")) ok = ecs_parse_int(v, 2 * MODEL_MLA_EXPAND_ROWS, MODEL_MAX_BATCH, &a->idle_chunk);
         else if (!strcmp(o, "--slice-budget") && !strcmp(v, "0")) a->slice_budget = 0;
         else if (!strcmp(o, "--slice-budget")) ok = parse_secs(v, &a->slice_budget) && a->slice_budget >= 1;
         else if (!strcmp(o, "--slice-units")) ok = ecs_parse_int(v, 0, 1 << 16, &a->slice_units);
@@ -196,6 +201,11 @@ static int parse_args(int argc, char **argv, args_t *a)
     if (a->chunk + a->max_running > MODEL_MAX_BATCH)
         return fail("--chunk %d + --max-running %d exceed the %d rows of a step", a->chunk,
                     a->max_running, MODEL_MAX_BATCH);
+    if (!a->idle_chunk)
+        a->idle_chunk = MODEL_MAX_BATCH - a->max_running;
+    if (a->idle_chunk < a->chunk || a->idle_chunk + a->max_running > MODEL_MAX_BATCH)
+        return fail("--idle-chunk %d outside --chunk %d .. %d (512 - --max-running)",
+                    a->idle_chunk, a->chunk, MODEL_MAX_BATCH - a->max_running);
     return 0;
 }
 
@@ -293,6 +303,7 @@ static int serve(const args_t *a, model_t *m, const tok_t *tok, char **keys, dis
     model_id_of(a->model, id, sizeof id);
     sched_opts_t so = {.n_ctx = model_n_ctx_max(m), .kv_mem = a->kv_mem,
                        .max_running = a->max_running, .max_queue = a->max_queue, .chunk = a->chunk,
+                       .idle_chunk = a->idle_chunk,
                        .prefix_cache = !a->no_prefix_cache, .slice_budget = a->slice_budget,
                        .slice_units = a->slice_units,
                        .slice_chunk = a->slice_chunk < a->chunk ? a->slice_chunk : 0,
