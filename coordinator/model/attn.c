@@ -149,7 +149,7 @@ static void attend_amx(const attn_run_t *a, const tile_t *tl, int h0, int ith,
     float *QT = attn_thr(m, ith);
     float *S = QT + (size_t)ws->att_qmax * ws->dkp;
     float *kbuf = S + (size_t)ws->att_qmax * ws->t_pad;
-    float *O = kbuf + (size_t)16 * ws->dkp;
+    float *O = kbuf + (size_t)32 * ws->dkp;
     int len[MODEL_ATT_QMAX] = {0}, run;
     memset(QT, 0, (size_t)(nq + 15) / 16 * 16 * a->dk * sizeof(float));
     for (int j = 0; j < nq; j++) { /* kbuf: the query as put_query rounds it */
@@ -205,7 +205,7 @@ static void attend(const attn_run_t *a, const tile_t *tl, int h0, int ith)
     float *Q = attn_thr(m, ith);
     float *S = Q + (size_t)ws->att_qmax * ws->dkp;
     float *kbuf = S + (size_t)ws->att_qmax * ws->t_pad;
-    float *O = kbuf + (size_t)16 * ws->dkp;
+    float *O = kbuf + (size_t)32 * ws->dkp;
     int len[MODEL_ATT_QMAX];
     const model_simd_t *sd = model_simd();
     for (int j = 0; j < nqp; j++) {

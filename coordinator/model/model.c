@@ -121,7 +121,7 @@ static void ws_layout(model_t *m, carve_t *c)
         qmax &= ~15;
     ws->att_qmax = qmax < 4 ? 4 : qmax > MODEL_ATT_QMAX ? MODEL_ATT_QMAX : qmax;
     ws->thr_stride = (size_t)ws->att_qmax * (size_t)(ws->dkp + ws->t_pad + ws->dvp) +
-                     16 * (size_t)ws->dkp;
+                     32 * (size_t)ws->dkp;
     ws->qn_row = head_act_row(m, true);
     ws->att_row = head_act_row(m, false);
     ws->jobs_cap = imax(hp->n_head, hp->n_expert + 2) + model_experts_local_max_jobs(m);

@@ -43,8 +43,8 @@ typedef struct {
      * never reads it); Q rows ldq floats apart, zero-padded to dkp
      * (multiple of 16), F32 or for a BF16 cache dkp BF16 values (the
      * row's first half); K rows ks elements apart of type kt, dk long (even
-     * for BF16); S rows hold nt rounded up to 16; kbuf holds 16 * dkp
-     * floats. */
+     * for BF16); S rows hold nt rounded up to 16; kbuf holds 32 * dkp
+     * floats (two panels of 16 transposed keys). */
     void (*scores)(const float *Q, int nq, int ldq, const void *K, size_t ks, model_kvt_t kt,
                    int dk, int dkp, const int *len, int nt, float scale, float *S, int lds,
                    float *kbuf);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench_chunk.py - an agent's turn alone on ecs-coordinator, two sets of
 scheduler options side by side (default: 256-row prompt chunks, the old
-default, against --idle-chunk's default, the whole batch).
+default, against --idle-chunk's default, the whole batch), or two builds
+(--a-build, --b-build: before and after a change).
 
 Each variant's server computes the same random prefix once (its cold time
 is printed), then the rounds alternate: each server computes one warm turn
@@ -12,7 +13,7 @@ log-probabilities (the cut never changes a bit). Python 3 standard library
 only; the servers are started here and stopped by pid.
 
 usage: bench_chunk.py BUILD MODEL [--prefix N] [--turn N] [--rounds N]
-                      [--a 'OPTS'] [--b 'OPTS'] [--threads N]
+                      [--a 'OPTS'] [--b 'OPTS'] [--a-build DIR] [--b-build DIR] [--threads N]
   e.g. bench_chunk.py build /work/models-cache/ds2-lite-q4_k_m.gguf --prefix 7500 --turn 530
 """
 import argparse
@@ -75,20 +76,22 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--a", default="--idle-chunk 256")
     ap.add_argument("--b", default="")
+    ap.add_argument("--a-build", help="A's build directory (default: BUILD)")
+    ap.add_argument("--b-build", help="B's build directory (default: BUILD)")
     ap.add_argument("--seed", type=int, default=7)
     o = ap.parse_args()
-    binary = os.path.join(o.build, "bin", "ecs-coordinator")
     rng = random.Random(o.seed)
     prefix = [rng.randrange(1000, 30000) for _ in range(o.prefix)]
     ctx = o.prefix + o.turn + 64
     logs = os.environ.get("TMPDIR", "/tmp")
     servers = []
     try:
-        for name, opts in (("A", o.a), ("B", o.b)):
+        for name, opts, build in (("A", o.a, o.a_build or o.build), ("B", o.b, o.b_build or o.build)):
+            binary = os.path.join(build, "bin", "ecs-coordinator")
             p, port = start(binary, o.model, ctx, o.threads, opts,
                             os.path.join(logs, "bench_chunk_%s.log" % name))
             servers.append((name, opts, p, port))
-            print("%s: ecs-coordinator %s" % (name, opts or "(defaults)"), flush=True)
+            print("%s: %s %s" % (name, binary, opts or "(defaults)"), flush=True)
         for name, _, _, port in servers:
             t, _, _ = complete(port, prefix)
             print("%s: cold prefix of %d tokens %.2f s" % (name, o.prefix, t), flush=True)

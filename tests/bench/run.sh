@@ -25,6 +25,8 @@ echo "== bench_pipes_avx512: what other operations cost beside vpdpbusd =="
 "$build/bench/bench_pipes_avx512"
 echo "== bench_attn_depth: one layer's decode attention core at depth 4096, two-pass vs one-pass =="
 if [ ${#quick[@]} -eq 0 ]; then "$build/bench/bench_attn_depth"; else "$build/bench/bench_attn_depth" 1024 bf16 4 3; fi
+echo "== bench_attn_prompt: a prompt step's expanded-form Q.K and P.V at depth, one thread =="
+if [ ${#quick[@]} -eq 0 ]; then "$build/bench/bench_attn_prompt"; else "$build/bench/bench_attn_prompt" 1024; fi
 echo "== bench_rtt: ExpertCall round trip through proto/mux vs raw libzmq =="
 "$build/bench/bench_rtt" "${quick[@]}"
 echo "== bench_wake: one futex wake-up, the sleeper on the waker's CPU and on another =="

@@ -2,7 +2,9 @@
  * transposed-query scores kernel (model_simd_t.scores_t): the kernel gives
  * the bits of the scores kernel on every ISA, for every query count, key
  * count, width and cache type; the key split gives the same logits bit for
- * bit for every thread count and step size, near the head split's. */
+ * bit for every thread count and step size, near the head split's. The
+ * AVX-512 P.V sums each key in key order (one fused multiply-add), in
+ * whatever blocks of keys, rows and columns. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -40,7 +42,7 @@ static void check_scores_t(const model_simd_t *sd, int nq, int nt, int dk, model
     float *Q = aligned_alloc(64, (size_t)nqp * dkp * sizeof(float));
     float *QT = aligned_alloc(64, (size_t)ng * 16 * dk * sizeof(float));
     float *S[3];
-    float *kbuf = aligned_alloc(64, (size_t)16 * dkp * sizeof(float));
+    float *kbuf = aligned_alloc(64, (size_t)32 * dkp * sizeof(float));
     cr_assert(K && Q && QT && kbuf);
     for (int i = 0; i < 3; i++) {
         S[i] = aligned_alloc(64, (size_t)nqp * lds * sizeof(float));
@@ -103,7 +105,7 @@ Test(scores_t, equals_scores_bit_for_bit)
     if (!isas[1] || kcpu_isa_detect() < KCPU_ISA_AVX512)
         cr_log_warn("no AVX-512 on this CPU: only the plain kernels are compared");
     const int nqs[] = {1, 4, 15, 16, 17, 36, 64};
-    const int nts[] = {1, 15, 16, 33, 100};
+    const int nts[] = {1, 15, 16, 17, 31, 33, 48, 100}; /* 32-key blocks and tails */
     const int dks[] = {16, 40, 576};
     for (int s = 0; s < 2; s++) {
         if (!isas[s] || (s == 1 && kcpu_isa_detect() < KCPU_ISA_AVX512))
@@ -114,6 +116,72 @@ Test(scores_t, equals_scores_bit_for_bit)
                     for (int f = 0; f < 3; f++)
                         check_scores_t(isas[s], nqs[a], nts[b], dks[c], (model_kvt_t)f);
     }
+}
+
+/* ------------------------------------------------------------- P.V kernel */
+
+/* The AVX-512 P.V over an F16 or F32 cache against one fused multiply-add
+ * per key in key order (the kernel's sums, whatever its blocking of rows,
+ * columns and keys): query j sees len[j] keys (causal, a prompt's rows),
+ * its probabilities past them zero as softmax leaves them; acc continues
+ * sums already in O. */
+static void check_pv(int nq, int nt, int dv, model_kvt_t kt, bool acc)
+{
+    const model_simd_t *sd = model_simd_avx512();
+    const size_t vs = (size_t)dv + 5, elt = model_kvt_size(kt);
+    const int ldp = (nt + 15) & ~15, ldo = dv + 3;
+    void *V = malloc((size_t)nt * vs * elt);
+    float *P = calloc((size_t)nq * ldp, sizeof *P), *O = malloc((size_t)nq * ldo * sizeof *O);
+    float *want = malloc((size_t)nq * ldo * sizeof *want);
+    cr_assert(V && P && O && want);
+    for (size_t i = 0; i < (size_t)nt * vs; i++) {
+        const float v = frand();
+        if (kt == MODEL_KV_F16)
+            ((ecs_fp16_t *)V)[i] = ecs_f32_to_fp16(v);
+        else
+            ((float *)V)[i] = v;
+    }
+    int len[MODEL_ATT_QMAX];
+    for (int j = 0; j < nq; j++) {
+        len[j] = nt - (nq - 1 - j) * 3 > 0 ? nt - (nq - 1 - j) * 3 : 1;
+        for (int t = 0; t < len[j]; t++)
+            P[(size_t)j * ldp + t] = (frand() + 1.0f) / (float)len[j];
+        for (int d = 0; d < ldo; d++)
+            O[(size_t)j * ldo + d] = want[(size_t)j * ldo + d] = acc ? frand() : 0.0f;
+    }
+    for (int j = 0; j < nq; j++)
+        for (int d = 0; d < dv; d++) {
+            float o = want[(size_t)j * ldo + d];
+            for (int t = 0; t < len[j]; t++) {
+                const size_t i = (size_t)t * vs + (size_t)d;
+                const float v = kt == MODEL_KV_F16 ? ecs_fp16_to_f32(((ecs_fp16_t *)V)[i])
+                                                   : ((float *)V)[i];
+                o = fmaf(P[(size_t)j * ldp + t], v, o);
+            }
+            want[(size_t)j * ldo + d] = o;
+        }
+    sd->pv(P, nq, ldp, V, vs, kt, dv, len, O, ldo, acc);
+    for (int j = 0; j < nq; j++)
+        for (int d = 0; d < dv; d++)
+            cr_assert(O[(size_t)j * ldo + d] == want[(size_t)j * ldo + d],
+                      "nq %d nt %d dv %d f16 %d acc %d: O[%d][%d] %a vs %a", nq, nt, dv,
+                      kt == MODEL_KV_F16, acc, j, d, O[(size_t)j * ldo + d],
+                      want[(size_t)j * ldo + d]);
+    free(V), free(P), free(O), free(want);
+}
+
+Test(pv, avx512_sums_each_key_in_order)
+{
+    if (!model_simd_avx512() || kcpu_isa_detect() < KCPU_ISA_AVX512) {
+        cr_skip_test("no AVX-512 on this CPU");
+        return;
+    }
+    const int nqs[] = {4, 12, 64}, nts[] = {1, 100, 256, 257, 700}, dvs[] = {128, 200};
+    for (size_t a = 0; a < sizeof nqs / sizeof *nqs; a++)
+        for (size_t b = 0; b < sizeof nts / sizeof *nts; b++)
+            for (size_t c = 0; c < sizeof dvs / sizeof *dvs; c++)
+                for (int f = 0; f < 2; f++)
+                    check_pv(nqs[a], nts[b], dvs[c], f ? MODEL_KV_F32 : MODEL_KV_F16, b % 2);
 }
 
 /* ------------------------------------------------ key split vs head split */
