@@ -54,10 +54,11 @@ static void load_kt(int32_t *kt, const bf16 *K, size_t ks, int dk, int t0, int n
     }
 }
 
-#define QK_ROW(a, j) a = dp(a, k, pair(Q + (size_t)(j) * ldq + 2 * (size_t)p))
-#define QK_KEYS(at) __m512i k = _mm512_load_si512(at)
+#define QK_QUERY(j) pair(Q + (size_t)(j) * ldq + 2 * (size_t)p)
+#define QK_DOT(a, k, q) dp(a, k, q)
+#define QK_KEYS(k, at) const __m512i k = _mm512_load_si512(at)
 /* Q BF16 rows ldq values apart; np pairs of dimensions. */
-MODEL_QK_BLOCK(bf16, size_t, int32_t, QK_KEYS, QK_ROW)
+MODEL_QK_BLOCK(bf16, size_t, int32_t, QK_KEYS, QK_QUERY, QK_DOT)
 
 void model_bf16_scores(const float *Q, int nq, int ldq, const void *K, size_t ks, int dk, int dkp,
                        const int *len, int nt, float scale, float *S, int lds, float *kbuf)
@@ -72,15 +73,14 @@ void model_bf16_scores(const float *Q, int nq, int ldq, const void *K, size_t ks
         for (int i = j; i < (j + 8 <= nq ? j + 8 : nq); i++)
             seen[b] = len[i] > seen[b] ? len[i] : seen[b];
     }
-    for (int t0 = 0; t0 < nt; t0 += 16) {
+    /* a panel of 16 keys: load_kt's rows of 16 pairs, 16 per 32 dimensions */
+    const size_t panel = (size_t)((dk + 31) / 32) * 256;
+    for (int t0 = 0; t0 < nt; t0 += 32) {
+        const bool two = t0 + 16 < nt; /* S rows hold nt rounded up to 16 */
         load_kt(kt, K, ks, dk, t0, nt);
-        int j = 0;
-        for (; j + 8 <= nq; j += 8)
-            if (seen[j / 8] > t0)
-                qk_block8(Qb + (size_t)j * ldb, ldb, kt, dk / 2, scale, S + (size_t)j * lds + t0,
-                          lds);
-        if (j < nq && seen[j / 8] > t0)
-            qk_block4(Qb + (size_t)j * ldb, ldb, kt, dk / 2, scale, S + (size_t)j * lds + t0, lds);
+        if (two)
+            load_kt(kt + panel, K, ks, dk, t0 + 16, nt);
+        qk_blocks(Qb, ldb, kt, panel, dk / 2, two, seen, nq, t0, scale, S, lds);
     }
 }
 
@@ -238,13 +238,13 @@ pv_block(const float *P, int ldp, const bf16 *V, size_t vs, int dv, int d0, int 
         }
 }
 
-static void pv6(const float *P, int ldp, const bf16 *V, size_t vs, int dv, int d0, int nt,
+static void pv6(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,
                 float *O, int ldo, bool acc)
 {
     pv_block(P, ldp, V, vs, dv, d0, nt, O, ldo, 6, acc);
 }
 
-static void pv4(const float *P, int ldp, const bf16 *V, size_t vs, int dv, int d0, int nt,
+static void pv4(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,
                 float *O, int ldo, bool acc)
 {
     pv_block(P, ldp, V, vs, dv, d0, nt, O, ldo, 4, acc);
@@ -253,16 +253,5 @@ static void pv4(const float *P, int ldp, const bf16 *V, size_t vs, int dv, int d
 void model_bf16_pv(const float *P, int nq, int ldp, const void *V, size_t vs, int dv,
                    const int *len, float *O, int ldo, bool acc)
 {
-    /* blocks of six rows where what is left still splits into sixes and
-     * fours (nq is a multiple of 4); each over the keys its rows see */
-    for (int j = 0; j < nq;) {
-        const int left = nq - j, rows = left >= 6 && left != 8 ? 6 : 4;
-        int nt = 0;
-        for (int i = j; i < j + rows; i++)
-            nt = len[i] > nt ? len[i] : nt;
-        for (int d0 = 0; d0 < dv; d0 += 64)
-            (rows == 6 ? pv6 : pv4)(P + (size_t)j * ldp, ldp, V, vs, dv, d0, nt,
-                                    O + (size_t)j * ldo, ldo, acc);
-        j += rows;
-    }
+    model_pv_blocks(P, nq, ldp, V, vs, sizeof(bf16), dv, len, O, ldo, acc, pv6, pv4);
 }

@@ -2,9 +2,9 @@
  * for what each computes): a vector exp for softmax, and
  * register-blocked attention products over an F16 or F32 KV cache: Q.K on
  * blocks of 32 keys transposed once (8 queries x 32 keys per kernel), P.V
- * with 6 (or 4) queries x 64 values of accumulators. A BF16 cache goes to
- * attn_bf16_avx512.c where the CPU has AVX-512 BF16, else to the plain
- * loops. Every output element
+ * with 6 (or 4) queries x 64 values of accumulators over blocks of 256
+ * keys (attn_avx512_int.h). A BF16 cache goes to attn_bf16_avx512.c where
+ * the CPU has AVX-512 BF16, else to the plain loops. Every output element
  * is a sequential sum whatever the blocking, so results do not depend on
  * how many queries or rows a call holds. */
 #include <immintrin.h>
@@ -65,39 +65,11 @@ static void load_kt(float *kt, const void *K, size_t ks, bool f16, int dk, int d
     }
 }
 
-#define QK_ROW(a, j) a = _mm512_fmadd_ps(_mm512_set1_ps(Q[(size_t)(j) * ldq + p]), k, a)
-#define QK_KEYS(at) __m512 k = _mm512_load_ps(at)
+#define QK_QUERY(j) _mm512_set1_ps(Q[(size_t)(j) * ldq + p])
+#define QK_DOT(a, k, q) _mm512_fmadd_ps(q, k, a)
+#define QK_KEYS(k, at) const __m512 k = _mm512_load_ps(at)
 /* np = dkp dimensions. */
-MODEL_QK_BLOCK(float, int, float, QK_KEYS, QK_ROW)
-
-/* Two panels of 16 transposed keys (kt and kt + panel), 8 queries: each
- * query's broadcast feeds both panels' FMAs, 10 loads for 16 FMAs where
- * qk_block8 takes 9 for 8 (its loads, not its FMAs, bound it). Each score
- * is the same sum as qk_block8's. */
-static void qk_pair8(const float *Q, int ldq, const float *kt, size_t panel, int np, float scale,
-                     float *S, int lds)
-{
-    __m512 a[8], b[8];
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; j++)
-        a[j] = b[j] = _mm512_setzero_ps();
-    for (int p = 0; p < np; p++) {
-        const __m512 k = _mm512_load_ps(kt + (size_t)p * 16);
-        const __m512 l = _mm512_load_ps(kt + panel + (size_t)p * 16);
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            const __m512 q = _mm512_set1_ps(Q[(size_t)j * ldq + p]);
-            a[j] = _mm512_fmadd_ps(q, k, a[j]);
-            b[j] = _mm512_fmadd_ps(q, l, b[j]);
-        }
-    }
-    const __m512 sc = _mm512_set1_ps(scale);
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) {
-        _mm512_storeu_ps(S + (size_t)j * lds, _mm512_mul_ps(a[j], sc));
-        _mm512_storeu_ps(S + (size_t)j * lds + 16, _mm512_mul_ps(b[j], sc));
-    }
-}
+MODEL_QK_BLOCK(float, int, float, QK_KEYS, QK_QUERY, QK_DOT)
 
 /* Each block of 32 keys (or 16 at the end) is transposed once, then every
  * query takes one broadcast FMA per dimension and key panel, no
@@ -137,18 +109,7 @@ static void scores_avx512(const float *Q, int nq, int ldq, const void *K, size_t
         load_kt(kbuf, K, ks, kf16, dk, dkp, t0, nt);
         if (two)
             load_kt(kbuf + panel, K, ks, kf16, dk, dkp, t0 + 16, nt);
-        int j = 0;
-        for (; j + 8 <= nq; j += 8) {
-            float *s = S + (size_t)j * lds + t0;
-            if (two && seen[j / 8] > t0 + 16)
-                qk_pair8(Q + (size_t)j * ldq, ldq, kbuf, panel, dkp, scale, s, lds);
-            else if (seen[j / 8] > t0)
-                qk_block8(Q + (size_t)j * ldq, ldq, kbuf, dkp, scale, s, lds);
-        }
-        for (int h = 0; h < 1 + two && j < nq; h++)
-            if (seen[j / 8] > t0 + 16 * h)
-                qk_block4(Q + (size_t)j * ldq, ldq, kbuf + h * panel, dkp, scale,
-                          S + (size_t)j * lds + t0 + 16 * h, lds);
+        qk_blocks(Q, ldq, kbuf, panel, dkp, two, seen, nq, t0, scale, S, lds);
     }
 }
 
@@ -342,13 +303,6 @@ pv_block(const float *P, int ldp, const void *V, size_t vs, bool vf16, int dv, i
 #undef PV_EACH
 }
 
-/* Keys per block of pv_avx512: a head's 256 V rows of 128 F16 values are
- * 64 KB. */
-#define PV_KEYS 256
-
-typedef void (*pv_fn)(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,
-                      float *O, int ldo, bool acc);
-
 #define PV_VARIANT(name, f16, six)                                                                 \
     static void name(const float *P, int ldp, const void *V, size_t vs, int dv, int d0, int nt,    \
                      float *O, int ldo, bool acc)                                                  \
@@ -371,27 +325,8 @@ static void pv_avx512(const float *P, int nq, int ldp, const void *V, size_t vs,
         return;
     }
     const bool vf16 = kt == MODEL_KV_F16;
-    const size_t eb = vf16 ? sizeof(ecs_fp16_t) : sizeof(float);
-    const int most = max_len(len, 0, nq);
-    /* blocks of PV_KEYS keys, each through every block of rows before the
-     * next: its V rows stay in L2 for all of them instead of streaming
-     * from memory for each (at depth a head's V is megabytes); the sums
-     * go on block after block in key order, so the bits are the same */
-    for (int k0 = 0; k0 == 0 || k0 < most; k0 += PV_KEYS)
-        /* blocks of six rows where what is left still splits into sixes
-         * and fours (nq is a multiple of 4); each over the keys its rows
-         * see (the first key block always: it sets the sums) */
-        for (int j = 0; j < nq;) {
-            const int left = nq - j, rows = left >= 6 && left != 8 ? 6 : 4;
-            const pv_fn fn = rows == 6 ? (vf16 ? pv6_f16 : pv6_f32) : (vf16 ? pv4_f16 : pv4_f32);
-            const int nt = max_len(len, j, j + rows) - k0;
-            if (k0 == 0 || nt > 0)
-                for (int d0 = 0; d0 < dv; d0 += 64)
-                    fn(P + (size_t)j * ldp + k0, ldp, (const char *)V + (size_t)k0 * vs * eb, vs,
-                       dv, d0, nt < 0 ? 0 : nt < PV_KEYS ? nt : PV_KEYS, O + (size_t)j * ldo,
-                       ldo, acc || k0 > 0);
-            j += rows;
-        }
+    model_pv_blocks(P, nq, ldp, V, vs, vf16 ? sizeof(ecs_fp16_t) : sizeof(float), dv, len, O, ldo,
+                    acc, vf16 ? pv6_f16 : pv6_f32, vf16 ? pv4_f16 : pv4_f32);
 }
 
 static void round_f16_avx512(float *dst, const float *src, int64_t n)
