@@ -89,6 +89,23 @@
                          S + (size_t)j * lds + t0 + 16 * h, lds, true);                            \
     }
 
+/* The most of len[j0 .. j1). */
+static inline int model_max_len(const int *len, int j0, int j1)
+{
+    int m = 0;
+    for (int j = j0; j < j1; j++)
+        m = len[j] > m ? len[j] : m;
+    return m;
+}
+
+/* seen[b]: the keys queries 8b .. 8b+8 (of nq) see, the most of their
+ * len; qk_blocks skips a block's panels past it. */
+static inline void model_qk_seen(const int *len, int nq, int *seen)
+{
+    for (int j = 0, b = 0; j < nq; j += 8, b++)
+        seen[b] = model_max_len(len, j, j + 8 <= nq ? j + 8 : nq);
+}
+
 /* A P.V kernel: rows 6 or 4 (its own), output columns d0 .. d0+64, keys
  * [0, nt) of P's rows and V's; acc: continue the sums in O. */
 typedef void (*model_pv_fn)(const float *P, int ldp, const void *V, size_t vs, int dv, int d0,
@@ -110,16 +127,11 @@ static inline void model_pv_blocks(const float *P, int nq, int ldp, const void *
                                    size_t eb, int dv, const int *len, float *O, int ldo, bool acc,
                                    model_pv_fn six, model_pv_fn four)
 {
-    int most = 0;
-    for (int j = 0; j < nq; j++)
-        most = len[j] > most ? len[j] : most;
+    const int most = model_max_len(len, 0, nq);
     for (int k0 = 0; k0 == 0 || k0 < most; k0 += MODEL_PV_KEYS)
         for (int j = 0; j < nq;) {
             const int left = nq - j, rows = left >= 6 && left != 8 ? 6 : 4;
-            int nt = 0;
-            for (int i = j; i < j + rows; i++)
-                nt = len[i] > nt ? len[i] : nt;
-            nt -= k0;
+            const int nt = model_max_len(len, j, j + rows) - k0;
             if (k0 == 0 || nt > 0)
                 for (int d0 = 0; d0 < dv; d0 += 64)
                     (rows == 6 ? six : four)(

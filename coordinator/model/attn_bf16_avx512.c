@@ -68,11 +68,7 @@ void model_bf16_scores(const float *Q, int nq, int ldq, const void *K, size_t ks
     const size_t ldb = 2 * (size_t)ldq; /* BF16 values between query rows */
     int32_t *kt = (int32_t *)kbuf;
     int seen[MODEL_ATT_QMAX / 4]; /* keys each block of (up to) 8 queries sees */
-    for (int j = 0, b = 0; j < nq; j += 8, b++) {
-        seen[b] = 0;
-        for (int i = j; i < (j + 8 <= nq ? j + 8 : nq); i++)
-            seen[b] = len[i] > seen[b] ? len[i] : seen[b];
-    }
+    model_qk_seen(len, nq, seen);
     /* a panel of 16 keys: load_kt's rows of 16 pairs, 16 per 32 dimensions */
     const size_t panel = (size_t)((dk + 31) / 32) * 256;
     for (int t0 = 0; t0 < nt; t0 += 32) {

@@ -76,15 +76,6 @@ MODEL_QK_BLOCK(float, int, float, QK_KEYS, QK_QUERY, QK_DOT)
  * reductions. A score is the same sequential sum over dimensions however
  * many queries or keys a block holds, so batched and one-by-one evaluation
  * agree bit for bit. */
-/* The most of len[j0 .. j1). */
-static int max_len(const int *len, int j0, int j1)
-{
-    int m = 0;
-    for (int j = j0; j < j1; j++)
-        m = len[j] > m ? len[j] : m;
-    return m;
-}
-
 /* A block of queries skips the keys that none of them sees (a prompt's
  * causal mask spares an item's first rows most of its last keys). */
 static void scores_avx512(const float *Q, int nq, int ldq, const void *K, size_t ks,
@@ -101,8 +92,7 @@ static void scores_avx512(const float *Q, int nq, int ldq, const void *K, size_t
     }
     const bool kf16 = kt == MODEL_KV_F16;
     int seen[MODEL_ATT_QMAX / 4]; /* keys each block of (up to) 8 queries sees */
-    for (int j = 0, b = 0; j < nq; j += 8, b++)
-        seen[b] = max_len(len, j, j + 8 <= nq ? j + 8 : nq);
+    model_qk_seen(len, nq, seen);
     const size_t panel = (size_t)16 * dkp;
     for (int t0 = 0; t0 < nt; t0 += 32) {
         const bool two = t0 + 16 < nt; /* S rows hold nt rounded up to 16 */
