@@ -30,14 +30,15 @@ static float frand(void)
  * scores (row-major queries) and scores_t (transposed groups) of sd and of
  * the plain loops; all must agree (the plain and SIMD ones up to float
  * summation order). */
-static void check_scores_t(const model_simd_t *sd, int nq, int nt, int dk, model_kvt_t kt)
+static void check_scores_t(const model_simd_t *sd, int nq, int nt, int dk, model_kvt_t kt,
+                           int wide)
 {
     const model_simd_t *pl = model_simd_plain();
     const int dkp = (dk + 15) & ~15, nqp = (nq + 3) & ~3, ng = (nq + 15) / 16;
     const int lds = (nt + 15) & ~15;
     const size_t elt = model_kvt_size(kt);
     const int f16 = kt; /* in the messages: 0 F16, 1 BF16, 2 F32 */
-    const size_t ks = (size_t)dk + 3; /* rows wider than the keys */
+    const size_t ks = (size_t)dk + wide; /* rows as wide as the keys, or wider */
     void *K = malloc((size_t)nt * ks * elt);
     float *Q = aligned_alloc(64, (size_t)nqp * dkp * sizeof(float));
     float *QT = aligned_alloc(64, (size_t)ng * 16 * dk * sizeof(float));
@@ -113,8 +114,10 @@ Test(scores_t, equals_scores_bit_for_bit)
         for (size_t a = 0; a < sizeof nqs / sizeof *nqs; a++)
             for (size_t b = 0; b < sizeof nts / sizeof *nts; b++)
                 for (size_t c = 0; c < sizeof dks / sizeof *dks; c++)
-                    for (int f = 0; f < 3; f++)
-                        check_scores_t(isas[s], nqs[a], nts[b], dks[c], (model_kvt_t)f);
+                    for (int f = 0; f < 3; f++) /* rows of 576: the BF16 kernel's
+                                                   constant stride */
+                        for (int wide = 0; wide <= 3; wide += 3)
+                            check_scores_t(isas[s], nqs[a], nts[b], dks[c], (model_kvt_t)f, wide);
     }
 }
 
