@@ -21,7 +21,7 @@ peer_env=()
 
 echo "== bench_matvec: memory bandwidth, matrix-vector and batched products =="
 "$build/bench/bench_matvec" "${quick[@]}"
-echo "== bench_pipes_avx512: what other operations cost beside vpdpbusd =="
+echo "== bench_pipes_avx512: what other operations cost beside vpdpbusd; the float products' peaks =="
 "$build/bench/bench_pipes_avx512"
 echo "== bench_attn_depth: one layer's decode attention core at depth 4096, two-pass vs one-pass =="
 if [ ${#quick[@]} -eq 0 ]; then "$build/bench/bench_attn_depth"; else "$build/bench/bench_attn_depth" 1024 bf16 4 3; fi
