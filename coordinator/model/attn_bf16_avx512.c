@@ -97,8 +97,8 @@ void model_bf16_scores(const float *Q, int nq, int ldq, const void *K, size_t ks
  * next keys' lines prefetched (pfn rows at pf, ks apart). RSC: rs as a
  * constant (0: not), so that the 16 rows are one pointer and 16
  * displacements instead of 16 registers and their spills (bench_attn_depth
- * at T 1024, one thread: 0.88-0.94x of the time; 46 -> 57 products a
- * cycle with the keys in L2). */
+ * at T 1024, one thread: 0.83-0.95x of the time; timed alone with the
+ * keys in L2, 46 -> 57 products a cycle of 64). */
 static inline __attribute__((always_inline)) void
 qt_pass(const int32_t *qt, const bf16 *kr, size_t rs, size_t ks, int np, const char *pf, int pfn,
         __m512 acc[16], const size_t RSC)
