@@ -93,6 +93,9 @@ void model_bf16_scores(const float *Q, int nq, int ldq, const void *K, size_t ks
  * groups ahead: 0.60-0.80, into L2 as well: no better). */
 #define QT_KEY(i) acc[i] = dp(acc[i], q, pair(kr + (size_t)(i) * rs + 2 * (size_t)p))
 
+/* deepseek's latent cache rows: kv_lora_rank 512 + rope 64 elements */
+#define QT_LATENT_ROW 576
+
 /* One group's pass over 16 keys' np pairs (rows rs apart) into acc, the
  * next keys' lines prefetched (pfn rows at pf, ks apart). RSC: rs as a
  * constant (0: not), so that the 16 rows are one pointer and 16
@@ -140,8 +143,8 @@ void model_bf16_scores_t(const float *QT, int nq, const void *K, size_t ks, int 
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++)
                 acc[i] = _mm512_setzero_ps();
-            if (rs == 576) /* deepseek's latent rows */
-                qt_pass(qt, kr, rs, ks, np, pf, pfn, acc, 576);
+            if (rs == QT_LATENT_ROW)
+                qt_pass(qt, kr, rs, ks, np, pf, pfn, acc, QT_LATENT_ROW);
             else
                 qt_pass(qt, kr, rs, ks, np, pf, pfn, acc, 0);
             __m512i v[16];

@@ -114,8 +114,8 @@ Test(scores_t, equals_scores_bit_for_bit)
         for (size_t a = 0; a < sizeof nqs / sizeof *nqs; a++)
             for (size_t b = 0; b < sizeof nts / sizeof *nts; b++)
                 for (size_t c = 0; c < sizeof dks / sizeof *dks; c++)
-                    for (int f = 0; f < 3; f++) /* rows of 576: the BF16 kernel's
-                                                   constant stride */
+                    for (int f = 0; f < 3; f++)
+                        /* wide 0 with dk 576: the BF16 kernel's constant stride */
                         for (int wide = 0; wide <= 3; wide += 3)
                             check_scores_t(isas[s], nqs[a], nts[b], dks[c], (model_kvt_t)f, wide);
     }
