@@ -369,6 +369,46 @@ Test(wsum, equals_plain_bit_for_bit)
         }
 }
 
+/* --------------------------------------- the key split's block softmax
+ * With mx and sum asked for (the key split's blocks) the softmax stores
+ * exp(s - max) rounded to the cache type, zero past each row's len up to
+ * nt, and its max and sum are those of the unrounded exponentials: the F32
+ * run's values rounded give the F16 and BF16 runs' bits. */
+Test(softmax, block_rounds_each_exponential_as_stored)
+{
+    const model_simd_t *sd = model_simd();
+    enum { NQ = 5, NT = 83, LDS = 96 };
+    const int len[NQ] = {0, 1, 16, 47, NT};
+    static float S[NQ * LDS], R[3][NQ * LDS];
+    for (int i = 0; i < NQ * LDS; i++)
+        S[i] = frand() * 8.0f;
+    const model_kvt_t kts[3] = {MODEL_KV_F32, MODEL_KV_F16, MODEL_KV_BF16};
+    float mx[3][NQ], sum[3][NQ];
+    for (int k = 0; k < 3; k++) {
+        memcpy(R[k], S, sizeof S);
+        sd->softmax(R[k], NQ, LDS, len, NT, kts[k], mx[k], sum[k]);
+    }
+    for (int j = 0; j < NQ; j++) {
+        for (int k = 1; k < 3; k++)
+            cr_assert(mx[k][j] == mx[0][j] && sum[k][j] == sum[0][j], "row %d kt %d", j, k);
+        for (int t = 0; t < NT; t++) {
+            const float e = R[0][j * LDS + t];
+            if (t >= len[j]) {
+                for (int k = 0; k < 3; k++)
+                    cr_assert(R[k][j * LDS + t] == 0.0f, "row %d key %d past len", j, t);
+                continue;
+            }
+            cr_assert(e > 0.0f && e <= 1.0f, "row %d key %d: %g", j, t, e);
+            const float h = ecs_fp16_to_f32(ecs_f32_to_fp16(e));
+            const float b = ecs_bf16_to_f32(ecs_f32_to_bf16(e));
+            cr_assert(memcmp(&R[1][j * LDS + t], &h, sizeof h) == 0, "F16 row %d key %d", j, t);
+            cr_assert(memcmp(&R[2][j * LDS + t], &b, sizeof b) == 0, "BF16 row %d key %d", j, t);
+        }
+        for (int t = NT; t < LDS; t++) /* past nt: untouched */
+            cr_assert(memcmp(&R[0][j * LDS + t], &S[j * LDS + t], sizeof(float)) == 0);
+    }
+}
+
 /* ------------------------------------- several sequences in one decode step
  * Two sequences decoding in one step take the key split tile by tile (a
  * merge region per tile, then the values); one alone merges inside the
