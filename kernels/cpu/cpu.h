@@ -28,6 +28,11 @@ kcpu_isa_t kcpu_isa(void);
 /* Lowers (never raises above detected) the ISA in use; returns the ISA now in use. */
 kcpu_isa_t kcpu_set_isa(kcpu_isa_t isa);
 const char *kcpu_isa_name(kcpu_isa_t isa);
+/* Whether the decode kernels (up to PREFETCH_L1_MAX_NA activation rows)
+ * prefetch the copy's next lines into L1 rather than L2: where the L1 data
+ * cache holds at least KCPU_PREFETCH_L1_MIN bytes (or its size is unknown). */
+#define KCPU_PREFETCH_L1_MIN (48 << 10)
+bool kcpu_prefetch_l1(void);
 
 /* dot(w row of n elements of wtype, a row of n elements of wtype's vec_dot_type) */
 typedef float (*kcpu_vec_dot_fn)(int64_t n, const void *w, const void *a);

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -204,4 +205,20 @@ size_t kcpu_act_bytes(ecs_type_t wtype, int64_t ncols, int nb)
     if (!tr || nb < 0)
         return 0;
     return ecs_row_size(tr->vec_dot_type, ncols) * (size_t)nb;
+}
+
+/* L1 prefetches were chosen on 48 KB L1 caches (Sapphire Rapids, Zen 5);
+ * on Zen 4's 32 KB they evict lines still in use, and L2 prefetches gave
+ * one-process decode of ds2-lite 1.12-1.24x the speed (docs/benchmarks.md,
+ * "session 29"). */
+bool kcpu_prefetch_l1(void)
+{
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+        v = l1 <= 0 || l1 >= KCPU_PREFETCH_L1_MIN;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
 }

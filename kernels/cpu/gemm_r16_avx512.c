@@ -141,8 +141,9 @@ INLINE void r16_impl(ecs_type_t T, int NA, const void *w, int64_t ncols, const v
         for (int G = 0; G < 16; G++)
             acc[n][G] = _mm512_setzero_ps();
     const size_t step = pf ? prefetch_step(pfb, nsb) : 0;
+    const bool l1 = pf && prefetch_into_l1(NA);
     for (int64_t b = 0; b < nblk; b += 16) {
-        prefetch_slice(pf, pfb, step, b / 16, NA <= PREFETCH_L1_MAX_NA);
+        prefetch_slice(pf, pfb, step, b / 16, l1);
         u += r16_sb(T, NA, u, nblk - b, (const uint8_t *)a + (size_t)(b / 16) * asb, as, acc);
     }
 #pragma GCC unroll 4

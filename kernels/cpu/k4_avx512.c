@@ -110,9 +110,10 @@ INLINE void grp_impl(int NA, const uint8_t *g, int64_t ncols, const uint8_t *a, 
     for (int n = 0; n < NA; n++)
         acc[n] = _mm512_setzero_ps();
     const size_t step = pf ? prefetch_step(pfb, ncols / QK_K) : 0;
+    const bool l1 = pf && prefetch_into_l1(NA);
     for (int64_t b = 0; b < ncols / QK_K; b++) {
         const uint8_t *blk = g + (size_t)b * K4_BLOCK, *ab = a + (size_t)b * ACT_BYTES;
-        prefetch_slice(pf, pfb, step, b, NA <= PREFETCH_L1_MAX_NA);
+        prefetch_slice(pf, pfb, step, b, l1);
         __m512i I[KCPU_GRP_MAX_NA];
 #pragma GCC unroll 8
         for (int n = 0; n < NA; n++)

@@ -45,8 +45,18 @@ INLINE __m512i dpwssd_bcast(__m512i acc, __m512i q, const uint8_t *p)
  * +5 %, `bench_matvec --only copy` Q5_0 from DRAM -15 % time); with more
  * rows the group in use stays in L1 over several passes, and filling L1
  * with the next one cost prompt steps 3 % (pp512; docs/benchmarks.md,
- * "Serving"). */
+ * "Serving"). Measured where L1 holds 48 KB; on a smaller L1 all go to L2
+ * (kcpu_prefetch_l1). */
+#ifndef PREFETCH_L1_MAX_NA
 #define PREFETCH_L1_MAX_NA 3
+#endif
+
+/* Whether a kernel call with NA activation rows prefetches into L1 (once
+ * per call: the cache's size is read once per process). */
+INLINE bool prefetch_into_l1(int NA)
+{
+    return NA <= PREFETCH_L1_MAX_NA && kcpu_prefetch_l1();
+}
 
 /* Lines [i * step, (i + 1) * step) of the bytes [pf, pf + bytes)
  * prefetched into L1 (l1) or L2 (step a multiple of 64; nothing when pf is
