@@ -209,8 +209,8 @@ size_t kcpu_act_bytes(ecs_type_t wtype, int64_t ncols, int nb)
 
 /* L1 prefetches were chosen on 48 KB L1 caches (Sapphire Rapids, Zen 5);
  * on Zen 4's 32 KB they evict lines still in use, and L2 prefetches gave
- * one-process decode of ds2-lite 1.12-1.24x the speed (docs/benchmarks.md,
- * "session 29"). */
+ * one-process decode of ds2-lite 1.27x the speed (median of 6 alternated
+ * pairs; docs/benchmarks.md, "session 29"). */
 bool kcpu_prefetch_l1(void)
 {
     static _Atomic int cached = -1;
