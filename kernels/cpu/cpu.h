@@ -33,6 +33,9 @@ const char *kcpu_isa_name(kcpu_isa_t isa);
  * cache holds at least KCPU_PREFETCH_L1_MIN bytes (or its size is unknown). */
 #define KCPU_PREFETCH_L1_MIN (48 << 10)
 bool kcpu_prefetch_l1(void);
+/* How far ahead (bytes) the decode group kernels prefetch the copy they
+ * stream (matmul.c's GRP_PREFETCH_AHEAD): per CPU family, read once. */
+size_t kcpu_prefetch_ahead(void);
 
 /* dot(w row of n elements of wtype, a row of n elements of wtype's vec_dot_type) */
 typedef float (*kcpu_vec_dot_fn)(int64_t n, const void *w, const void *a);

@@ -222,3 +222,29 @@ bool kcpu_prefetch_l1(void)
     }
     return v;
 }
+
+/* Zen 5: AMD's family 1Ah (cpuid leaf 0's vendor, leaf 1's family). */
+static bool cpu_is_zen5(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u) /* "Auth"enticAMD */
+        return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return false;
+    const unsigned base = (a >> 8) & 0xF;
+    return base == 0xF && base + ((a >> 20) & 0xFF) == 0x1A;
+}
+
+/* 8 KB was chosen on the Intel VM (matmul.c). On Zen 5, 4 KB: tg64 of
+ * ds2-lite 1.048 / 1.022 / 1.021x (medians of three series of alternated
+ * pairs), 2 KB 0.965x, 16 KB 0.943x (docs/benchmarks.md, "session 30"). */
+size_t kcpu_prefetch_ahead(void)
+{
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        v = cpu_is_zen5() ? 4096 : 8192;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return (size_t)v;
+}

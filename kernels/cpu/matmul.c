@@ -61,10 +61,10 @@
  * two the 4096-column ones 5-55 % (bench_matvec --only copy / matvec, where
  * 1 and 2 KB were slower than 4 and 8 KB); on the 4-layer ds2-lite cut 8 KB
  * beat 4 and 16 KB (docs/benchmarks.md, "the decode copies' prefetch
- * distance"). With more rows a group computes long enough for a whole
- * group ahead, into L2. */
+ * distance"); Zen 5 takes 4 KB (kcpu_prefetch_ahead). With more rows a
+ * group computes long enough for a whole group ahead, into L2. */
 #ifndef GRP_PREFETCH_AHEAD
-#define GRP_PREFETCH_AHEAD 8192
+#define GRP_PREFETCH_AHEAD kcpu_prefetch_ahead()
 #endif
 #define GRP_AHEAD_MAX_NB 3
 /* Scratch larger than this is not worth having: the row kernels take over. */
@@ -287,8 +287,8 @@ static bool grp_rows(const mm_task_t *t, const mm_view_t *v, int64_t r0, int64_t
 {
     const kcpu_mat_t *w = t->w;
     const size_t group = kcpu_r16_bytes(w->type, KCPU_R16_ROWS, w->ncols);
-    const size_t ahead =
-        t->nb <= GRP_AHEAD_MAX_NB && GRP_PREFETCH_AHEAD < group ? GRP_PREFETCH_AHEAD : group;
+    const size_t far = GRP_PREFETCH_AHEAD;
+    const size_t ahead = t->nb <= GRP_AHEAD_MAX_NB && far < group ? far : group;
     uint8_t *buf = NULL;
     for (int64_t r = r0; r < r1; r += KCPU_R16_ROWS) {
         const int nr = (int)(r1 - r < KCPU_R16_ROWS ? r1 - r : KCPU_R16_ROWS);
