@@ -207,22 +207,6 @@ size_t kcpu_act_bytes(ecs_type_t wtype, int64_t ncols, int nb)
     return ecs_row_size(tr->vec_dot_type, ncols) * (size_t)nb;
 }
 
-/* L1 prefetches were chosen on 48 KB L1 caches (Sapphire Rapids, Zen 5);
- * on Zen 4's 32 KB they evict lines still in use, and L2 prefetches gave
- * one-process decode of ds2-lite 1.27x the speed (median of 6 alternated
- * pairs; docs/benchmarks.md, "session 29"). */
-bool kcpu_prefetch_l1(void)
-{
-    static _Atomic int cached = -1;
-    int v = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (v < 0) {
-        const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-        v = l1 <= 0 || l1 >= KCPU_PREFETCH_L1_MIN;
-        atomic_store_explicit(&cached, v, memory_order_relaxed);
-    }
-    return v;
-}
-
 /* Zen 5: AMD's family 1Ah (cpuid leaf 0's vendor, leaf 1's family). */
 static bool cpu_is_zen5(void)
 {
@@ -235,16 +219,33 @@ static bool cpu_is_zen5(void)
     return base == 0xF && base + ((a >> 20) & 0xFF) == 0x1A;
 }
 
-/* 8 KB was chosen on the Intel VM (matmul.c). On Zen 5, 4 KB: tg64 of
- * ds2-lite 1.048 / 1.022 / 1.021x (medians of three series of alternated
- * pairs), 2 KB 0.965x, 16 KB 0.943x (docs/benchmarks.md, "session 30"). */
-size_t kcpu_prefetch_ahead(void)
+/* The decode kernels' prefetch for this CPU, read once: the distance
+ * ahead in bytes (a multiple of 4 KB) with bit 0 set for L1.
+ * L1 prefetches were chosen on 48 KB L1 caches (Sapphire Rapids, Zen 5);
+ * on Zen 4's 32 KB they evict lines still in use, and L2 prefetches gave
+ * one-process decode of ds2-lite 1.27x the speed (median of 6 alternated
+ * pairs; docs/benchmarks.md, "session 29"). The distance, 8 KB, was chosen
+ * on the Intel VM (matmul.c); on Zen 5, 4 KB: tg64 of ds2-lite 1.048 /
+ * 1.022 / 1.021x (medians of three series of alternated pairs), 2 KB
+ * 0.965x, 16 KB 0.943x (docs/benchmarks.md, "session 30"). */
+static int prefetch_traits(void)
 {
     static _Atomic int cached = -1;
     int v = atomic_load_explicit(&cached, memory_order_relaxed);
     if (v < 0) {
-        v = cpu_is_zen5() ? 4096 : 8192;
+        const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+        v = (cpu_is_zen5() ? 4096 : 8192) | (l1 <= 0 || l1 >= KCPU_PREFETCH_L1_MIN);
         atomic_store_explicit(&cached, v, memory_order_relaxed);
     }
-    return (size_t)v;
+    return v;
+}
+
+bool kcpu_prefetch_l1(void)
+{
+    return prefetch_traits() & 1;
+}
+
+size_t kcpu_prefetch_ahead(void)
+{
+    return (size_t)(prefetch_traits() & ~1);
 }
