@@ -54,6 +54,14 @@ static void running_remove(sched_t *s, sched_req_t *r)
     s->n_running--;
 }
 
+/* Under s->mu: the pool's figures for sched_stats. */
+static void kv_stats_locked(sched_t *s)
+{
+    s->stats.kv_blocks_used = kvc_n_used(s->kvc);
+    s->stats.kv_blocks_cached = kvc_n_cached(s->kvc);
+    s->stats.kv_evictions = kvc_evictions(s->kvc);
+}
+
 /* Ends a running request however it ends: its slot comes back, the final
  * state is published, the scheduler drops its reference. */
 static void finish(sched_t *s, sched_req_t *r, sched_finish_t f, const char *err)
@@ -64,6 +72,7 @@ static void finish(sched_t *s, sched_req_t *r, sched_finish_t f, const char *err
     running_remove(s, r);
     pthread_mutex_lock(&s->mu);
     r->pub_finish = f;
+    kv_stats_locked(s); /* whoever sees it end sees its blocks back */
     r->pub_text = r->emit_end;
     r->pub_gen = r->n_gen;
     r->pub_gen_toks = r->n_gen;
@@ -716,14 +725,6 @@ static ecs_err_t warm_up(sched_t *s)
     }
     sched_kv_release(s, &r);
     return e;
-}
-
-/* Under s->mu: the pool's figures for sched_stats. */
-static void kv_stats_locked(sched_t *s)
-{
-    s->stats.kv_blocks_used = kvc_n_used(s->kvc);
-    s->stats.kv_blocks_cached = kvc_n_cached(s->kvc);
-    s->stats.kv_evictions = kvc_evictions(s->kvc);
 }
 
 static void notify(sched_t *s)
