@@ -54,6 +54,35 @@ ecs_err_t ecs_file_evict(const char *path, uint64_t off, uint64_t len);
  * ecs_file_evict can drop the pages; a later read faults them in again. */
 void ecs_unmap_pages(const void *p, size_t n);
 
+/* Bytes of the mapping holding p that are mapped with 2 MB pages of a
+ * file (FilePmdMapped of its entry in /proc/self/smaps), -1 if unknown. */
+int64_t ecs_huge_mapped(const void *p);
+
+/* What ecs_huge_refresh found: 2 MB regions of the range that were in
+ * the page cache (regions), those mapped through small pages (small), and
+ * those of them read back into 2 MB pages (refreshed). */
+typedef struct {
+    uint64_t regions, small, refreshed;
+    double secs;
+} ecs_huge_refresh_t;
+
+/* For a read-only shared or private mapping [base, base + n) of the whole
+ * file at path, advised MADV_HUGEPAGE: finds its resident 2 MB regions
+ * that the page cache holds in folios smaller than 2 MB (a file written,
+ * read in small pieces, or partly evicted and read back), which every
+ * read then reaches through 4 KB pages, and drops and reads those back so
+ * that they are mapped with 2 MB pages. Touches no region that is not
+ * resident (a model larger than memory stays as it is); drops no page
+ * another process maps; stops after two chunks that did not get better
+ * (a kernel or file system without large folios for files, or tmpfs).
+ * Leaves the range unmapped in this process (a later read faults it in).
+ * Best effort: the result says what happened. */
+void ecs_huge_refresh(const void *base, size_t n, const char *path, ecs_huge_refresh_t *out);
+
+/* One line for the user: what ecs_huge_refresh did to path (snprintf's
+ * result). */
+int ecs_huge_refresh_say(const ecs_huge_refresh_t *hr, const char *path, char *buf, size_t n);
+
 /* MemAvailable of /proc/meminfo in bytes (what the page cache and new
  * allocations can have without swapping), 0 if unknown. */
 uint64_t ecs_mem_available(void);

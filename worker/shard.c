@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/hash.h"
+#include "common/resident.h"
 #include "worker/worker_int.h"
 
 static uint64_t now_ns(void)
@@ -121,6 +122,23 @@ static void copy_open(const shard_t *s, const char *dir, ecs_threadpool_t *tp,
     else if (krepack_made_why(*out))
         fprintf(stderr, "ecs-worker: made %s (%.1f MiB): %s\n", krepack_path(*out),
                 krepack_bytes(*out) / 1048576.0, krepack_made_why(*out));
+}
+
+/* A copy that the page cache holds in small folios (partly evicted and
+ * read back) read back in 2 MB ones (ecs_huge_refresh), said on stderr. */
+static void refresh_copies(const shard_t *s)
+{
+    krepack_t *copies[2] = {s->copy, s->sh_copy};
+    for (int i = 0; i < 2; i++) {
+        if (!copies[i])
+            continue;
+        ecs_huge_refresh_t hr;
+        ecs_huge_refresh(krepack_map(copies[i]), krepack_bytes(copies[i]),
+                         krepack_path(copies[i]), &hr);
+        char line[600];
+        if (hr.small && ecs_huge_refresh_say(&hr, krepack_path(copies[i]), line, sizeof line) > 0)
+            fprintf(stderr, "ecs-worker: note: %s\n", line);
+    }
 }
 
 /* Appends x's matrices that have an interleaved layout to mats. */
@@ -265,8 +283,10 @@ ecs_err_t shard_assign(shard_t *s, const wire_assign_t *a, uint64_t budget, ecs_
         s->layers[a->layers[i]] = s->held + (size_t)a->layers[i] * (size_t)hp->n_expert;
     }
     s->n_held = a->n;
-    if (repack_dir)
+    if (repack_dir) {
         open_copy(s, repack_dir, tp);
+        refresh_copies(s);
+    }
     kmoe_shape_t shape = {.n_embd = hp->n_embd, .n_ff_exp = hp->n_ff_exp,
                           .n_expert = hp->n_expert, .k = hp->n_expert_used,
                           .max_rows = KCPU_MAX_BATCH};

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/resident.h"
 #include "coordinator/model/model_int.h"
 
 #define ALIGN 64
@@ -225,6 +226,39 @@ static void advise_hugepages(const gguf_file_t *f)
         madvise((void *)(lo & ~(page - 1)), hi - (lo & ~(page - 1)), MADV_HUGEPAGE);
 }
 
+/* A whole-file mapping of path at base: its resident 2 MB regions that the
+ * page cache holds in small folios read back into 2 MB ones
+ * (ecs_huge_refresh); what was done is appended to m->pages_note. */
+void model_pages_refresh(model_t *m, const void *base, size_t n, const char *path)
+{
+    ecs_huge_refresh_t hr;
+    ecs_huge_refresh(base, n, path, &hr);
+    if (!hr.small)
+        return;
+    size_t used = strlen(m->pages_note);
+    if (used && used + 2 < sizeof m->pages_note)
+        used += (size_t)snprintf(m->pages_note + used, sizeof m->pages_note - used, "; ");
+    if (used < sizeof m->pages_note)
+        ecs_huge_refresh_say(&hr, path, m->pages_note + used, sizeof m->pages_note - used);
+}
+
+const char *model_pages_note(const model_t *m) { return m->pages_note[0] ? m->pages_note : NULL; }
+
+/* The GGUF's mapping (the whole file from offset 0: gguf_open), when it
+ * is a file. */
+static void gguf_pages_refresh(model_t *m)
+{
+    const gguf_file_t *f = m->file;
+    if (!gguf_stat(f) || gguf_n_tensors(f) == 0)
+        return;
+    const gguf_tensor_t *t = gguf_tensor_at(f, 0);
+    const char *base = (const char *)t->data - gguf_data_offset(f) - t->offset;
+    /* one mapping, advised as a whole: the header's pages share a 2 MB
+     * region with the first tensors */
+    madvise((void *)base, gguf_file_size(f), MADV_HUGEPAGE);
+    model_pages_refresh(m, base, gguf_file_size(f), gguf_path(f));
+}
+
 /* Grows the kernels' per-thread scratch to what this matrix needs with up
  * to nb rows (nothing for absent matrices); keeps the largest need. */
 static ecs_err_t reserve_mat(model_t *m, const kcpu_mat_t *w, int nb, size_t *most)
@@ -276,8 +310,10 @@ ecs_err_t model_load(const char *path, const model_opts_t *opts, model_t **out)
         e = model_load_weights(m);
     if (e == ECS_OK)
         e = model_validate_tensors(m);
-    if (e == ECS_OK)
+    if (e == ECS_OK) {
         advise_hugepages(m->file);
+        gguf_pages_refresh(m);
+    }
     if (e == ECS_OK) {
         m->opts = opts ? *opts : (model_opts_t){0};
         if (m->opts.n_ctx <= 0) /* n_ctx_train >= 1: arch_read_hparams */

@@ -140,6 +140,11 @@ size_t model_workspace_bytes(const model_t *m);
 /* What the load found odd but not fatal (NULL if nothing), e.g. tensors in
  * the file the architecture does not use: for the user to see. */
 const char *model_load_warning(const model_t *m);
+/* What the load did about weights the page cache held in small folios
+ * (read back so that they map with 2 MB pages: decode at depth read them
+ * 4-20 % slower through 4 KB pages, docs/benchmarks.md session 32), NULL
+ * if nothing: for the user to see. */
+const char *model_pages_note(const model_t *m);
 /* Why the decode copy asked for by opts.repack_dir is not in use (NULL if
  * it is, or was not asked for): the model then runs from the GGUF alone. */
 const char *model_repack_note(const model_t *m);

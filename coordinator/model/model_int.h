@@ -259,6 +259,7 @@ struct model {
                            * the kernels never read (else NULL) */
     int r16_n;
     char r16_note[512];   /* why there is none, if it was asked for */
+    char pages_note[512]; /* weights read back into 2 MB pages at load */
 
     /* validate.c */
     void *align_copy;     /* tensors the file has at misaligned addresses */
@@ -270,6 +271,9 @@ struct model {
  * matrices decode reads, in dir, and points their views at it; on failure
  * leaves the views alone and the reason in r16_note. */
 void model_repack(model_t *m, const char *dir);
+/* model.c: base's resident 2 MB regions held in small folios read back
+ * (ecs_huge_refresh), noted in pages_note. */
+void model_pages_refresh(model_t *m, const void *base, size_t n, const char *path);
 void model_repack_free(model_t *m);
 
 /* Phase timing (opts.profile): prof_start marks now; prof_end charges the

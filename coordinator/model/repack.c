@@ -101,6 +101,7 @@ static ecs_err_t repack(model_t *m, const char *dir)
         e = ecs_error(ECS_ERR_NOMEM, "repack: out of memory");
     }
     if (m->r16) {
+        model_pages_refresh(m, krepack_map(m->r16), krepack_bytes(m->r16), krepack_path(m->r16));
         m->r16_n = n;
         for (int i = 0; i < n; i++)
             m->r16_src[i] = kcpu_mat_reads_rows(mats[i]) ? NULL : mats[i]->data;

@@ -420,6 +420,8 @@ int main(int argc, char **argv)
         rc = fail("%s: tokenizer: %s", a.model, ecs_errmsg());
     else if (dispatch_wanted(&a.dispatch) && dispatch_start(m, &a.dispatch, &dsp) != ECS_OK)
         rc = fail("%s", ecs_errmsg());
+    if (rc == 0 && model_pages_note(m))
+        fprintf(stderr, "ecs-coordinator: note: %s\n", model_pages_note(m));
     if (rc == 0 && a.chat_template != TOK_CHAT_NONE)
         tok_set_chat_kind(tok, a.chat_template);
     if (rc == 0 && dsp && a.print_placement)

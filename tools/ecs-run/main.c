@@ -534,6 +534,8 @@ static void repack_report(const model_t *m, double load_s)
     else if (made)
         fprintf(stderr, "repack: wrote %s (%.1f MB) in %.1f s (%s)\n", path, (double)bytes / 1e6,
                 load_s, model_repack_made_why(m));
+    if (model_pages_note(m))
+        fprintf(stderr, "ecs-run: note: %s\n", model_pages_note(m));
     if (model_repack_cleaned(m))
         fprintf(stderr, "repack: removed %d temporary file(s) of killed loads\n",
                 model_repack_cleaned(m));
