@@ -136,7 +136,7 @@ static void refresh_copies(const shard_t *s)
         ecs_huge_refresh(krepack_map(copies[i]), krepack_bytes(copies[i]),
                          krepack_path(copies[i]), &hr);
         char line[600];
-        if (hr.small && ecs_huge_refresh_say(&hr, krepack_path(copies[i]), line, sizeof line) > 0)
+        if (hr.refreshed && ecs_huge_refresh_say(&hr, krepack_path(copies[i]), line, sizeof line) > 0)
             fprintf(stderr, "ecs-worker: note: %s\n", line);
     }
 }

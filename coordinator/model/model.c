@@ -233,7 +233,7 @@ void model_pages_refresh(model_t *m, const void *base, size_t n, const char *pat
 {
     ecs_huge_refresh_t hr;
     ecs_huge_refresh(base, n, path, &hr);
-    if (!hr.small)
+    if (!hr.refreshed) /* nothing done: nothing the user could act on */
         return;
     size_t used = strlen(m->pages_note);
     if (used && used + 2 < sizeof m->pages_note)
