@@ -415,8 +415,9 @@ void model_attn_absorbed(model_t *m, const model_layer_t *ly, const model_layer_
     const int hv = hp->head_v;
     kcpu_job_t *jobs = ws->jobs;
     tile_t tiles[MODEL_MAX_BATCH];
-    /* the key split per row, by its own depth */
-    const int min = attn_split_min(m);
+    /* the key split per row, by its own depth; an 8-bit cache's products
+     * are the split's only (every row takes it) */
+    const int min = rows[0].ctx->kvt == MODEL_KV_Q8 ? 1 : attn_split_min(m);
     int n_deep = 0;
     for (int i = 0; i < n; i++)
         n_deep += rows[i].pos + 1 >= min;
@@ -507,6 +508,10 @@ void model_cache_put(const model_step_row_t *r, int layer, const float *k, const
         memcpy(kd, k, c->k_row * sizeof(float));
         if (v)
             memcpy(vd, v, c->v_row * sizeof(float));
+        return;
+    }
+    if (c->kvt == MODEL_KV_Q8) { /* latent only: [c | k_pe] */
+        model_q8_put(kd, k, c->m->hp.kv_lora_rank, c->m->hp.kv_lora_rank + c->m->hp.rope.n_rot);
         return;
     }
     const model_simd_t *sd = model_simd();

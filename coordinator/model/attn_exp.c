@@ -52,7 +52,7 @@ int model_exp_positions(const arch_hparams_t *hp, int n_ctx)
 /* Positions of c one expansion holds: F16 rows take half an F32 row. */
 static int exp_capacity(const model_t *m, const model_ctx_t *c)
 {
-    return (int)((size_t)m->ws.ex_pos * sizeof(float) / c->elt);
+    return (int)((size_t)m->ws.ex_pos * sizeof(float) / model_kvt_size(model_kvt_expanded(c->kvt)));
 }
 
 /* ------------------------------------------------------------ expansion */
@@ -78,6 +78,9 @@ static void load_rows(const block_t *b, int r0, int r1)
         float *dst = b->m->ws.exc + (size_t)r * kvl;
         if (b->c->kvt == MODEL_KV_F32)
             memcpy(dst, latent_row(b, b->t0 + r), (size_t)kvl * sizeof *dst);
+        else if (b->c->kvt == MODEL_KV_Q8)
+            model_q8_get(dst, latent_row(b, b->t0 + r), 0, kvl, kvl,
+                         kvl + b->m->hp.rope.n_rot);
         else
             ecs_dequantize_row(b->c->kvt == MODEL_KV_BF16 ? ECS_TYPE_BF16 : ECS_TYPE_F16,
                                latent_row(b, b->t0 + r), dst, kvl);
@@ -103,12 +106,20 @@ static void store_rows(const block_t *b, int r0, int r1)
     const model_ws_t *ws = &b->m->ws;
     const model_simd_t *sd = model_simd();
     const int nh = hp->n_head, nope = hp->qk_nope, hv = hp->head_v, hk = hp->head_k;
-    const size_t elt = b->c->elt;
-    const model_kvt_t kt = b->c->kvt;
+    const model_kvt_t kt = model_kvt_expanded(b->c->kvt);
+    const size_t elt = model_kvt_size(kt);
+    _Alignas(64) char kq[MODEL_Q8_MAXDK * sizeof(ecs_bf16_t)]; /* an 8-bit row's k_pe, expanded */
     for (int r = r0; r < r1; r++) {
         const int t = b->t0 + r;
         const float *e = ws->kvb + (size_t)r * nh * (nope + hv);
         const char *kpe = latent_row(b, t) + (size_t)hp->kv_lora_rank * elt;
+        if (b->c->kvt == MODEL_KV_Q8) {
+            float f[MODEL_Q8_MAXDK];
+            const int kvl = hp->kv_lora_rank;
+            model_q8_get(f, latent_row(b, t), kvl, hp->rope.n_rot, kvl, kvl + hp->rope.n_rot);
+            put(sd, kq, f, hp->rope.n_rot, kt);
+            kpe = kq;
+        }
         char *K = (char *)ws->exk + (size_t)t * nh * hk * elt;
         char *V = (char *)ws->exv + (size_t)t * nh * hv * elt;
         for (int h = 0; h < nh; h++) {
@@ -246,7 +257,8 @@ void model_attn_mla(model_t *m, const model_layer_t *ly, const model_layer_ext_t
         ws->exp_ctx = NULL; /* taken, or overwritten */
         const model_kv_t kv = {.k = ws->exk, .v = ws->exv,
                                .k_row = (size_t)hp->n_head * hp->head_k,
-                               .v_row = (size_t)hp->n_head * hp->head_v, .kvt = c->kvt};
+                               .v_row = (size_t)hp->n_head * hp->head_v,
+                               .kvt = model_kvt_expanded(c->kvt)};
         model_attend_kv(m, rows, n, c, &kv, hp->head_k, hp->head_v);
     }
 }

@@ -69,6 +69,30 @@ static void split_block_amx(const split_t *sp, int t0, int end, float *S, int ld
                  ws->amx_stage + (size_t)ith * ws->amx_stride);
 }
 
+/* split_block on an 8-bit cache (attn_q8.c): scores run by run, the
+ * block's softmax in F32, then one P.V over all its runs (its levels are
+ * per block). kbuf: the scores' 16 tail rows, then P.V's scratch. */
+static void split_block_q8(const split_t *sp, int t0, int end, float *S, int lds, float *kbuf,
+                           float *O, float *mx, float *sum)
+{
+    const attn_run_t *a = sp->a;
+    const size_t ks = sp->kv.k_row; /* bytes */
+    const void *vr[MODEL_SPLIT_KEYS / MODEL_KV_BLOCK + 1];
+    int rn[MODEL_SPLIT_KEYS / MODEL_KV_BLOCK + 1], nrun = 0, len[MODEL_ATT_QMAX], run;
+    const char *kr, *v;
+    for (int t = t0; t < end; t += run, nrun++) {
+        attn_kv_run(&sp->kv, sp->kv.k, sp->kv.v, 1, t, end, &kr, &v, &run);
+        attn_prefetch_next_run(&sp->kv, sp->kv.k, sp->kv.v, 1, t + run, end, (int)ks);
+        model_q8_scores(sp->QT, sp->nq, a->dv, a->dk, kr, ks, run, a->m->hp.kq_scale,
+                        S + (t - t0), lds, kbuf);
+        vr[nrun] = kr, rn[nrun] = run;
+    }
+    attn_run_len(sp->len, sp->nqp, t0, end - t0, len);
+    model_simd()->softmax(S, sp->nqp, lds, len, end - t0, MODEL_KV_F32, mx, sum);
+    model_q8_pv(S, sp->nq, lds, vr, rn, nrun, ks, a->dv, a->dk, O, a->m->ws.dvp,
+                (char *)kbuf + 16 * ks + 64);
+}
+
 static void split_block(void *arg, int item, int ith)
 {
     const split_t *sp = arg;
@@ -86,6 +110,10 @@ static void split_block(void *arg, int item, int ith)
     const int lds = ws->t_pad < MODEL_SPLIT_KEYS + 16 ? ws->t_pad : MODEL_SPLIT_KEYS + 16;
     if (attn_amx_takes(a, kt)) {
         split_block_amx(sp, t0, end, S, lds, kbuf, O, mx, sum, ith);
+        return;
+    }
+    if (kt == MODEL_KV_Q8) {
+        split_block_q8(sp, t0, end, S, lds, kbuf, O, mx, sum);
         return;
     }
     /* per contiguous run of KV blocks inside the item: a score is one
@@ -159,6 +187,10 @@ static void split_query(split_t *sp, const tile_t *tl, int j, float *tmp)
 {
     const attn_run_t *a = sp->a;
     sp->len[j] = attn_get_query(a, tl, 0, j, sp->kv.kvt, tmp);
+    if (sp->kv.kvt == MODEL_KV_Q8) {
+        model_q8_query(sp->QT, sp->nq, j, a->dv, a->dk, tmp);
+        return;
+    }
     if (sp->kv.kvt == MODEL_KV_BF16) {
         model_qt_bf16(sp->QT, j, a->dk, (const ecs_bf16_t *)tmp);
         return;

@@ -287,15 +287,22 @@ enum {
      * per instruction of an F32 FMA). Same KV memory as F16; not with
      * MODEL_CTX_KV_F32. */
     MODEL_CTX_KV_BF16 = 1u << 3,
+    /* deepseek2's latent cache in 8 bits (model_int.h, MODEL_KV_Q8): about
+     * half a BF16 row's bytes, and the decode attention's products on
+     * VNNI (twice vdpbf16ps's per instruction) at every depth; prompts
+     * expand it to BF16. Less precise: tests/unit/test_kv_q8.c states the
+     * logits' distance to a BF16 cache. Only with the latent cache (not
+     * MODEL_CTX_MLA_EXPANDED nor qwen3moe), alone of the KV types. */
+    MODEL_CTX_KV_Q8 = 1u << 4,
 };
 
-/* The KV flag of a cache type's name ("f16": 0, "bf16", "f32"), or -1 for
+/* The KV flag of a cache type's name ("f16": 0, "bf16", "f32", "q8"), or -1 for
  * an unknown name; and the name of flags' cache type. */
 int model_kv_type_flag(const char *name);
 const char *model_kv_type_name(unsigned flags);
 
 /* The options of a model's run that ecs-run and ecs-coordinator share
- * (opts.c): --kv-type f16|bf16|f32, --kv-f32, --repack DIR, --no-repack,
+ * (opts.c): --kv-type f16|bf16|f32|q8, --kv-f32, --repack DIR, --no-repack,
  * --no-amx. */
 typedef struct {
     unsigned kv_flag;       /* MODEL_CTX_KV_F32 / _BF16 or 0 (--kv-type) */

@@ -32,10 +32,73 @@ const void *model_act(ecs_threadpool_t *tp, const kcpu_mat_t *w, const float *x,
  * (bf16_daz in simd.c): results agree bit for bit unless a partial sum
  * falls below FLT_MIN. Without AVX-512 BF16 a BF16 cache runs the plain
  * loops (the same bits, slower). */
-typedef enum { MODEL_KV_F16, MODEL_KV_BF16, MODEL_KV_F32 } model_kvt_t;
+typedef enum { MODEL_KV_F16, MODEL_KV_BF16, MODEL_KV_F32, MODEL_KV_Q8 } model_kvt_t;
 
-/* Bytes of one element of a cache of type t. */
-static inline size_t model_kvt_size(model_kvt_t t) { return t == MODEL_KV_F32 ? 4 : 2; }
+/* Bytes of one element of a cache of type t (an 8-bit cache's rows are
+ * counted in bytes). */
+static inline size_t model_kvt_size(model_kvt_t t)
+{
+    return t == MODEL_KV_F32 ? 4 : t == MODEL_KV_Q8 ? 1 : 2;
+}
+/* The type a latent cache of type t expands into for prompts (attn_exp.c). */
+static inline model_kvt_t model_kvt_expanded(model_kvt_t t)
+{
+    return t == MODEL_KV_Q8 ? MODEL_KV_BF16 : t;
+}
+
+/* The 8-bit latent cache (MODEL_KV_Q8, deepseek2 only; attn_q8.c): a row
+ * [c (dc values) | k_pe (dk - dc)] as bytes u = round(x / s) + 128, s =
+ * max|x| / 127 of its part (levels in [-127, 127]), then the two parts'
+ * F32 scales, padded to model_q8_row_bytes(dk). A query is quantized the
+ * same way per part (s8 levels, model_q8_query: groups of 16 queries,
+ * QT8[g][d / 4][i][d % 4], then per group 2 x 16 scales and 2 x 16
+ * corrections 128 x sum of levels). Score of query j, key t: Ic, Ir the
+ * integer products of the parts (u - 128 through the correction), then
+ * scale * fmaf(Ir, sq_r sk_r, Ic * (sq_c sk_c)). P.V of a block of keys
+ * (model_q8_pv): per query the probabilities times the keys' c scales, to
+ * u8 levels of max / 255 (model_q8_pv_levels), the integer sum over keys
+ * of level x (u - 128) per column, times max / 255. Plain loops and
+ * VNNI kernels give the same bits. dk <= MODEL_Q8_MAXDK, dk % 4 == 0,
+ * dc % 16 == 0 (model_q8_shape_ok). */
+#define MODEL_Q8_MAXDK 1024
+size_t model_q8_row_bytes(int dk);
+/* x[0..n) as levels in [-127, 127] plus off (0: s8 bytes, 128: u8) into
+ * lv, *sum the levels' sum; returns the scale max|x| / 127. The same bits
+ * both ways (the vector one wants AVX-512F/BW). */
+float model_q8_levels_ref(const float *x, int n, int off, uint8_t *lv, int32_t *sum);
+float model_q8_levels_avx512(const float *x, int n, int off, uint8_t *lv, int32_t *sum);
+bool model_q8_shape_ok(int dc, int dk);
+void model_q8_put(void *row, const float *x, int dc, int dk);
+/* dst[0..n) = values [d0, d0 + n) of row, dequantized. */
+void model_q8_get(float *dst, const void *row, int d0, int n, int dc, int dk);
+size_t model_q8_query_bytes(int nq, int dk);
+void model_q8_query(void *QT, int nq, int j, int dc, int dk, const float *q);
+void model_q8_query_parts(void *QT, int nq, int dk, const int8_t **qt, const float **sq,
+                          const int32_t **corr);
+/* S[j][t] for j < nq, t < nt (rows written up to nt rounded up to 16 by
+ * the vector kernel), keys ks bytes apart; kbuf: 16 rows. */
+void model_q8_scores(const void *QT, int nq, int dc, int dk, const void *K, size_t ks, int nt,
+                     float scale, float *S, int lds, void *kbuf);
+void model_q8_scores_ref(const void *QT, int nq, int dc, int dk, const void *K, size_t ks, int nt,
+                         float scale, float *S, int lds);
+void model_q8_scores_avx512(const void *QT, int nq, int dc, int dk, const void *K, size_t ks,
+                            int nt, float scale, float *S, int lds, void *kbuf);
+/* O[j][d] for j < nq, d < dc over the keys of nrun runs (rn[r] rows at
+ * vr[r], ks bytes apart; at most MODEL_SPLIT_KEYS in all), O overwritten;
+ * P rows ldp floats apart (F32 probabilities, zero past each query's
+ * keys); scratch: model_q8_pv_scratch(nq) bytes. */
+void model_q8_pv(const float *P, int nq, int ldp, const void *const *vr, const int *rn, int nrun,
+                 size_t ks, int dc, int dk, float *O, int ldo, void *scratch);
+void model_q8_pv_ref(const float *P, int nq, int ldp, const void *const *vr, const int *rn,
+                     int nrun, size_t ks, int dc, int dk, float *O, int ldo, void *scratch);
+void model_q8_pv_avx512(const float *P, int nq, int ldp, const void *const *vr, const int *rn,
+                        int nrun, size_t ks, int dc, int dk, float *O, int ldo, void *scratch);
+int model_q8_pv_levels(const float *P, int nq, int ldp, const void *const *vr, const int *rn,
+                       int nrun, size_t ks, int dk, uint8_t *pu, float *sv, float *ps);
+size_t model_q8_pv_scratch(int nq);
+/* Whether the VNNI kernels run here (AVX-512 VNNI and VBMI, the ISA in use
+ * AVX-512); the plain loops otherwise. */
+bool model_cpu_q8(void);
 
 typedef struct {
     /* S[j][t] = scale * Q[j] . K[t] for j < nq (multiple of 4), t < len[j]

@@ -35,7 +35,7 @@ int model_cli_opt(model_cli_t *o, const char *opt, const char *v)
         return 0;
     const int fl = model_kv_type_flag(v);
     if (fl < 0) {
-        ecs_error(ECS_ERR_INVAL, "--kv-type '%s': expected f16, bf16 or f32", v);
+        ecs_error(ECS_ERR_INVAL, "--kv-type '%s': expected f16, bf16, f32 or q8", v);
         return -1;
     }
     o->kv_flag = (unsigned)fl;

@@ -13,6 +13,7 @@ static void kv_geometry(const model_t *m, unsigned flags, model_kv_geom_t *g)
     g->flags = flags;
     g->kvt = flags & MODEL_CTX_KV_F32    ? MODEL_KV_F32
              : flags & MODEL_CTX_KV_BF16 ? MODEL_KV_BF16
+             : flags & MODEL_CTX_KV_Q8   ? MODEL_KV_Q8
                                          : MODEL_KV_F16;
     g->elt = model_kvt_size(g->kvt);
     if (hp->arch == ARCH_DEEPSEEK2 && !(flags & MODEL_CTX_MLA_EXPANDED)) {
@@ -20,7 +21,7 @@ static void kv_geometry(const model_t *m, unsigned flags, model_kv_geom_t *g)
         g->n_kv_head = 1;
         g->dk = hp->kv_lora_rank + hp->rope.n_rot;
         g->dv = hp->kv_lora_rank;
-        g->k_row = g->v_row = (size_t)g->dk;
+        g->k_row = g->v_row = g->kvt == MODEL_KV_Q8 ? model_q8_row_bytes(g->dk) : (size_t)g->dk;
     } else {
         g->latent = false;
         g->n_kv_head = hp->n_head_kv;
@@ -35,9 +36,30 @@ static void kv_geometry(const model_t *m, unsigned flags, model_kv_geom_t *g)
 
 static bool flags_ok(unsigned flags)
 {
-    const unsigned types = MODEL_CTX_KV_F32 | MODEL_CTX_KV_BF16;
+    const unsigned types = MODEL_CTX_KV_F32 | MODEL_CTX_KV_BF16 | MODEL_CTX_KV_Q8;
     return !(flags & ~(unsigned)(MODEL_CTX_MLA_EXPANDED | MODEL_CTX_MLA_ABSORBED | types)) &&
-           (flags & types) != types;
+           !((flags & types) & ((flags & types) - 1)); /* one type at most */
+}
+
+/* An 8-bit cache holds deepseek2's latent rows only. */
+static ecs_err_t q8_ok(const model_t *m, const model_kv_geom_t *g)
+{
+    if (g->kvt != MODEL_KV_Q8)
+        return ECS_OK;
+    if (!g->latent)
+        return ecs_error(ECS_ERR_UNSUPPORTED, "--kv-type q8: only deepseek2's latent cache "
+                         "(this model%s)", m->hp.arch == ARCH_DEEPSEEK2 ? " with an expanded "
+                         "cache" : " is not deepseek2");
+    if (m->ws.att_qmax < (m->hp.n_head + 15) / 16 * 16)
+        return ecs_error(ECS_ERR_UNSUPPORTED, "--kv-type q8: a context of %d tokens leaves "
+                         "room for %d queries per attention item, fewer than one row's %d heads "
+                         "(shorten --ctx)", m->opts.n_ctx, m->ws.att_qmax, m->hp.n_head);
+    if (!model_q8_shape_ok(m->hp.kv_lora_rank, g->dk))
+        return ecs_error(ECS_ERR_UNSUPPORTED, "--kv-type q8: latent rows of %d + %d values "
+                         "(the 8-bit kernels take kv_lora_rank %% 16 == 0, rows %% 4 == 0, up "
+                         "to %d)", m->hp.kv_lora_rank, g->dk - m->hp.kv_lora_rank,
+                         MODEL_Q8_MAXDK);
+    return ECS_OK;
 }
 
 int model_kv_type_flag(const char *name)
@@ -45,12 +67,16 @@ int model_kv_type_flag(const char *name)
     return !strcmp(name, "f16")    ? 0
            : !strcmp(name, "bf16") ? (int)MODEL_CTX_KV_BF16
            : !strcmp(name, "f32")  ? (int)MODEL_CTX_KV_F32
+           : !strcmp(name, "q8")   ? (int)MODEL_CTX_KV_Q8
                                    : -1;
 }
 
 const char *model_kv_type_name(unsigned flags)
 {
-    return flags & MODEL_CTX_KV_F32 ? "f32" : flags & MODEL_CTX_KV_BF16 ? "bf16" : "f16";
+    return flags & MODEL_CTX_KV_F32    ? "f32"
+           : flags & MODEL_CTX_KV_BF16 ? "bf16"
+           : flags & MODEL_CTX_KV_Q8   ? "q8"
+                                       : "f16";
 }
 
 static int blocks_for(int n_tok) { return (n_tok + MODEL_KV_BLOCK - 1) / MODEL_KV_BLOCK; }
@@ -75,6 +101,10 @@ ecs_err_t model_kvpool_new(model_t *m, int n_blocks, unsigned flags, model_kvpoo
     p->m = m;
     p->n_blocks = n_blocks;
     kv_geometry(m, flags, &p->g);
+    if (q8_ok(m, &p->g) != ECS_OK) {
+        free(p);
+        return ECS_ERR_UNSUPPORTED;
+    }
     const size_t rows = (size_t)n_blocks * MODEL_KV_BLOCK;
     p->g.v_base = p->g.latent ? 0 : rows * p->g.k_row * p->g.elt;
     p->g.lay_stride = rows * (p->g.k_row + (p->g.latent ? 0 : p->g.v_row)) * p->g.elt;

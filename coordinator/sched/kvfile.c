@@ -6,7 +6,7 @@
  *           u32 tokens per block (MODEL_KV_BLOCK), u32 records,
  *           u32 KV element type (sched_opts_t.kv_flag: F16 and BF16 rows
  *           have the same size, and a BF16 block read as F16 would be
- *           garbage), u32 zero
+ *           garbage; q8 blocks are smaller), u32 zero
  *   record: u64 key, u64 parent key, u64 checksum (xxHash64 of the rows,
  *           seeded with the key), i32 tokens[MODEL_KV_BLOCK], the rows
  *

@@ -83,7 +83,7 @@ ecs_err_t sched_new(model_t *m, const tok_t *tok, const sched_opts_t *o, sched_t
     s->m = m;
     s->tok = tok;
     s->o = *o;
-    if (o->kv_flag & ~(unsigned)(MODEL_CTX_KV_BF16 | MODEL_CTX_KV_F32))
+    if (o->kv_flag & ~(unsigned)(MODEL_CTX_KV_BF16 | MODEL_CTX_KV_F32 | MODEL_CTX_KV_Q8))
         return ecs_error(ECS_ERR_INVAL, "sched: KV flag 0x%x is not a cache type", o->kv_flag);
     const size_t bb = model_kv_block_bytes(m, o->kv_flag);
     const int per_ctx = sched_blocks_for(o->n_ctx);

@@ -3,31 +3,7 @@
  * test_attn.c), conversions round as ecs_f32_to_bf16, and whole models
  * with a BF16 cache stay near the F32 cache's logits, pick the same greedy
  * tokens and give the same bits for every thread count. */
-#include <criterion/criterion.h>
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "coordinator/model/model.h"
-#include "coordinator/model/model_int.h"
-
-#define DS2_Q8 "../shared/models/tiny-ds2-q8_0.gguf"
-#define QWEN_Q8 "../shared/models/tiny-qwen3moe-q8_0.gguf"
-
-/* The english_sentence prompt of the reference files plus a few ids (as
- * model_fixture.h's). */
-static const int32_t PROMPT[] = {100000, 549, 3399, 10176, 32431, 33747, 855, 254, 24547, 5025,
-                                 3345, 254, 7257, 8144, 6185, 13, 82987, 32840, 94838, 62990};
-#define N_PROMPT ((int)(sizeof PROMPT / sizeof PROMPT[0]))
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+#include "tests/unit/kv_fixture.h"
 
 static const model_simd_t *simd_or_skip(void)
 {
@@ -110,7 +86,7 @@ Test(bf16_kernels, conversions_round_as_ggml)
     ecs_bf16_t *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
     cr_assert(x && a && b);
     for (int i = 0; i < N; i++) {
-        uint32_t u = (uint32_t)(rng >> 20) ^ (uint32_t)i * 2654435761u;
+        uint32_t u = (uint32_t)(rng_state >> 20) ^ (uint32_t)i * 2654435761u;
         frand();
         if (i % 5 == 0) /* ties */
             u = (u & 0xFFFF0000u) | 0x8000u;
@@ -144,98 +120,29 @@ Test(bf16_kernels, conversions_round_as_ggml)
 
 /* ------------------------------------------------------- whole models */
 
-static model_t *load(const char *path, int threads)
-{
-    model_opts_t o = {.n_ctx = 256, .n_threads = threads};
-    model_t *m = NULL;
-    cr_assert_eq(model_load(path, &o, &m), ECS_OK, "model_load(%s): %s", path, ecs_errmsg());
-    return m;
-}
-
-/* Logits of the prompt's rows (one prompt step), then of n_gen decode
- * steps of one row each: the argmax of the last logits when gen is NULL
- * (greedy; the tokens go to out), else gen's tokens (so two caches are
- * compared on the same sequence). Returns (N_PROMPT + n_gen) rows. */
-static float *run(model_t *m, unsigned flags, int n_gen, const int32_t *gen, int32_t *out)
-{
-    const size_t V = (size_t)model_n_vocab(m);
-    model_ctx_t *c;
-    cr_assert_eq(model_ctx_new(m, 256, flags, &c), ECS_OK, "%s", ecs_errmsg());
-    float *l = malloc((N_PROMPT + (size_t)n_gen) * V * sizeof *l);
-    cr_assert_not_null(l);
-    cr_assert_eq(model_eval(c, PROMPT, N_PROMPT, l, true), ECS_OK, "%s", ecs_errmsg());
-    const float *last = l + (N_PROMPT - 1) * V;
-    for (int i = 0; i < n_gen; i++) {
-        int32_t best = 0;
-        for (size_t v = 1; v < V; v++)
-            best = last[v] > last[best] ? (int32_t)v : best;
-        if (out)
-            out[i] = best;
-        const int32_t tok = gen ? gen[i] : best;
-        float *o = l + (N_PROMPT + (size_t)i) * V;
-        cr_assert_eq(model_eval(c, &tok, 1, o, false), ECS_OK, "%s", ecs_errmsg());
-        last = o;
-    }
-    model_ctx_free(c);
-    return l;
-}
-
-#define N_GEN 24
-
-/* Largest |a - b| over n values. */
-static double max_diff(const float *a, const float *b, size_t n)
-{
-    double e = 0;
-    for (size_t i = 0; i < n; i++)
-        e = fmax(e, fabs((double)a[i] - b[i]));
-    return e;
-}
-
-/* BF16 against F32 caches on the F32 cache's greedy tokens: logits within
- * tol of the largest, and the same argmax wherever the F32 cache's best
- * logit leads the next by more than twice the error; BF16 with 1 and 2
- * threads: the same bits, the same greedy tokens. */
+/* BF16 against F32 caches on the F32 cache's greedy tokens (kv_near; the
+ * F16 cache's error logged beside it); BF16 with 1 and 2 threads: the same
+ * bits, the same greedy tokens. */
 static void check_model(const char *path, unsigned extra, double tol)
 {
-    model_t *m = load(path, 2);
-    const size_t V = (size_t)model_n_vocab(m), cnt = (N_PROMPT + (size_t)N_GEN) * V;
+    model_t *m = kv_load(path, 2);
+    const size_t V = (size_t)model_n_vocab(m), rows = N_PROMPT + (size_t)N_GEN, cnt = rows * V;
     int32_t g32[N_GEN], gb[N_GEN], gb1[N_GEN], tmp[N_GEN];
-    float *f32 = run(m, extra | MODEL_CTX_KV_F32, N_GEN, NULL, g32);
-    float *f16 = run(m, extra, N_GEN, g32, NULL);
-    float *bf = run(m, extra | MODEL_CTX_KV_BF16, N_GEN, g32, tmp);
-    float *bfg = run(m, extra | MODEL_CTX_KV_BF16, N_GEN, NULL, gb);
+    float *f32 = kv_run(m, extra | MODEL_CTX_KV_F32, N_GEN, NULL, g32);
+    float *f16 = kv_run(m, extra, N_GEN, g32, NULL);
+    float *bf = kv_run(m, extra | MODEL_CTX_KV_BF16, N_GEN, g32, tmp);
+    float *bfg = kv_run(m, extra | MODEL_CTX_KV_BF16, N_GEN, NULL, gb);
     cr_assert_eq(model_ctx_bytes(m, 64, MODEL_CTX_KV_BF16), model_ctx_bytes(m, 64, 0));
     model_free(m);
-    m = load(path, 1);
-    float *bfg1 = run(m, extra | MODEL_CTX_KV_BF16, N_GEN, NULL, gb1);
+    m = kv_load(path, 1);
+    float *bfg1 = kv_run(m, extra | MODEL_CTX_KV_BF16, N_GEN, NULL, gb1);
     model_free(m);
-    double scale = 0;
-    for (size_t i = 0; i < cnt; i++)
-        scale = fmax(scale, fabs(f32[i]));
-    const double e_bf = max_diff(bf, f32, cnt), e_f16 = max_diff(f16, f32, cnt);
-    cr_log_info("%s flags %u: max |logit| %g, bf16 vs f32 %.3g (%.2e of it), f16 vs f32 %.3g "
-                "(%.2e)",
-                path, extra, scale, e_bf, e_bf / scale, e_f16, e_f16 / scale);
-    cr_assert(e_bf > 0, "the BF16 cache must round something");
-    cr_assert(e_bf <= tol * scale, "%s: bf16 vs f32 cache: %g of %g", path, e_bf, scale);
-    int firm = 0;
-    for (size_t r = 0; r < N_PROMPT + (size_t)N_GEN; r++) {
-        const float *a = f32 + r * V, *b = bf + r * V;
-        size_t i1 = 0, i2 = 1, jb = 0;
-        for (size_t v = 0; v < V; v++) {
-            if (a[v] > a[i1])
-                i2 = i1, i1 = v;
-            else if (v != i1 && a[v] > a[i2])
-                i2 = v;
-            jb = b[v] > b[jb] ? v : jb;
-        }
-        if (a[i1] - a[i2] > 2 * e_bf) {
-            firm++;
-            cr_assert_eq(jb, i1, "%s row %zu: argmax %zu, the F32 cache's %zu", path, r, jb, i1);
-        }
-    }
-    cr_log_info("%s: %d of %d rows' argmax decided beyond the error, all equal", path, firm,
-                N_PROMPT + N_GEN);
+    char what[256];
+    snprintf(what, sizeof what, "%s flags %u, bf16 vs f32", path, extra);
+    kv_near(what, f32, bf, rows, V, tol);
+    const double e16 = max_diff(f16, f32, cnt);
+    cr_log_info("%s flags %u: f16 vs f32 %.3g (%.2e of the largest logit)", path, extra, e16,
+                e16 / max_abs(f32, cnt));
     cr_assert(memcmp(bfg, bfg1, cnt * sizeof *bfg) == 0, "%s: 1 and 2 threads differ", path);
     cr_assert(memcmp(gb, gb1, sizeof gb) == 0);
     free(f32), free(f16), free(bf), free(bfg), free(bfg1);
@@ -260,7 +167,7 @@ Test(bf16_model, qwen3moe_near_f32_same_tokens_same_bits, .timeout = 120)
 
 Test(bf16_model, flags)
 {
-    model_t *m = load(DS2_Q8, 1);
+    model_t *m = kv_load(DS2_Q8, 1);
     model_ctx_t *c = NULL;
     cr_assert_neq(model_ctx_new(m, 16, MODEL_CTX_KV_BF16 | MODEL_CTX_KV_F32, &c), ECS_OK);
     cr_assert_eq(model_kv_type_flag("bf16"), (int)MODEL_CTX_KV_BF16);
