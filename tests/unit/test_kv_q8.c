@@ -218,3 +218,38 @@ Test(q8_model, refused_where_there_is_no_latent_cache)
     cr_assert_str_eq(model_kv_type_name(MODEL_CTX_KV_Q8 | MODEL_CTX_MLA_ABSORBED), "q8");
     model_free(m);
 }
+
+/* A step of several sequences (decode rows and a short prompt chunk: tiles
+ * of one sequence each in the key split) gives each sequence the bits it
+ * gets alone. */
+Test(q8_model, rows_same_bits_alone_and_in_a_step_of_others, .timeout = 120)
+{
+    model_t *m = kv_load(DS2_Q8, 2);
+    const size_t V = (size_t)model_n_vocab(m);
+    enum { NS = 3 };
+    const int hist[NS] = {5, 12, 17}, step[NS] = {1, 1, 3};
+    model_ctx_t *a[NS], *b[NS];
+    float *scratch = malloc((size_t)N_PROMPT * V * sizeof *scratch);
+    float *alone = malloc(5 * V * sizeof *alone), *out = malloc(5 * V * sizeof *out);
+    cr_assert(scratch && alone && out);
+    model_row_t rows[5];
+    int r = 0;
+    for (int s = 0; s < NS; s++) {
+        cr_assert_eq(model_ctx_new(m, 64, MODEL_CTX_KV_Q8, &a[s]), ECS_OK, "%s", ecs_errmsg());
+        cr_assert_eq(model_ctx_new(m, 64, MODEL_CTX_KV_Q8, &b[s]), ECS_OK, "%s", ecs_errmsg());
+        cr_assert_eq(model_eval(a[s], PROMPT, hist[s], scratch, false), ECS_OK);
+        cr_assert_eq(model_eval(b[s], PROMPT, hist[s], scratch, false), ECS_OK);
+        for (int i = 0; i < step[s]; i++)
+            rows[r++] = (model_row_t){a[s], PROMPT[hist[s] + i], true};
+    }
+    cr_assert_eq(model_eval_batch(m, rows, r, out), ECS_OK, "%s", ecs_errmsg());
+    for (int s = 0, at = 0; s < NS; at += step[s], s++) {
+        cr_assert_eq(model_eval(b[s], PROMPT + hist[s], step[s], alone, true), ECS_OK);
+        cr_assert(memcmp(out + (size_t)at * V, alone, (size_t)step[s] * V * sizeof *out) == 0,
+                  "sequence %d: its rows in a step of others differ from alone", s);
+    }
+    for (int s = 0; s < NS; s++)
+        model_ctx_free(a[s]), model_ctx_free(b[s]);
+    free(scratch), free(alone), free(out);
+    model_free(m);
+}
