@@ -6,6 +6,9 @@
 #ifndef ECS_THREADPOOL_H
 #define ECS_THREADPOOL_H
 
+#include <stdatomic.h>
+#include <stdint.h>
+
 #include "err.h"
 
 typedef struct ecs_threadpool ecs_threadpool_t;
@@ -45,5 +48,33 @@ void ecs_threadpool_run_shared(ecs_threadpool_t *tp, ecs_task_fn fn, void *arg);
  * process that shares the cores) parks them: they sleep at once. The next
  * run wakes them as usual. Any thread may call it; tp may be NULL. */
 void ecs_threadpool_park(ecs_threadpool_t *tp);
+
+/* Two processes that take turns on the same cores (a coordinator and the
+ * worker it spawned: one computes while the other waits for it) pair
+ * their threads CPU by CPU, so that handing the cores over wakes each
+ * thread on the waker's own CPU rather than on an idle one, which on a VM
+ * costs ten times as much:
+ *
+ * ecs_threadpool_pin: thread i runs on the i-th CPU the calling thread may
+ * use, a thread that calls the runs on the first (at its next run). An
+ * error if the pool has more threads than there are CPUs (nothing
+ * pinned); pinned already, nothing changes. ecs_threadpool_unpin gives
+ * every thread back the CPUs the pinning thread had (a calling thread at
+ * once if it is the one that unpins, else at its next run). Between runs.
+ *
+ * ecs_threadpool_handoff: ecs_threadpool_park for a caller about to wait
+ * for the other process: an idle thread (woken if asleep) bumps and wakes
+ * peer (the other pool's park word, in memory both processes map) from
+ * its CPU, then sleeps on own until the other's hand-off or this pool's
+ * next run wakes it, and spins for that run. Between runs, on the thread
+ * that runs them; with a NULL word or a pool of one thread it parks.
+ *
+ *     ecs_threadpool_pin(tp);                       // both processes, once
+ *     ecs_threadpool_handoff(tp, their_word, my_word);
+ *     send_call(); wait_result();                   // they compute meanwhile
+ *     ecs_threadpool_run(tp, fn, arg);              // our cores again */
+ecs_err_t ecs_threadpool_pin(ecs_threadpool_t *tp);
+void ecs_threadpool_unpin(ecs_threadpool_t *tp);
+void ecs_threadpool_handoff(ecs_threadpool_t *tp, _Atomic uint32_t *peer, _Atomic uint32_t *own);
 
 #endif

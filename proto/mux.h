@@ -119,6 +119,7 @@
 #ifndef ECS_PROTO_MUX_H
 #define ECS_PROTO_MUX_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -206,6 +207,11 @@ ecs_err_t mux_peer_connect_key(mux_t *m, const char *endpoint, const char *serve
  * stays on ZeroMQ. */
 struct dplane_shm;
 ecs_err_t mux_peer_set_shm(mux_t *m, int peer, struct dplane_shm *seg);
+/* The park words of peer's shared-memory plane, this side's and the
+ * worker's (dplane_shm_pool_word, for ecs_threadpool_handoff); false when
+ * the peer has none. The words live as long as the plane; a hand-off
+ * that outlives it (a plane closed meanwhile) only costs a wake-up. */
+bool mux_peer_pool_words(mux_t *m, int peer, _Atomic uint32_t **own, _Atomic uint32_t **theirs);
 /* Closes the peer's socket and fails its calls in flight (ECS_ERR_IO).
  * Replies that arrive later are lost with the socket. */
 ecs_err_t mux_peer_disconnect(mux_t *m, int peer);
@@ -313,6 +319,9 @@ typedef struct {
     uint64_t compute_ns;
     void *rows;
     size_t rows_bytes;
+    /* when the call came by a shared-memory plane: its park words, this
+     * side's and the coordinator's (ecs_threadpool_handoff), else NULL */
+    _Atomic uint32_t *pool_own, *pool_peer;
 } mux_reply_t;
 
 typedef struct {
@@ -330,6 +339,8 @@ typedef struct {
     int tick_ms;                /* 0: 1000 */
     int hwm;                    /* 0: MUX_DEFAULT_HWM */
     mux_curve_t curve;          /* data bind as server, control connects as client */
+    bool shm_no_spin;           /* the planes' threads sleep at once (dplane_shm_spin 0):
+                                 * the pool is pinned beside the coordinator's threads */
 } mux_server_opts_t;
 
 ecs_err_t mux_server_new(const mux_server_opts_t *opts, const mux_server_ops_t *ops, void *ctx,

@@ -233,6 +233,21 @@ bool mux_shm_send(mux_t *m, peer_t *p, mux_call_t *c)
     return false;
 }
 
+bool mux_peer_pool_words(mux_t *m, int peer, _Atomic uint32_t **own, _Atomic uint32_t **theirs)
+{
+    peer_t *p = mux_get_peer(m, peer);
+    if (!p)
+        return false;
+    pthread_mutex_lock(&m->lock);
+    mux_shm_t *s = p->shm;
+    if (s) {
+        *own = dplane_shm_pool_word(s->seg, false);
+        *theirs = dplane_shm_pool_word(s->seg, true);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return s != NULL;
+}
+
 bool mux_shm_cancel(mux_t *m, mux_call_t *c)
 {
     mux_shm_t *s = c->shm;

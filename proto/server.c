@@ -51,6 +51,7 @@ typedef struct {
 
 struct mux_server {
     void *zctx, *data;
+    bool shm_no_spin;          /* mux_server_opts_t's: set at mux_server_new */
     char data_ep[256];
     void *ctl[SERVER_MAX_CONNS];
     int n_ctl;
@@ -122,9 +123,13 @@ static void reply_status(mux_server_t *s, const mux_route_t *route, uint64_t id,
 
 /* Runs on_call for c into rows (bytes), under ops_lock, and counts it. */
 static void run_call(mux_server_t *s, const wire_call_t *c, void *rows, size_t bytes,
-                     mux_reply_t *r)
+                     dplane_shm_t *seg, mux_reply_t *r)
 {
     *r = (mux_reply_t){.status = WIRE_ST_OK, .rows = rows, .rows_bytes = bytes};
+    if (seg) {
+        r->pool_own = dplane_shm_pool_word(seg, false);
+        r->pool_peer = dplane_shm_pool_word(seg, true);
+    }
     const uint64_t t0 = zu_now_ns();
     pthread_mutex_lock(&s->ops_lock);
     if (s->ops.on_call)
@@ -166,7 +171,7 @@ static void serve_call(mux_server_t *s, const mux_route_t *route, const wire_cal
         return;
     }
     mux_reply_t r;
-    run_call(s, c, zmq_msg_data(&out), bytes, &r);
+    run_call(s, c, zmq_msg_data(&out), bytes, NULL, &r);
     if (r.status != WIRE_ST_OK) {
         zmq_msg_close(&out);
         reply_status(s, route, c->request_id, r.status, r.message);
@@ -378,7 +383,7 @@ static void plane_call(plane_t *pl, const dplane_entry_t *ce)
         ADD(s->dropped, 1); /* stopping or aborted: the coordinator re-sends */
     else {
         mux_reply_t r;
-        run_call(s, c, re.payload, bytes, &r);
+        run_call(s, c, re.payload, bytes, pl->seg, &r);
         const wire_msg_t m = result_msg(c, &r, re.payload, bytes);
         plane_send(pl, &re, &m);
     }
@@ -451,6 +456,8 @@ ecs_err_t mux_server_attach_shm(mux_server_t *s, int conn, const char *name)
     }
     const char *sw = getenv("ECS_SHM_SHORT_WAKE");
     dplane_shm_short_wake(pl->seg, sw && !strcmp(sw, "1"));
+    if (s->shm_no_spin)
+        dplane_shm_spin(pl->seg, 0);
     if (pthread_create(&pl->th, NULL, plane_main, pl) != 0) {
         dplane_shm_abort(pl->seg);
         dplane_shm_free(pl->seg);
@@ -578,6 +585,7 @@ ecs_err_t mux_server_new(const mux_server_opts_t *opts, const mux_server_ops_t *
     s->efd = -1;
     s->tick_ms = opts->tick_ms > 0 ? opts->tick_ms : 1000;
     s->hwm = opts->hwm > 0 ? opts->hwm : MUX_DEFAULT_HWM;
+    s->shm_no_spin = opts->shm_no_spin;
     if (ops)
         s->ops = *ops;
     s->ctx = ctx;

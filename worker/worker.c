@@ -403,8 +403,12 @@ static void on_call(void *ctx, const wire_call_t *c, mux_reply_t *r)
         if (w->co[i].last_recv_ns)
             w->co[i].last_recv_ns += spent;
     /* the next call comes after the coordinator's attention at the earliest:
-     * a spinning pool would take the core the coordinator needs for it */
-    ecs_threadpool_park(w->tp);
+     * a spinning pool would take the core the coordinator needs for it;
+     * pinned beside it, the pool hands each core to its thread there */
+    if (w->o.pin_threads && r->pool_own)
+        ecs_threadpool_handoff(w->tp, r->pool_peer, r->pool_own);
+    else
+        ecs_threadpool_park(w->tp);
 }
 
 /* The data endpoint: --listen, else beside the first coordinator's ipc
@@ -475,6 +479,10 @@ ecs_err_t worker_new(const worker_opts_t *o, worker_t **out)
     gguf_fingerprint(w->f, w->fp);
     if ((rc = ecs_threadpool_create(o->threads, &w->tp)) != ECS_OK)
         goto fail;
+    if (o->pin_threads && (rc = ecs_threadpool_pin(w->tp)) != ECS_OK) {
+        rc = ecs_error(rc, "worker: --pin-threads: %s", ecs_errmsg());
+        goto fail;
+    }
     if (o->curve_key && !o->curve_server_key) {
         rc = ecs_error(ECS_ERR_INVAL, "worker: --curve-key needs --curve-server-key (the "
                        "coordinator's public key)");
@@ -486,7 +494,7 @@ ecs_err_t worker_new(const worker_opts_t *o, worker_t **out)
         goto fail;
     }
     mux_server_opts_t so = {.data_bind = w->listen, .tick_ms = WORKER_TICK_MS,
-                            .curve = mux_curve_view(&w->keys)};
+                            .curve = mux_curve_view(&w->keys), .shm_no_spin = o->pin_threads};
     mux_server_ops_t ops = {.on_call = on_call, .on_ctrl = on_ctrl, .on_tick = on_tick};
     if ((rc = mux_server_new(&so, &ops, w, &w->srv)) != ECS_OK)
         goto fail;

@@ -55,6 +55,9 @@ typedef struct {
     uint64_t mem_budget;     /* bytes of expert weights it may hold; 0: unlimited */
     const char *repack_dir;  /* where the interleaved copy of its experts is cached; NULL: none */
     bool quiet;              /* no log lines on stderr but errors */
+    bool pin_threads;        /* thread i on the i-th CPU, handing the cores to and from a
+                              * coordinator pinned the same way (ecs_threadpool_pin): a
+                              * worker spawned beside it on the same cores */
     const char *curve_key;   /* CURVE: this worker's PREFIX.key; NULL: plaintext links */
     const char *curve_server_key; /* the coordinator's public key file (needed with a key) */
     const char *curve_clients; /* *.pub of the coordinators allowed to call; NULL: that one */

@@ -8,6 +8,7 @@
  * its exit status, instead of waiting out the timeout. */
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -90,6 +91,33 @@ int dispatch_share_threads(const dispatch_t *d)
     return cores / n > 0 ? (int)(cores / n) : 1;
 }
 
+/* --pin-threads: auto pins when one spawned worker's pool and this one
+ * each span exactly the CPUs this process may use, over a plane that can
+ * be shared memory (the hand-offs go through its words): then the two
+ * processes take turns on the same cores and thread i of each can live on
+ * CPU i. A decode call handed over that way costs ~0.1 ms less a layer
+ * here (docs/benchmarks.md, session 35). Not with several workers: a
+ * prompt's calls run on all of them at once, each on its share of the
+ * threads, and pinned their calling threads would all share the first CPU
+ * (pp512 with 2 workers fell from 0.82 to 0.57 of one process). */
+static ecs_err_t pin_threads(dispatch_t *d)
+{
+    ecs_threadpool_t *tp = model_threadpool(d->m);
+    cpu_set_t set;
+    const int cpus = sched_getaffinity(0, sizeof set, &set) ? 0 : CPU_COUNT(&set);
+    const bool fits = d->o.spawn_workers == 1 && !d->o.worker_threads &&
+                      spawn_threads(d) == cpus && ecs_threadpool_capacity(tp) == cpus &&
+                      dispatch_plane_of(&d->o) != 1;
+    if (d->o.pin_threads == 1 || (d->o.pin_threads == 0 && !fits))
+        return ECS_OK;
+    if (ecs_threadpool_pin(tp) != ECS_OK)
+        return ecs_error(ECS_ERR_INVAL, "dispatch: --pin-threads: %s", ecs_errmsg());
+    d->pinned = true;
+    d->allowed = set;
+    logmsg(d, "threads pinned: thread i of this process and of each spawned worker on CPU i");
+    return ECS_OK;
+}
+
 /* Starts spawned worker i (id w<i>). */
 ecs_err_t dispatch_spawn_one(dispatch_t *d, int i)
 {
@@ -118,6 +146,8 @@ ecs_err_t dispatch_spawn_one(dispatch_t *d, int i)
     }
     if (d->o.quiet)
         argv[a++] = "-q";
+    if (d->pinned)
+        argv[a++] = "--pin-threads";
     argv[a] = NULL;
     const pid_t parent = getpid();
     pid_t pid = fork();
@@ -131,6 +161,8 @@ ecs_err_t dispatch_spawn_one(dispatch_t *d, int i)
          * to restart them) */
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         setpgid(0, 0);
+        if (d->pinned) /* not the forking thread's one CPU: the worker pins its own */
+            sched_setaffinity(0, sizeof d->allowed, &d->allowed);
         if (getppid() != parent)
             _exit(127);
         execv(bin, (char *const *)argv);
@@ -369,6 +401,8 @@ static void offer_shm(dispatch_t *d, dispatch_worker_t *w, const wire_hello_t *h
                 ecs_errmsg());
         return;
     }
+    if (d->pinned) /* the worker's thread on this CPU needs it: waiting here is sleeping */
+        dplane_shm_spin(w->shm, 0);
     wel->data_plane = WIRE_PLANE_SHM;
     wel->shm_name = dplane_shm_name(w->shm);
 }
@@ -618,6 +652,8 @@ ecs_err_t dispatch_cluster_start(dispatch_t *d)
         logmsg(d, "CURVE on the worker links: %d worker keys allowed", d->keys.n_allowed);
     const int timeout = d->o.start_timeout_ms > 0 ? d->o.start_timeout_ms : 300000;
     const uint64_t deadline = now_ms() + (uint64_t)timeout;
+    if ((rc = pin_threads(d)) != ECS_OK)
+        return rc;
     if (d->o.spawn_workers > 0 &&
         ((rc = worker_path(d, d->bin, sizeof d->bin)) != ECS_OK || (rc = spawn(d)) != ECS_OK))
         return rc;
@@ -727,6 +763,8 @@ void dispatch_free(dispatch_t *d)
                 d->bt[t].calls[i] = NULL;
             }
     dispatch_cluster_stop(d);
+    if (d->pinned && d->m) /* the model may run on alone, or under another layout */
+        ecs_threadpool_unpin(model_threadpool(d->m));
     dispatch_buffers_free(d);
     placement_free(d->pl);
     free(d->w);

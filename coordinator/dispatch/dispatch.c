@@ -325,6 +325,22 @@ static dispatch_batch_t *batch_of(dispatch_t *d, int tag)
     return d->b = &d->bt[tag];
 }
 
+/* Pinned beside the workers (cluster.c: pin_threads), a call that goes to
+ * one worker alone takes all the cores: before it leaves, this pool's idle
+ * thread hands its CPU to that worker's thread there, which is then awake
+ * when the call comes (the worker hands the cores back the same way). */
+static void hand_over(dispatch_t *d)
+{
+    int one = -1, n = 0;
+    for (int wi = 0; wi < d->n_workers; wi++)
+        if (d->rows_now[wi])
+            one = wi, n++;
+    _Atomic uint32_t *own, *theirs;
+    if (d->pinned && n == 1 && mux_peer_pool_words(d->mux, atomic_load(&d->w[one].peer), &own,
+                                                   &theirs))
+        ecs_threadpool_handoff(model_threadpool(d->m), theirs, own);
+}
+
 /* Gives every expert still to send to a live holder and sends one call
  * per chosen worker; experts without a live holder stay to send. *busiest:
  * the most rows given to one worker. */
@@ -346,6 +362,7 @@ static ecs_err_t send_todo(dispatch_t *d, int *busiest, int *sent)
         d->rows_now[wi] += d->b->start[e + 1] - d->b->start[e];
     }
     dispatch_note_whole(d, one);
+    hand_over(d);
     const int carrier = dispatch_shared_carrier(d);
     *busiest = 0;
     for (int wi = 0; wi < d->n_workers; wi++) {

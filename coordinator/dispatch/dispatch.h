@@ -157,6 +157,11 @@ typedef struct {
                                  * experts, where it can), 0 auto: worker when the workers
                                  * are spawned here without a budget (they share these
                                  * cores: nothing to overlap), else coordinator */
+    int pin_threads;            /* --pin-threads (dispatch_pin_mode): 1 off, 2 on (this
+                                 * pool's thread i on the i-th CPU, spawned workers told
+                                 * to do the same, the cores handed over CPU by CPU), 0
+                                 * auto: on when one spawned worker takes all of this
+                                 * process's CPUs, as its pool does */
 } dispatch_opts_t;
 
 typedef struct dispatch dispatch_t;
@@ -276,10 +281,16 @@ void dispatch_op_status(dispatch_t *d, char *buf, size_t cap);
     "  --shared-experts auto|worker|coordinator  where a decode step's shared experts\n" \
     "                     run: worker (with its routed ones, one product pass), or here\n" \
     "                     while the calls are out; auto (default): worker when the\n"     \
-    "                     workers are spawned here without a budget (same logits)\n"
+    "                     workers are spawned here without a budget (same logits)\n"     \
+    "  --pin-threads auto|on|off  thread i of this process and of spawned workers on the\n" \
+    "                     i-th CPU, the cores handed over CPU by CPU while one waits\n" \
+    "                     for the other; auto (default): on when one spawned worker\n" \
+    "                     shares all of this process's CPUs with it\n"
 
 /* "auto" 0, "coordinator" 1, "worker" 2; -1 for anything else. */
 int dispatch_shared_mode(const char *v);
+/* "auto" 0, "off" 1, "on" 2; -1 for anything else. */
+int dispatch_pin_mode(const char *v);
 /* Whether opt is one of the options above that takes a value. */
 bool dispatch_opt_takes_value(const char *opt);
 /* "zmq" 1, "auto" 2, "shm" 3, NULL or "" 0; -1 for anything else. */

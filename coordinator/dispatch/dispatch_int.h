@@ -12,6 +12,7 @@
 #define ECS_DISPATCH_INT_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <sys/types.h>
 
@@ -173,6 +174,10 @@ struct dispatch {
     int32_t *ident;             /* [MODEL_MAX_BATCH * k] 0, 1, 2, ... */
     unsigned rr;
     int share_threads;          /* dispatch_share_threads, fixed at start-up */
+    bool pinned;                /* --pin-threads in effect: this pool pinned, spawned
+                                 * workers too, a lone call hands the cores over */
+    cpu_set_t allowed;          /* when pinned: the CPUs before, a spawned worker's (the
+                                 * forking thread may be pinned to one) */
     bool alone;                 /* this submit's calls: one, to a spawned worker with no
                                  * other spawned worker busy (it takes all the cores) */
     bool whole;                 /* this submit went whole to one replica, alone */

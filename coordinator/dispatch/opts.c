@@ -13,7 +13,7 @@ static const char *const with_value[] = {"--control",    "--spawn-workers",  "--
                                          "--worker-mem-budget", "--worker-bin", "--call-timeout",
                                          "--call-retry", "--curve-key", "--curve-clients",
                                          "--wire-act", "--wire-result", "--micro-batches",
-                                         "--data-plane", "--shared-experts"};
+                                         "--data-plane", "--shared-experts", "--pin-threads"};
 
 int dispatch_plane_mode(const char *v)
 {
@@ -36,6 +36,11 @@ int dispatch_plane_of(const dispatch_opts_t *o)
 int dispatch_shared_mode(const char *v)
 {
     return !strcmp(v, "auto") ? 0 : !strcmp(v, "coordinator") ? 1 : !strcmp(v, "worker") ? 2 : -1;
+}
+
+int dispatch_pin_mode(const char *v)
+{
+    return !strcmp(v, "auto") ? 0 : !strcmp(v, "off") ? 1 : !strcmp(v, "on") ? 2 : -1;
 }
 
 bool dispatch_opt_takes_value(const char *opt)
@@ -84,6 +89,11 @@ int dispatch_parse_opt(dispatch_opts_t *o, const char *opt, const char *v)
         if ((o->shared_experts = dispatch_shared_mode(v)) < 0) {
             ecs_error(ECS_ERR_RANGE, "--shared-experts: bad value '%s' (auto, worker or "
                       "coordinator)", v);
+            return -1;
+        }
+    } else if (!strcmp(opt, "--pin-threads")) {
+        if ((o->pin_threads = dispatch_pin_mode(v)) < 0) {
+            ecs_error(ECS_ERR_RANGE, "--pin-threads: bad value '%s' (auto, on or off)", v);
             return -1;
         }
     } else if (!strcmp(opt, "--worker-bin")) {

@@ -49,6 +49,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/err.h"
@@ -233,6 +234,13 @@ size_t dplane_shm_entry_bytes(size_t frame_cap, size_t payload);
  * so that the wake-up preempts a computing thread at once (off by default;
  * ECS_SHM_SHORT_WAKE=1 turns it on where the planes are made). */
 void dplane_shm_short_wake(dplane_shm_t *s, bool on);
+/* How long dplane_ring_wait spins before it sleeps, ns (< 0: the default,
+ * 20 us or ECS_SHM_SPIN_US): 0 where the peer's thread shares this one's
+ * CPU (ecs_threadpool_pin), which a spin would only keep from it. */
+void dplane_shm_spin(dplane_shm_t *s, int64_t ns);
+/* The futex word this side's thread pool parks on (peer false) or the
+ * other side's: ecs_threadpool_handoff hands the cores over through them. */
+_Atomic uint32_t *dplane_shm_pool_word(dplane_shm_t *s, bool peer);
 void dplane_shm_abort(dplane_shm_t *s);
 bool dplane_shm_aborted(const dplane_shm_t *s);
 /* Unlinks (if still named) and unmaps; no thread may use s any more. */

@@ -45,7 +45,7 @@
 #include "proto/zutil.h"
 
 #define SHM_MAGIC 0x4d485345u /* "ESHM" */
-#define SHM_LAYOUT 1u
+#define SHM_LAYOUT 2u /* 2: the pools' park words */
 #define SHM_HDR_BYTES 4096u
 #define ENT_HDR 16u
 #define ENT_ALIGN 64u
@@ -68,6 +68,11 @@ typedef struct {
     _Atomic uint32_t attached_pid;
     _Atomic uint32_t aborted;
     _Alignas(64) ring_ctl_t ring[2];
+    /* futex words the two processes' thread pools sleep on in a hand-off
+     * of the cores (ecs_threadpool_handoff): the coordinator's, the
+     * worker's. Only ever bumped and waited on: no value in them is read
+     * as data, so a peer scribbling on them costs wake-ups, never safety. */
+    _Alignas(64) _Atomic uint32_t pool[2];
 } shm_hdr_t;
 
 _Static_assert(sizeof(shm_hdr_t) <= SHM_HDR_BYTES, "shm header exceeds its page");
@@ -81,6 +86,7 @@ struct dplane_shm {
     char name[DPLANE_SHM_NAME];
     uint64_t head[2], tail[2];      /* this side's own index of each ring it drives */
     bool short_wake;                /* sleep with a short slice (set_slice) */
+    int64_t spin_ns;                /* dplane_shm_spin; < 0: the default */
 };
 
 static long futex(_Atomic uint32_t *w, int op, uint32_t val, const struct timespec *ts)
@@ -128,6 +134,7 @@ ecs_err_t dplane_shm_create(size_t ring_bytes, dplane_shm_t **out)
     if (!s)
         return ecs_error(ECS_ERR_NOMEM, "shm: out of memory");
     s->owner = true;
+    s->spin_ns = -1;
     s->ring_bytes = ring_bytes;
     /* the pid and a counter: unique on the host; the random part keeps a
      * stale name from a crashed coordinator with a reused pid apart */
@@ -170,6 +177,7 @@ ecs_err_t dplane_shm_attach(const char *name, dplane_shm_t **out)
     dplane_shm_t *s = calloc(1, sizeof *s);
     if (!s)
         return ecs_error(ECS_ERR_NOMEM, "shm: out of memory");
+    s->spin_ns = -1;
     memcpy(s->name, name, nl + 1);
     ecs_err_t e;
     const int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
@@ -214,6 +222,13 @@ ecs_err_t dplane_shm_attach(const char *name, dplane_shm_t **out)
 const char *dplane_shm_name(const dplane_shm_t *s) { return s->name; }
 
 void dplane_shm_short_wake(dplane_shm_t *s, bool on) { s->short_wake = on; }
+
+void dplane_shm_spin(dplane_shm_t *s, int64_t ns) { s->spin_ns = ns; }
+
+_Atomic uint32_t *dplane_shm_pool_word(dplane_shm_t *s, bool peer)
+{
+    return &s->h->pool[s->owner == peer];
+}
 
 uint32_t dplane_shm_attached(const dplane_shm_t *s)
 {
@@ -396,7 +411,8 @@ void dplane_ring_wait(dplane_shm_t *s, dplane_ring_t r, bool room, uint32_t seen
         const long us = e ? atol(e) : -1;
         atomic_store(&spin_ns, us >= 0 && us <= 1000 ? us * 1000 : (int64_t)SPIN_NS);
     }
-    const uint64_t t0 = now_ns(), spin = (uint64_t)atomic_load(&spin_ns);
+    const uint64_t t0 = now_ns();
+    const uint64_t spin = (uint64_t)(s->spin_ns >= 0 ? s->spin_ns : atomic_load(&spin_ns));
     while (now_ns() - t0 < spin) {
         if (atomic_load(w) != seen || atomic_load(&s->h->aborted))
             return;

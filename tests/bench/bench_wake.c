@@ -9,6 +9,12 @@
  * The waker computes 1 ms between wake-ups, so the sleeper has long
  * stopped spinning and its CPU is idle (or running the waker) each time.
  *
+ * Then two processes taking turns as a coordinator and its worker do
+ * (each computes 200 us, wakes the other through a futex word in shared
+ * memory and sleeps): what a turn costs beyond the work with the other
+ * process on the waker's CPU (both pinned there: --pin-threads) and on
+ * the other CPU (docs/benchmarks.md, "session 35").
+ *
  * usage: bench_wake [N]   (N wake-ups per case, default 400; needs 2 CPUs,
  *                          says so and skips the cross-CPU cases otherwise) */
 #include <linux/futex.h>
@@ -19,7 +25,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -109,6 +117,55 @@ static int run_case(int cpu, bool waker_sleeps, int n)
     return 0;
 }
 
+#define TURN_WORK_NS 200000u
+
+/* One side of the turns: me 0 or 1, n turns each. */
+static void take_turns(_Atomic uint32_t *turn, int me, int n)
+{
+    for (int i = 0; i < n; i++) {
+        uint32_t v;
+        while ((v = atomic_load(turn)) % 2 != (uint32_t)me)
+            syscall(SYS_futex, turn, FUTEX_WAIT, v, NULL, NULL, 0);
+        const uint64_t t = now_ns();
+        while (now_ns() - t < TURN_WORK_NS)
+            ;
+        atomic_fetch_add(turn, 1);
+        syscall(SYS_futex, turn, FUTEX_WAKE, 1, NULL, NULL, 0);
+    }
+}
+
+/* Two processes, this one on CPU 0 and the child on cpu; 0 or -1. */
+static int run_turns(int cpu, int n)
+{
+    _Atomic uint32_t *turn = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                                  -1, 0);
+    if (turn == MAP_FAILED || pin(0) != 0) {
+        fprintf(stderr, "bench_wake: cannot map a shared page or pin to CPU 0\n");
+        return -1;
+    }
+    atomic_store(turn, 0);
+    const uint64_t t0 = now_ns();
+    const pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "bench_wake: fork failed\n");
+        munmap((void *)turn, 4096);
+        return -1;
+    }
+    if (pid == 0) {
+        pin(cpu);
+        take_turns(turn, 1, n);
+        _exit(0);
+    }
+    take_turns(turn, 0, n);
+    int st;
+    waitpid(pid, &st, 0);
+    const double per = (double)(now_ns() - t0) / (2.0 * n) - TURN_WORK_NS;
+    printf("two processes taking turns, the other on CPU %d: %6.1f us a turn beyond its work\n",
+           cpu, per / 1e3);
+    munmap((void *)turn, 4096);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const int n = argc > 1 ? atoi(argv[1]) : 400;
@@ -125,5 +182,8 @@ int main(int argc, char **argv)
         else if (sleeps == 0)
             printf("bench_wake: one CPU: the cross-CPU cases skipped\n");
     }
+    rc |= run_turns(0, n);
+    if (ncpu >= 2)
+        rc |= run_turns(1, n);
     return rc ? 1 : 0;
 }

@@ -54,6 +54,12 @@ expect_err "--chat-template x" "--chat-template: bad value 'x' \(expected deepse
 expect_err "--threads 1000" "^ecs-run: --threads: bad count '1000' \(1\.\.256\)" \
     "$run" -m "$tmp/none.gguf" -p hi --threads 1000
 expect_err "--threads 0" "--threads: bad count '0'" "$run" -m "$tmp/none.gguf" -p hi --threads 0
+expect_err "--pin-threads x" "--pin-threads: bad value 'x' \(auto, on or off\)" \
+    "$run" -m "$tmp/none.gguf" -p hi --spawn-workers 1 --pin-threads x
+# more threads than the CPUs this process may use: nothing to pin them to
+ncpu=$(nproc)
+expect_err "--pin-threads on, too many threads" "--pin-threads: thread pool: $((ncpu + 1)) threads to pin" \
+    r -p hi -n 1 --threads $((ncpu + 1)) --spawn-workers 1 --pin-threads on
 # the dump mode's context error does not mention -n
 expect_err "dump context" "^ecs-run: 9 tokens do not fit in the context of 8" \
     r --ctx 8 --tokens 1,2,3,4,5,6,7,8,9 --dump-logits "$tmp/d.json"

@@ -74,7 +74,9 @@ EOF
              "--spawn-workers 3 --replication 2 --data-plane zmq"
              "--spawn-workers 2 --micro-batches 2 --replication 1 --data-plane zmq"
              "--spawn-workers 2 --data-plane shm --wire-act f32"
-             "--spawn-workers 2 --shared-experts coordinator")
+             "--spawn-workers 2 --shared-experts coordinator"
+             "--spawn-workers 1 --pin-threads on" "--spawn-workers 2 --pin-threads on"
+             "--spawn-workers 1 --pin-threads off")
     for lay in "${layouts[@]}"; do
         out="$tmp/$name-w.json"
         if ! dump "$model" "$out" $lay; then
@@ -89,6 +91,10 @@ EOF
             bad "$name [$lay]: no worker took the shared-memory plane (the default): $(grep -i plane "$out.err" | head -2)"
         elif [[ "$lay" == *"--data-plane zmq"* ]] && grep -q "through shared memory" "$out.err"; then
             bad "$name [$lay]: --data-plane zmq used the shared-memory plane"
+        elif [[ "$lay" == *"--pin-threads on"* ]] && ! grep -q "threads pinned" "$out.err"; then
+            bad "$name [$lay]: no thread pinned"
+        elif [[ "$lay" == *"--pin-threads off"* ]] && grep -q "threads pinned" "$out.err"; then
+            bad "$name [$lay]: threads pinned with --pin-threads off"
         elif cmp -s "$tmp/$name-local.json" "$out"; then
             ok "$name [$lay]: logits identical to the local backend"
         else

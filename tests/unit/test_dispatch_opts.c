@@ -3,7 +3,8 @@
  * taken with their values and a bad value is refused naming the option;
  * --replication takes auto or 1..8;
  * --micro-batches needs workers; --data-plane defaults to auto;
- * --shared-experts takes auto (the default), worker or coordinator. */
+ * --shared-experts takes auto (the default), worker or coordinator;
+ * --pin-threads auto (the default), on or off. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,22 @@ Test(dispatch_opts, shared_experts)
     cr_assert(strstr(ecs_errmsg(), "--shared-experts") && strstr(ecs_errmsg(), "gpu"), "%s",
               ecs_errmsg());
     cr_assert_eq(dispatch_parse_opt(&o, "--shared-experts", NULL), -1);
+}
+
+Test(dispatch_opts, pin_threads)
+{
+    dispatch_opts_t o = {0};
+    cr_assert_eq(o.pin_threads, 0, "auto by default");
+    cr_assert(dispatch_opt_takes_value("--pin-threads"));
+    cr_assert_eq(dispatch_parse_opt(&o, "--pin-threads", "on"), 1);
+    cr_assert_eq(o.pin_threads, 2);
+    cr_assert_eq(dispatch_parse_opt(&o, "--pin-threads", "off"), 1);
+    cr_assert_eq(o.pin_threads, 1);
+    cr_assert_eq(dispatch_parse_opt(&o, "--pin-threads", "auto"), 1);
+    cr_assert_eq(o.pin_threads, 0);
+    cr_assert_eq(dispatch_parse_opt(&o, "--pin-threads", "yes"), -1);
+    cr_assert(strstr(ecs_errmsg(), "--pin-threads") && strstr(ecs_errmsg(), "yes"), "%s",
+              ecs_errmsg());
 }
 
 /* --micro-batches 1..MODEL_MAX_MICRO, and only with workers: the local

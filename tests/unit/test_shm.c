@@ -28,6 +28,15 @@ Test(shm, create_attach_unlink)
     dplane_shm_t *x;
     cr_assert_eq(dplane_shm_attach(name, &x), ECS_ERR_IO);
     cr_assert_eq(dplane_shm_attach("no/slash", &x), ECS_ERR_INVAL);
+    /* the pools' park words: two, the same memory seen from both sides,
+     * each side's own the other's peer (the mappings differ) */
+    _Atomic uint32_t *c_own = dplane_shm_pool_word(c, false), *c_peer = dplane_shm_pool_word(c, true);
+    _Atomic uint32_t *w_own = dplane_shm_pool_word(w, false), *w_peer = dplane_shm_pool_word(w, true);
+    cr_assert_neq(c_own, c_peer);
+    atomic_fetch_add(c_own, 3);
+    atomic_fetch_add(w_own, 5);
+    cr_assert_eq(atomic_load(w_peer), 3);
+    cr_assert_eq(atomic_load(c_peer), 5);
     dplane_shm_free(w);
     dplane_shm_free(c);
 }

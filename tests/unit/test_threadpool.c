@@ -1,8 +1,13 @@
 /* test_threadpool.c - the pool runs every share exactly once per call, makes
  * the shares' writes visible to the caller, survives idle periods (threads
- * asleep on the futex) and shuts down cleanly. */
+ * asleep on the futex) and shuts down cleanly; pinned, thread i runs on
+ * the i-th CPU; two pools handing their cores to each other lose no run. */
 #include <criterion/criterion.h>
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -309,5 +314,153 @@ Test(threadpool, active_count_limits_runs)
     cr_assert_eq(ecs_threadpool_size(tp), MAX_T, "a refused count changes nothing");
     cr_assert_eq(ecs_threadpool_set_active(NULL, 1), ECS_OK);
     cr_assert_eq(ecs_threadpool_set_active(NULL, 2), ECS_ERR_RANGE);
+    ecs_threadpool_destroy(tp);
+}
+
+typedef struct {
+    atomic_int cpu[MAX_T];
+    atomic_int n_allowed[MAX_T]; /* CPUs the thread may use */
+} where_arg_t;
+
+static void where_task(void *p, int ith, int nth)
+{
+    (void)nth;
+    where_arg_t *w = p;
+    atomic_store(&w->cpu[ith], sched_getcpu());
+    cpu_set_t set;
+    atomic_store(&w->n_allowed[ith], sched_getaffinity(0, sizeof set, &set) ? -1 : CPU_COUNT(&set));
+}
+
+Test(threadpool, pin_puts_thread_i_on_the_ith_cpu)
+{
+    cpu_set_t set;
+    cr_assert_eq(sched_getaffinity(0, sizeof set, &set), 0);
+    int cpus[MAX_T], n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n < MAX_T; c++)
+        if (CPU_ISSET(c, &set))
+            cpus[n++] = c;
+    ecs_threadpool_t *tp = NULL;
+    cr_assert_eq(ecs_threadpool_create(n, &tp), ECS_OK);
+    cr_assert_eq(ecs_threadpool_pin(tp), ECS_OK, "%s", ecs_errmsg());
+    for (int r = 0; r < 20; r++) {
+        where_arg_t w;
+        memset(&w, 0, sizeof w);
+        ecs_threadpool_run(tp, where_task, &w);
+        for (int i = 0; i < n; i++)
+            cr_assert_eq(atomic_load(&w.cpu[i]), cpus[i], "run %d: thread %d on CPU %d, not %d",
+                         r, i, atomic_load(&w.cpu[i]), cpus[i]);
+    }
+    cr_assert_eq(ecs_threadpool_pin(tp), ECS_OK, "pinned already: nothing to do");
+    /* unpinned: every thread, the caller at once, may use all of them again
+     * (a process forked by the caller would otherwise inherit one CPU) */
+    ecs_threadpool_unpin(tp);
+    cpu_set_t now;
+    cr_assert_eq(sched_getaffinity(0, sizeof now, &now), 0);
+    cr_assert(CPU_EQUAL(&now, &set), "the caller still pinned after unpin");
+    where_arg_t w;
+    memset(&w, 0, sizeof w);
+    ecs_threadpool_run(tp, where_task, &w);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(atomic_load(&w.n_allowed[i]), CPU_COUNT(&set), "thread %d may use %d CPUs", i,
+                     atomic_load(&w.n_allowed[i]));
+    /* and pinned again */
+    cr_assert_eq(ecs_threadpool_pin(tp), ECS_OK);
+    memset(&w, 0, sizeof w);
+    ecs_threadpool_run(tp, where_task, &w);
+    for (int i = 0; i < n; i++)
+        cr_assert(atomic_load(&w.n_allowed[i]) == 1 && atomic_load(&w.cpu[i]) == cpus[i],
+                  "re-pinned thread %d", i);
+    ecs_threadpool_unpin(tp);
+    ecs_threadpool_destroy(tp);
+    /* more threads than CPUs: refused, nothing pinned */
+    cr_assert_eq(ecs_threadpool_create(CPU_COUNT(&set) + 1, &tp), ECS_OK);
+    cr_assert_eq(ecs_threadpool_pin(tp), ECS_ERR_RANGE);
+    cr_assert(strstr(ecs_errmsg(), "threads to pin"), "%s", ecs_errmsg());
+    ecs_threadpool_destroy(tp);
+    cr_assert_eq(ecs_threadpool_pin(NULL), ECS_OK);
+}
+
+/* Two pools taking turns as two processes would: each runs, hands its
+ * cores to the other through their park words and lets the other's
+ * caller go on; the words stand for the shared segment's. */
+typedef struct {
+    ecs_threadpool_t *tp[2];
+    _Atomic uint32_t word[2];
+    _Atomic uint32_t turn; /* futex word: whose caller runs, counts up */
+    count_arg_t a[2];
+    int rounds;
+} turns_t;
+
+static void take_turns(turns_t *t, int me)
+{
+    for (int r = 0; r < t->rounds; r++) {
+        uint32_t v;
+        while ((v = atomic_load(&t->turn)) % 2 != (uint32_t)me)
+            syscall(SYS_futex, (uint32_t *)&t->turn, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0);
+        t->a[me].round = r + 1;
+        ecs_threadpool_run(t->tp[me], count_task, &t->a[me]);
+        ecs_threadpool_handoff(t->tp[me], &t->word[!me], &t->word[me]);
+        atomic_fetch_add(&t->turn, 1);
+        syscall(SYS_futex, (uint32_t *)&t->turn, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    }
+}
+
+static void *other_side(void *p)
+{
+    take_turns(p, 1);
+    return NULL;
+}
+
+Test(threadpool, handoff_between_two_pools_loses_no_run)
+{
+    static turns_t t;
+    memset(&t, 0, sizeof t);
+    t.rounds = 300;
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(ecs_threadpool_create(2, &t.tp[i]), ECS_OK);
+        t.a[i].seen_nth = 2;
+    }
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, other_side, &t), 0);
+    take_turns(&t, 0);
+    pthread_join(th, NULL);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(atomic_load(&t.a[i].bad_nth), 0);
+        for (int k = 0; k < 2; k++)
+            cr_assert_eq(atomic_load(&t.a[i].count[k]), t.rounds, "pool %d thread %d ran %d of %d",
+                         i, k, atomic_load(&t.a[i].count[k]), t.rounds);
+        /* each word bumped by the other pool's hand-offs and its own runs
+         * waking its sleepers: the hand-offs took place */
+        cr_assert_gt(atomic_load(&t.word[i]), 0, "no hand-off reached pool %d (words %u %u)", i, atomic_load(&t.word[0]), atomic_load(&t.word[1]));
+        ecs_threadpool_destroy(t.tp[i]);
+    }
+}
+
+Test(threadpool, handoff_sleeper_joins_the_next_run)
+{
+    /* nobody hands the cores back: the pool's own next run wakes the
+     * thread asleep on its park word, and the run has all its threads */
+    ecs_threadpool_t *tp = NULL;
+    cr_assert_eq(ecs_threadpool_create(2, &tp), ECS_OK);
+    static _Atomic uint32_t peer, own;
+    count_arg_t a;
+    memset(&a, 0, sizeof a);
+    a.seen_nth = 2;
+    for (int r = 0; r < 100; r++) {
+        run_rounds(tp, 1, &a, 0);
+        ecs_threadpool_handoff(tp, &peer, &own);
+        if (r % 10 == 0)
+            sleep_ms(1);
+    }
+    run_rounds(tp, 1, &a, 0);
+    cr_assert_eq(atomic_load(&a.bad_nth), 0);
+    cr_assert_eq(atomic_load(&a.count[0]), 101);
+    cr_assert_eq(atomic_load(&a.count[1]), 101);
+    cr_assert_gt(atomic_load(&peer), 0, "no idle thread took a hand-off");
+    cr_assert_gt(atomic_load(&own), 0, "no run woke a hand-off's sleeper through its word");
+    /* a pool of one thread, or no words: a park */
+    ecs_threadpool_handoff(tp, NULL, &own);
+    run_rounds(tp, 1, &a, 0);
+    ecs_threadpool_handoff(NULL, &peer, &own);
     ecs_threadpool_destroy(tp);
 }

@@ -44,6 +44,9 @@ static void usage(FILE *f)
             "  --repack DIR        cache of the interleaved copy of its experts (default:\n"
             "                      $ECS_CACHE_DIR, $XDG_CACHE_HOME/ecs or ~/.cache/ecs)\n"
             "  --no-repack         compute from the GGUF alone (same results, slower decode)\n"
+            "  --pin-threads       thread i on the i-th CPU, handing the cores to and from a\n"
+            "                      coordinator on the same cores pinned alike (a spawned\n"
+            "                      worker gets it when its coordinator pins)\n"
             "  --curve-key FILE    CURVE on the coordinator links: this worker's key pair\n"
             "                      (PREFIX.key); needs --curve-server-key\n"
             "  --curve-server-key FILE  the coordinator's public key (PREFIX.pub)\n"
@@ -85,6 +88,10 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--no-repack")) {
             no_repack = true;
+            continue;
+        }
+        if (!strcmp(a, "--pin-threads")) {
+            o.pin_threads = true;
             continue;
         }
         static const char *const with_value[] = {"-m", "--coordinator", "--listen", "--threads",
