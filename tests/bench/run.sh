@@ -29,7 +29,7 @@ echo "== bench_attn_prompt: a prompt step's expanded-form Q.K and P.V at depth, 
 if [ ${#quick[@]} -eq 0 ]; then "$build/bench/bench_attn_prompt"; else "$build/bench/bench_attn_prompt" 1024; fi
 echo "== bench_rtt: ExpertCall round trip through proto/mux vs raw libzmq =="
 "$build/bench/bench_rtt" "${quick[@]}"
-echo "== bench_wake: one futex wake-up, the sleeper on the waker's CPU and on another =="
+echo "== bench_wake: one futex wake-up, the sleeper on the waker's CPU and on another; two processes taking turns =="
 if [ ${#quick[@]} -eq 0 ]; then "$build/bench/bench_wake"; else "$build/bench/bench_wake" 50; fi
 "$(dirname "$0")/bench_model.sh" "$build" "${quick[@]}"
 "$(dirname "$0")/bench_plan.sh" "$build" "${quick[@]}"
@@ -48,8 +48,10 @@ fi
 # experts on 1 and 2 workers against one process, on the model bench_model.sh made
 if [ ${#quick[@]} -eq 0 ]; then
     "$(dirname "$0")/bench_workers.sh" "$build" "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 3
-    # the same as short runs in rotated order (the host's speed moves within minutes)
-    "$(dirname "$0")/bench_rotate.sh" "$build" "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 6 \
+    # the same as short runs in rotated order (the host's speed moves within
+    # minutes), 1 worker pinned (the default) and not (docs/benchmarks.md, session 35)
+    LAYOUTS="--spawn-workers 1;--spawn-workers 1 --pin-threads off;--spawn-workers 2" \
+        "$(dirname "$0")/bench_rotate.sh" "$build" "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 6 \
         tg64 -- --pp 0 --tg 64 --threads 2
     TARGET=0.75 "$(dirname "$0")/bench_rotate.sh" "$build" \
         "${ECS_BENCH_MODEL:-models/ds2-lite-q4_k_m.gguf}" 6 pp512 -- --pp 512 --tg 0 --threads 2
