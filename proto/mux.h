@@ -209,8 +209,8 @@ struct dplane_shm;
 ecs_err_t mux_peer_set_shm(mux_t *m, int peer, struct dplane_shm *seg);
 /* The park words of peer's shared-memory plane, this side's and the
  * worker's (dplane_shm_pool_word, for ecs_threadpool_handoff); false when
- * the peer has none. The words live as long as the plane; a hand-off
- * that outlives it (a plane closed meanwhile) only costs a wake-up. */
+ * the peer has none. The words outlive the plane (dplane_shm_free keeps
+ * its header page), so a hand-off that outlives it only costs a wake-up. */
 bool mux_peer_pool_words(mux_t *m, int peer, _Atomic uint32_t **own, _Atomic uint32_t **theirs);
 /* Closes the peer's socket and fails its calls in flight (ECS_ERR_IO).
  * Replies that arrive later are lost with the socket. */

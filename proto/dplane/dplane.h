@@ -239,7 +239,10 @@ void dplane_shm_short_wake(dplane_shm_t *s, bool on);
  * CPU (ecs_threadpool_pin), which a spin would only keep from it. */
 void dplane_shm_spin(dplane_shm_t *s, int64_t ns);
 /* The futex word this side's thread pool parks on (peer false) or the
- * other side's: ecs_threadpool_handoff hands the cores over through them. */
+ * other side's: ecs_threadpool_handoff hands the cores over through them.
+ * They stay valid after dplane_shm_free, which then keeps the header page
+ * mapped (4 KiB) and gives back only the rings: a pool may touch them
+ * once more after the plane is gone. */
 _Atomic uint32_t *dplane_shm_pool_word(dplane_shm_t *s, bool peer);
 void dplane_shm_abort(dplane_shm_t *s);
 bool dplane_shm_aborted(const dplane_shm_t *s);

@@ -87,6 +87,7 @@ struct dplane_shm {
     uint64_t head[2], tail[2];      /* this side's own index of each ring it drives */
     bool short_wake;                /* sleep with a short slice (set_slice) */
     int64_t spin_ns;                /* dplane_shm_spin; < 0: the default */
+    atomic_bool words_out;          /* dplane_shm_pool_word was asked: the header page stays */
 };
 
 static long futex(_Atomic uint32_t *w, int op, uint32_t val, const struct timespec *ts)
@@ -227,6 +228,7 @@ void dplane_shm_spin(dplane_shm_t *s, int64_t ns) { s->spin_ns = ns; }
 
 _Atomic uint32_t *dplane_shm_pool_word(dplane_shm_t *s, bool peer)
 {
+    atomic_store(&s->words_out, true);
     return &s->h->pool[s->owner == peer];
 }
 
@@ -263,8 +265,18 @@ void dplane_shm_free(dplane_shm_t *s)
     if (!s)
         return;
     dplane_shm_unlink(s);
-    if (s->h)
+    if (s->h && atomic_load(&s->words_out)) {
+        /* a thread pool given the park words may still bump or read them
+         * for a moment (a hand-off asked just before the plane closed, a
+         * hand-off's sleep of up to 20 ms): the header page stays mapped
+         * for good (4 KiB a closed plane, once per worker (re)start); the
+         * rings' memory goes back now */
+        uint8_t *rings = (uint8_t *)s->h + SHM_HDR_BYTES;
+        madvise(rings, s->seg_bytes - SHM_HDR_BYTES, MADV_REMOVE);
+        munmap(rings, s->seg_bytes - SHM_HDR_BYTES);
+    } else if (s->h) {
         munmap(s->h, s->seg_bytes);
+    }
     free(s);
 }
 
